@@ -1,0 +1,57 @@
+# bucketq — every target installs what it needs: the venv, the Python packages, the Maven jars.
+# Tests, the demo and the benchmarks start their own test server (mongo-java-server) when
+# BUCKETQ_MONGODB_URI is unset, and stop it by PID afterwards.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv jars test demo devserver devserver-stop bench bench-quick stress stress-quick clean
+
+help:
+	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
+	@echo "make test          install everything, then run the test suite"
+	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"
+	@echo "make devserver-stop"
+	@echo "make bench | bench-quick    throughput: bucketq vs keuss vs naive vs floor"
+	@echo "make stress | stress-quick  crash and fault harness"
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,spark,bench]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+jars: $(STAMP)
+	$(PY) -m devtools.jars testserver > /dev/null
+	$(PY) -m devtools.jars spark > /dev/null
+
+test: venv jars
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: venv jars
+	$(PY) -m devtools.demo $(DEMO_ARGS)
+
+devserver: venv
+	@$(PY) -m devtools.testserver start
+
+devserver-stop: venv
+	@$(PY) -m devtools.testserver stop
+
+bench: venv jars
+	$(PY) -m bench $(BENCH_ARGS)
+
+bench-quick: venv jars
+	$(PY) -m bench --quick $(BENCH_ARGS)
+
+stress: venv jars
+	$(PY) -m tests.stress $(STRESS_ARGS)
+
+stress-quick: venv jars
+	$(PY) -m tests.stress --quick $(STRESS_ARGS)
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .hypothesis bench/.node

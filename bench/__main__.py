@@ -1,0 +1,72 @@
+"""python -m bench [--quick] [options]: run the contenders against one server, print the table and the
+goals, write bench/results/latest.json and bench/results/latest.png."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from bench import plan, report, runner, spark_read
+from bench.contenders import keuss
+from bench.server import Server, server
+
+
+def _keuss_problem(cfg: plan.Settings) -> str | None:
+    """Install keuss if it takes part; the reason it cannot, or None."""
+    if "keuss" not in cfg.contenders:
+        return None
+    try:
+        version = keuss.ensure_installed()
+    except Exception as exc:  # npm missing or failing: keuss rows say so, the rest still runs
+        return f"error: keuss install failed: {exc}"
+    print(f"keuss {version} (bucket-mongo-safe) ready in bench/.node/", file=sys.stderr)
+    return None
+
+
+def _run(cfg: plan.Settings, srv: Server, keuss_problem: str | None) -> list[dict]:
+    def runnable(job: plan.Job) -> bool:
+        return not (job.contender == "keuss" and keuss_problem)
+
+    jobs, skipped = plan.jobs(cfg, srv.replica_set)
+    warmups = [job for job in plan.warmup_jobs(cfg) if runnable(job)]
+    for number, job in enumerate(warmups, 1):
+        runner.run_job(job, cfg, srv, f"[warm-up {number}/{len(warmups)}]")
+    rows = []
+    for number, job in enumerate(jobs, 1):
+        if runnable(job):
+            rows.append(runner.run_job(job, cfg, srv, f"[{number:>2}/{len(jobs)}]"))
+        else:
+            rows.append(plan.skip_row(job, keuss_problem or ""))
+    if "spark" in cfg.scenarios:
+        skipped += spark_read.rows(cfg, srv)
+    return rows + skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    plan.add_arguments(parser)
+    cfg = plan.settings(parser.parse_args(argv))
+    started = time.monotonic()
+    keuss_problem = _keuss_problem(cfg)
+    with server() as srv:
+        print(f"server: {srv.label}", file=sys.stderr)
+        rows = _run(cfg, srv, keuss_problem)
+    report.add_ratios(rows)
+    out = report.RESULTS / "latest.json"
+    report.write_json(rows, srv.label, out)
+    print(report.table(rows, srv.label, srv.real_mongod))
+    print("\nGoals (worst w:1 cell):")
+    for status, goal, detail in report.goals(rows):
+        print(f"  {status:<4}  {goal:<40} {detail}")
+    try:
+        report.chart(rows, srv.label, srv.real_mongod, report.RESULTS / "latest.png")
+        chart = f" and {report.RESULTS / 'latest.png'}"
+    except ImportError as exc:
+        chart = f" (no chart: {exc})"
+    print(f"\nwrote {out}{chart} in {time.monotonic() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

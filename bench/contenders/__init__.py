@@ -1,0 +1,29 @@
+"""The contenders, each started as worker processes of its own (see bench/worker.py for the protocol)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from bench.contenders import keuss
+
+ALL = ("bucketq", "keuss", "naive", "floor")
+QUEUE_SCENARIOS = frozenset({"push", "consume", "end_to_end"})
+SCENARIOS = {
+    "bucketq": QUEUE_SCENARIOS,
+    "keuss": QUEUE_SCENARIOS,
+    "naive": QUEUE_SCENARIOS,
+    "floor": frozenset({"push", "consume", "encode", "decode"}),
+}
+_PYTHON_MODULES = {
+    "bucketq": "bench.contenders.bucketq_c",
+    "naive": "bench.contenders.naive",
+    "floor": "bench.contenders.floor",
+}
+
+
+def command(contender: str, spec: dict) -> tuple[list[str], dict[str, str] | None]:
+    """argv (and environment, None to inherit) of one worker of this contender."""
+    if contender == "keuss":
+        return keuss.command(spec)
+    return [sys.executable, "-m", _PYTHON_MODULES[contender], json.dumps(spec)], None

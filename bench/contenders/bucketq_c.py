@@ -1,0 +1,137 @@
+"""bucketq contender: the library under test, through its public async API.
+
+push: push_nowait per message with at most ``window`` un-acknowledged pushes, done when every push is
+durable. consume: ``concurrency`` tasks doing reserve + ack. end_to_end: both at once in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from pymongo import AsyncMongoClient
+
+from bench.worker import Ctx, main, payload, split, write_concern
+
+FILL_CHUNK = 4096
+Role = Callable[[Ctx, Any], Awaitable[None]]
+
+
+async def _produce(ctx: Ctx, q: Any, n: int, counted: bool) -> None:
+    from bucketq import BufferFull
+
+    pending: collections.deque[asyncio.Future] = collections.deque()
+    for i in range(n):
+        while True:
+            try:
+                pending.append(q.push_nowait(payload(i, ctx.pad)))
+                break
+            except BufferFull:  # the library's own backpressure: wait for the oldest push, then retry
+                await pending.popleft()
+                if counted:
+                    ctx.mark()
+        if len(pending) >= ctx.spec["window"]:
+            await pending.popleft()
+            if counted:
+                ctx.mark()
+    while pending:
+        await pending.popleft()
+        if counted:
+            ctx.mark()
+
+
+def _sent_ts(body: Any) -> float:
+    return (orjson.loads(body) if isinstance(body, (bytes, bytearray, memoryview)) else body)["ts"]
+
+
+async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool) -> None:
+    """Reserve and ack until the producers are done and nothing came for idle_s."""
+    idle_s = ctx.spec["idle_s"]
+    while True:
+        msg = await q.reserve(timeout=idle_s if producers_done.is_set() else min(idle_s, 0.25))
+        if msg is None:
+            if producers_done.is_set():
+                return
+            continue
+        if timed_latency:
+            ctx.latency(_sent_ts(msg.payload))
+        await msg.ack()
+        ctx.mark()
+
+
+async def _consumers(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool) -> None:
+    await asyncio.gather(*(_consume(ctx, q, producers_done, timed_latency) for _ in range(ctx.spec["concurrency"])))
+
+
+async def fill(ctx: Ctx, q: Any) -> None:
+    await asyncio.to_thread(ctx.go)
+    for n in split(ctx.spec["messages"], -(-ctx.spec["messages"] // FILL_CHUNK) or 1):
+        await q.push_many([payload(i, ctx.pad) for i in range(n)])
+        ctx.mark(n)
+    ctx.stop()
+    with ctx.tail():
+        await q.drain()
+
+
+async def push(ctx: Ctx, q: Any) -> None:
+    await asyncio.to_thread(ctx.go)
+    await _produce(ctx, q, ctx.spec["messages"], counted=True)
+    ctx.stop()
+    with ctx.tail():
+        await q.drain()
+
+
+async def consume(ctx: Ctx, q: Any) -> None:
+    done = asyncio.Event()
+    done.set()
+    await asyncio.to_thread(ctx.go)
+    await _consumers(ctx, q, done, timed_latency=False)
+    ctx.stop(at_last_mark=True)
+    with ctx.tail():
+        await q.drain()
+
+
+async def end_to_end(ctx: Ctx, q: Any) -> None:
+    done = asyncio.Event()
+
+    async def producer() -> None:
+        try:
+            await _produce(ctx, q, ctx.spec["messages"], counted=False)
+        finally:
+            done.set()
+
+    await asyncio.to_thread(ctx.go)
+    await asyncio.gather(producer(), _consumers(ctx, q, done, timed_latency=True))
+    ctx.stop(at_last_mark=True)
+    with ctx.tail():
+        await q.drain()
+
+
+async def _with_queue(ctx: Ctx, role: Role) -> None:
+    import bucketq  # here, so that a library still being written shows as an error row
+
+    s = ctx.spec
+    client: AsyncMongoClient = AsyncMongoClient(s["uri"], event_listeners=[ctx.commands], w=write_concern(s))
+    try:
+        q = bucketq.Queue(
+            client,
+            name=s["queue"],
+            db=s["db"],
+            bucket_max_size=s["bucket_max_size"],
+            bucket_max_wait=s["bucket_max_wait_s"],
+        )
+        async with q:
+            await role(ctx, q)
+    finally:
+        await client.close()
+
+
+def _sync(role: Role) -> Callable[[Ctx], None]:
+    return lambda ctx: asyncio.run(_with_queue(ctx, role))
+
+
+if __name__ == "__main__":
+    main({"fill": _sync(fill), "push": _sync(push), "consume": _sync(consume), "end_to_end": _sync(end_to_end)})

@@ -1,0 +1,80 @@
+"""The floor: what the server and the codec allow at best, with no queue logic at all.
+
+push: bucket documents (``bucket_max_size`` orjson-encoded messages each), built and BSON-encoded before
+the clock starts, inserted with one insert_many. consume: find_one_and_delete per bucket plus orjson
+decoding of its messages. encode / decode: orjson alone on the payloads, no server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import bson
+import orjson
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.collection import Collection
+
+from bench.worker import Ctx, main, payload, split, write_concern
+
+
+def _open(ctx: Ctx) -> tuple[MongoClient, Collection]:
+    s = ctx.spec
+    client: MongoClient = MongoClient(s["uri"], event_listeners=[ctx.commands], w=write_concern(s))
+    return client, client[s["db"]][s["queue"]]
+
+
+def _buckets(ctx: Ctx) -> list[RawBSONDocument]:
+    total, size = ctx.spec["messages"], ctx.spec["bucket_max_size"]
+    now = dt.datetime.now(dt.timezone.utc)
+    docs = []
+    for n in split(total, -(-total // size) or 1):
+        msgs = [orjson.dumps(payload(i, ctx.pad)) for i in range(n)]
+        docs.append(RawBSONDocument(bson.encode({"_id": bson.ObjectId(), "mature": now, "n": n, "b": msgs})))
+    return docs
+
+
+def push(ctx: Ctx) -> None:
+    client, coll = _open(ctx)
+    docs = _buckets(ctx)
+    ctx.go()
+    if docs:
+        coll.insert_many(docs)
+    ctx.mark(ctx.spec["messages"])
+    ctx.stop()
+    client.close()
+
+
+def consume(ctx: Ctx) -> None:
+    client, coll = _open(ctx)
+    ctx.go()
+    while (bucket := coll.find_one_and_delete({})) is not None:
+        for raw in bucket["b"]:
+            orjson.loads(raw)
+        ctx.mark(len(bucket["b"]))
+    ctx.stop(at_last_mark=True)
+    client.close()
+
+
+def encode(ctx: Ctx) -> None:
+    ctx.spec["counts_commands"] = False
+    items = [payload(i, ctx.pad) for i in range(ctx.spec["messages"])]
+    ctx.go()
+    for item in items:
+        orjson.dumps(item)
+    ctx.mark(len(items))
+    ctx.stop()
+
+
+def decode(ctx: Ctx) -> None:
+    ctx.spec["counts_commands"] = False
+    raws = [orjson.dumps(payload(i, ctx.pad)) for i in range(ctx.spec["messages"])]
+    ctx.go()
+    for raw in raws:
+        orjson.loads(raw)
+    ctx.mark(len(raws))
+    ctx.stop()
+
+
+if __name__ == "__main__":
+    main({"fill": push, "push": push, "consume": consume, "encode": encode, "decode": decode})

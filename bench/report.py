@@ -1,0 +1,169 @@
+"""The report: ratios to bucketq, the goals (PASS/MISS), the printed table, results/latest.json, the chart."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from bench.contenders import ALL
+from bench.plan import MAIN_SCENARIOS, human_bytes
+
+RESULTS = Path(__file__).resolve().parent / "results"
+COLORS = {"bucketq": "tab:blue", "keuss": "tab:orange", "naive": "tab:green", "floor": "tab:red",
+          "encode": "tab:gray", "decode": "tab:brown"}
+TEST_SERVER_CAVEAT = (
+    "Against a test server, not a real mongod: these figures compare client efficiency and round trips "
+    "(commands per message, client CPU), not MongoDB's speed."
+)
+
+
+def _key(row: dict) -> tuple:
+    return row["scenario"], row["payload_bytes"], row["processes"], row.get("write_concern", "1")
+
+
+def _cell(row: dict) -> str:
+    wc = "" if row.get("write_concern", "1") == "1" else f" w:{row['write_concern']}"
+    return f"{human_bytes(row['payload_bytes'])} x{row['processes']}{wc}"
+
+
+def add_ratios(rows: list[dict]) -> None:
+    base = {_key(r): r["msgs_per_s"] for r in rows if r["contender"] == "bucketq" and r.get("msgs_per_s")}
+    for r in rows:
+        b = base.get(_key(r))
+        r["ratio_to_bucketq"] = r["msgs_per_s"] / b if b and r.get("msgs_per_s") else None
+
+
+def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
+    """(PASS | MISS | n/a, goal, detail) per goal of issue 5, judged on the worst w:1 cell."""
+    mine = [r for r in rows if r["contender"] == "bucketq" and r.get("write_concern", "1") == "1"]
+    index = {(r["contender"], *_key(r)): r for r in rows}
+    out = []
+
+    def versus(scenario: str, other: str, factor: float) -> None:
+        share = f"{factor:g}x" if factor >= 1 else f"{factor:.0%} of"
+        text = f"bucketq {scenario} >= {share} {other}"
+        pairs, incomplete = [], 0
+        for b in (r for r in mine if r["scenario"] == scenario):
+            o = index.get((other, *_key(b)))
+            if o and o.get("msgs_per_s") and not o.get("complete", True):
+                incomplete += 1  # the other side lost messages: its rate says nothing
+            elif o and o.get("msgs_per_s"):
+                mine_rate = b.get("msgs_per_s") if b.get("complete", True) else None
+                pairs.append(((mine_rate or 0.0) / o["msgs_per_s"], _cell(b)))
+        skipped = f" ({incomplete} cell(s) skipped: {other} incomplete)" if incomplete else ""
+        if not pairs:
+            out.append(("n/a", text, "nothing to compare" + skipped))
+            return
+        worst, cell = min(pairs)
+        out.append(("PASS" if worst >= factor else "MISS", text, f"worst {worst:.2f}x at {cell}{skipped}"))
+
+    def commands(scenario: str, limit: float) -> None:
+        text = f"bucketq <= {limit:g} commands / 1000 {scenario}"
+        values = [(r.get("commands_per_1000"), _cell(r)) for r in mine if r["scenario"] == scenario]
+        if not values:
+            out.append(("n/a", text, "no bucketq result"))
+            return
+        worst, cell = max(values, key=lambda v: math.inf if v[0] is None else v[0])
+        ok = worst is not None and worst <= limit
+        out.append(("PASS" if ok else "MISS", text, f"worst {'none' if worst is None else f'{worst:.2f}'} at {cell}"))
+
+    for scenario in ("push", "consume"):
+        versus(scenario, "keuss", 2.0)
+    for scenario in ("push", "consume"):
+        versus(scenario, "naive", 20.0)
+    versus("push", "floor", 0.7)
+    commands("push", 2.0)
+    commands("consume", 5.0)
+    return out
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+COLUMNS = [  # header, width, cell
+    ("contender", 9, lambda r: r["contender"]),
+    ("scenario", 10, lambda r: r["scenario"]),
+    ("payload", 7, lambda r: human_bytes(r["payload_bytes"])),
+    ("proc", 4, lambda r: str(r["processes"])),
+    ("w", 8, lambda r: r.get("write_concern", "1")),
+    ("msgs/s", 11, lambda r: _fmt(r.get("msgs_per_s"), ",.0f")),
+    ("x bucketq", 9, lambda r: _fmt(r.get("ratio_to_bucketq"), ".2f")),
+    ("cmds/1k", 8, lambda r: _fmt(r.get("commands_per_1000"), ".2f")),
+    ("cpu s/1k", 8, lambda r: _fmt(r.get("cpu_s_per_1000"), ".3f")),
+    ("rss MB", 7, lambda r: _fmt(r.get("peak_rss_mb"), ".0f")),
+    ("p50 ms", 7, lambda r: _fmt(r.get("p50_ms"), ".1f")),
+    ("p99 ms", 7, lambda r: _fmt(r.get("p99_ms"), ".1f")),
+]
+
+
+def table(rows: list[dict], server: str, real_mongod: bool) -> str:
+    lines = [f"Server: {server}", TEST_SERVER_CAVEAT if not real_mongod else "Against a real mongod on this machine."]
+    lines.append("  ".join(h.rjust(w) if k > 4 else h.ljust(w) for k, (h, w, _) in enumerate(COLUMNS)) + "  notes")
+    for r in rows:
+        cells = [f(r) for _, _, f in COLUMNS]
+        text = "  ".join(c.rjust(w) if k > 4 else c.ljust(w) for k, (c, (_, w, _)) in enumerate(zip(cells, COLUMNS)))
+        lines.append(f"{text}  {(r.get('notes') or '')[:90]}")
+    lines.append("cmds/1k: server commands per 1000 messages (command monitoring); cpu s/1k: client CPU seconds")
+    lines.append("per 1000 messages; rss MB: peak RSS summed over the contender's processes; p50/p99: push->handler")
+    lines.append("latency at full load (end_to_end only).")
+    return "\n".join(lines)
+
+
+def write_json(rows: list[dict], server: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({"server": server, "results": rows}, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def chart(rows: list[dict], server: str, real_mongod: bool, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [s for s in MAIN_SCENARIOS if any(r["scenario"] == s and r.get("msgs_per_s") for r in rows)]
+    codec = [r for r in rows if r["scenario"] in ("encode", "decode") and r.get("msgs_per_s")]
+    count = len(panels) + bool(codec)
+    if not count:
+        return
+    fig, axes = plt.subplots(1, count, figsize=(5.2 * count, 4.8), squeeze=False)
+    for ax, scenario in zip(axes[0], panels):
+        mine = [r for r in rows if r["scenario"] == scenario and r.get("write_concern", "1") == "1"]
+        cells = sorted({(r["payload_bytes"], r["processes"]) for r in mine})
+        names = [c for c in ALL if any(r["contender"] == c for r in mine)]
+        width = 0.8 / max(1, len(names))
+        for k, name in enumerate(names):
+            by_cell = {(r["payload_bytes"], r["processes"]): r.get("msgs_per_s")
+                       for r in mine if r["contender"] == name}
+            values = [by_cell.get(c) or math.nan for c in cells]
+            ax.bar([i + k * width for i in range(len(cells))], values, width, label=name, color=COLORS[name])
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells))])
+        ax.set_xticklabels([f"{human_bytes(p)} x{n}" for p, n in cells])
+        ax.set_title(scenario)
+        ax.set_yscale("log")
+        ax.set_ylabel("messages / s")
+        ax.legend(fontsize=8)
+    if codec:
+        ax = axes[0][-1]
+        sizes = sorted({r["payload_bytes"] for r in codec})
+        for k, op in enumerate(("encode", "decode")):
+            by_size = {r["payload_bytes"]: r["msgs_per_s"] for r in codec if r["scenario"] == op}
+            values = [by_size.get(s) or math.nan for s in sizes]
+            ax.bar([i + k * 0.4 for i in range(len(sizes))], values, 0.4, label=op, color=COLORS[op])
+        ax.set_xticks([i + 0.2 for i in range(len(sizes))])
+        ax.set_xticklabels([human_bytes(s) for s in sizes])
+        ax.set_title("codec only (orjson)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    for ax in axes[0]:
+        low = min((bar.get_height() for bar in ax.patches if bar.get_height() > 0), default=1.0)
+        ax.set_ylim(bottom=low / 4)
+    caveat = "" if real_mongod else "\nclient efficiency and round trips on a test server, not MongoDB's speed"
+    fig.suptitle(f"bucketq bench: {server}{caveat}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,233 @@
+"""Runs one job: prefill if the scenario needs it, start the worker processes, say go when all are ready,
+show a progress line, and fold the workers' results into one row."""
+
+from __future__ import annotations
+
+import json
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench import contenders
+from bench.plan import Job, Settings, pad_len
+from bench.server import DB, Server
+from bench.worker import split
+
+ROOT = Path(__file__).resolve().parent.parent
+EXIT_GRACE_S = 10.0
+
+
+class Worker:
+    """One worker process; a thread turns its stdout lines into (worker, message) items of an inbox."""
+
+    def __init__(self, contender: str, spec: dict, inbox: queue.Queue) -> None:
+        argv, env = contenders.command(contender, spec)
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
+        )
+        self.ready = False
+        self.progress = 0
+        self.result: dict | None = None
+        threading.Thread(target=self._read, args=(inbox,), daemon=True).start()
+
+    def _read(self, inbox: queue.Queue) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                inbox.put((self, json.loads(line)))
+            except ValueError:
+                pass  # not protocol: ignore
+        inbox.put((self, None))
+
+    def handle(self, msg: dict | None) -> None:
+        if msg is None:
+            if self.result is None:
+                try:
+                    self.proc.wait(timeout=EXIT_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+                self.result = {"error": f"exited with code {self.proc.returncode}: {self.stderr_tail()}"}
+        elif "result" in msg:
+            self.result = msg["result"]
+        elif "progress" in msg:
+            self.progress = msg["progress"]
+        elif msg.get("ready"):
+            self.ready = True
+
+    def send(self, line: str) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def stderr_tail(self, chars: int = 400) -> str:
+        self.stderr.seek(0)
+        text = self.stderr.read().decode(errors="replace").strip()
+        return text[-chars:].replace("\n", " | ")
+
+    def finish(self) -> None:
+        """Let it exit by itself for a while, then kill it (by its own PID)."""
+        try:
+            self.proc.wait(timeout=EXIT_GRACE_S if self.result is not None else 0.1)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+class Progress:
+    """One line on stderr: a \\r-updated line on a terminal, a plain line per job elsewhere."""
+
+    def __init__(self, prefix: str, total: int) -> None:
+        self.prefix, self.total = prefix, total
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+        self._shown = 0.0
+
+    def show(self, done: int, phase: str = "") -> None:
+        now = time.monotonic()
+        if self.tty and now - self._shown >= 0.2:
+            self._shown = now
+            sys.stderr.write(f"\r\033[K{self.prefix} {phase}{done:,}/{self.total:,} msgs  {now - self.t0:5.1f}s")
+            sys.stderr.flush()
+
+    def close(self, summary: str) -> None:
+        sys.stderr.write(("\r\033[K" if self.tty else "") + f"{self.prefix} {summary}\n")
+        sys.stderr.flush()
+
+
+def _run_workers(job: Job, specs: list[dict], progress: Progress, phase: str, timeout_s: float) -> list[dict]:
+    inbox: queue.Queue = queue.Queue()
+    workers = [Worker(job.contender, spec, inbox) for spec in specs]
+    deadline = time.monotonic() + timeout_s
+    went = False
+    try:
+        while any(w.result is None for w in workers):
+            if time.monotonic() > deadline:
+                for w in workers:
+                    w.result = w.result or {"error": f"timed out after {timeout_s:.0f}s: {w.stderr_tail()}"}
+                break
+            try:
+                worker, msg = inbox.get(timeout=0.2)
+                worker.handle(msg)
+            except queue.Empty:
+                pass
+            if not went and all(w.ready for w in workers):
+                went = True
+                for w in workers:
+                    w.send("go")
+            if not went and any(w.result is not None for w in workers):
+                break  # one failed during setup: do not start the others
+            progress.show(sum(w.progress for w in workers), phase)
+    finally:
+        for w in workers:
+            w.send("quit")  # unblocks a worker still waiting for go
+            w.finish()
+    return [w.result or {"error": "did not start (another worker failed during setup)"} for w in workers]
+
+
+def _spec(cfg: Settings, server: Server, job: Job, role: str, messages: int, index: int, queue_name: str) -> dict:
+    return {
+        "uri": server.uri,
+        "db": DB,
+        "queue": queue_name,
+        "role": role,
+        "messages": messages,
+        "payload_bytes": job.payload_bytes,
+        "pad_len": pad_len(job.payload_bytes),
+        "write_concern": job.write_concern,
+        "worker": index,
+        "processes": job.processes,
+        "concurrency": cfg.concurrency,
+        "window": cfg.window,
+        "idle_s": cfg.idle_s,
+        "bucket_max_size": cfg.bucket_max_size,
+        "bucket_max_wait_s": cfg.bucket_max_wait_s,
+    }
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def aggregate(job: Job, results: list[dict], concurrency: int) -> dict:
+    row: dict = {
+        "contender": job.contender,
+        "scenario": job.scenario,
+        "payload_bytes": job.payload_bytes,
+        "processes": job.processes,
+        "write_concern": job.write_concern,
+        "msgs_per_s": None,
+        "commands_per_1000": None,
+        "concurrency": concurrency,
+    }
+    errors = [r["error"] for r in results if r.get("error")]
+    if errors:
+        row["notes"] = "error: " + "; ".join(sorted(set(errors)))
+        return row
+    messages = sum(r["messages"] for r in results)
+    seconds = max(r["t_end"] for r in results) - min(r["t_start"] for r in results)
+    commands = None if any(r["commands"] is None for r in results) else sum(r["commands"] for r in results)
+    latencies = sorted(x for r in results for x in r.get("latencies_ms", []))
+    names: Counter[str] = Counter()
+    for r in results:
+        names.update(r.get("command_names") or {})
+    notes = [n for n in {r.get("notes") for r in results} if n]
+    if messages != job.messages:
+        notes.append(f"INCOMPLETE: {messages:,} of {job.messages:,} messages")
+    per_k = 1000.0 / messages if messages else None
+    row.update(
+        msgs_per_s=messages / seconds if seconds > 0 and messages else None,
+        commands_per_1000=commands * per_k if commands is not None and per_k else None,
+        cpu_s_per_1000=sum(r["cpu_s"] for r in results) * per_k if per_k else None,
+        peak_rss_mb=sum(r["peak_rss_mb"] for r in results),
+        p50_ms=_percentile(latencies, 0.50),
+        p99_ms=_percentile(latencies, 0.99),
+        latency_mean_ms=statistics.fmean(latencies) if latencies else None,
+        messages=messages,
+        complete=messages == job.messages,
+        seconds=seconds,
+        commands=commands,
+        command_names=dict(names) if commands is not None else None,
+        notes="; ".join(notes),
+    )
+    return row
+
+
+def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
+    """Run one job; tag (e.g. "[ 3/21]") starts its progress line."""
+    queue_name = f"{job.contender}_{job.scenario}"
+    progress = Progress(f"{tag} {job.label:<34}", job.messages)
+    server.drop_bench_db()
+    try:
+        if job.scenario == "consume":
+            fill_spec = _spec(cfg, server, job, "fill", job.messages, 0, queue_name)
+            fill = _run_workers(job, [fill_spec], progress, "fill ", cfg.job_timeout_s)
+            if fill[0].get("error"):
+                row = aggregate(job, [{"error": "prefill failed: " + fill[0]["error"]}], cfg.concurrency)
+                progress.close(row["notes"][:120])
+                return row
+        specs = [
+            _spec(cfg, server, job, job.scenario, n, k, queue_name)
+            for k, n in enumerate(split(job.messages, job.processes))
+        ]
+        row = aggregate(job, _run_workers(job, specs, progress, "", cfg.job_timeout_s), cfg.concurrency)
+    finally:
+        server.drop_bench_db()
+    if row["msgs_per_s"] is None:
+        progress.close(row.get("notes", "")[:160])
+    else:
+        cmds = "" if row["commands_per_1000"] is None else f", {row['commands_per_1000']:.2f} cmds/1000"
+        progress.close(f"{row['msgs_per_s']:>12,.0f} msgs/s{cmds}")
+    return row

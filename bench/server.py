@@ -1,0 +1,66 @@
+"""Which server the bench runs against, and an honest label for it.
+
+BUCKETQ_MONGODB_URI if set; otherwise an embedded mongo-java-server started here and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pymongo import MongoClient
+
+DB = "bucketq_bench"  # the only database the bench writes to, dropped around every job
+POM = Path(__file__).resolve().parent.parent / "devtools" / "testserver" / "pom.xml"
+
+
+@dataclass(frozen=True)
+class Server:
+    uri: str
+    label: str
+    real_mongod: bool
+    replica_set: bool
+
+    def drop_bench_db(self) -> None:
+        with contextlib.closing(MongoClient(self.uri, serverSelectionTimeoutMS=10_000)) as client:
+            client.drop_database(DB)
+
+
+def _mongo_java_server_version() -> str:
+    found = re.search(r"<mongo-java-server\.version>([^<]+)<", POM.read_text()) if POM.exists() else None
+    return found.group(1) if found else "?"
+
+
+def describe(uri: str, embedded: bool) -> Server:
+    with contextlib.closing(MongoClient(uri, serverSelectionTimeoutMS=10_000)) as client:
+        build = client.admin.command("buildInfo")
+        hello = client.admin.command("isMaster")
+        host, port = client.address or ("?", 0)
+    real = "gitVersion" in build  # mongo-java-server answers buildInfo with a version only
+    set_name = hello.get("setName")
+    where = f"{host}:{port}"
+    if embedded:
+        label = f"mongo-java-server {_mongo_java_server_version()} (in-memory, embedded test server) on {where}"
+    elif real:
+        topology = f"replica set {set_name}" if set_name else "standalone"
+        label = f"MongoDB {build.get('version')} ({topology}) at {where}"
+    else:
+        version = build.get("version")
+        label = f"MongoDB-wire server reporting {version} without gitVersion (not a real mongod) at {where}"
+    return Server(uri=uri, label=label, real_mongod=real, replica_set=bool(set_name))
+
+
+@contextlib.contextmanager
+def server() -> Iterator[Server]:
+    uri = os.environ.get("BUCKETQ_MONGODB_URI")
+    if uri:
+        yield describe(uri, embedded=False)
+        return
+    from devtools.testserver import TestServer
+
+    with TestServer() as test_server:
+        yield describe(test_server.uri, embedded=True)

@@ -1,0 +1,32 @@
+"""bucketq: a high-throughput queue on MongoDB that packs many messages into one bucket document.
+
+    q = bucketq.Queue("mongodb://localhost:27017", name="events")
+    await q.push({"hello": "world"})          # resolves once the bucket holding it is stored
+    msg = await q.reserve(timeout=5)
+    await msg.ack()
+"""
+
+from bucketq.codecs import Codec, JsonCodec, MsgpackCodec
+from bucketq.core.format import FORMAT_VERSION
+from bucketq.errors import (
+    AlreadyResolved,
+    BucketqError,
+    BufferFull,
+    EncodeError,
+    InvalidOption,
+    LeaseLost,
+    MalformedBucket,
+    PayloadTooLarge,
+    QueueClosed,
+    WriteFailed,
+)
+from bucketq.message import Message
+from bucketq.options import QueueOptions
+from bucketq.queue import Queue
+from bucketq.worker import BatchTiming, Worker
+
+__all__ = [
+    "FORMAT_VERSION", "AlreadyResolved", "BucketqError", "BufferFull", "Codec", "EncodeError", "InvalidOption",
+    "JsonCodec", "LeaseLost", "MalformedBucket", "Message", "MsgpackCodec", "PayloadTooLarge", "Queue",
+    "QueueClosed", "QueueOptions", "WriteFailed", "Worker", "BatchTiming",
+]

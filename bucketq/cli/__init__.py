@@ -1,0 +1,44 @@
+"""The ``bucketq`` command line: inspect, feed, drain and work queues. ``bucketq --help`` lists the commands.
+
+One module per command; shared pieces: ``common`` (options, connection, running), ``errors`` (one-line
+messages), ``output`` (JSON and human formats).
+"""
+
+from __future__ import annotations
+
+import click
+
+from bucketq.cli.drain import drain
+from bucketq.cli.entries import DEAD, QUARANTINE, group
+from bucketq.cli.peek import peek
+from bucketq.cli.push import push
+from bucketq.cli.stats import stats
+from bucketq.cli.worker import worker
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             no_args_is_help=True)
+@click.version_option(package_name="bucketq")
+def cli() -> None:
+    """Inspect and operate bucketq queues on MongoDB.
+
+    Every command takes --uri (default: $BUCKETQ_MONGODB_URI) and --db (default: the URI's database, else
+    'bucketq'). Run `bucketq COMMAND --help` for its options and examples.
+
+    \b
+    Examples:
+      export BUCKETQ_MONGODB_URI=mongodb://localhost:27017/app
+      bucketq push events '{"user": 1}'
+      bucketq stats
+      bucketq worker myapp.tasks:handle --queue events
+    """
+
+
+for command in (stats, peek, push, drain, worker, group(DEAD), group(QUARANTINE)):
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli.main(prog_name="bucketq")

@@ -1,0 +1,3 @@
+from bucketq.cli import main
+
+main()

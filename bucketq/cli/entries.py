@@ -1,0 +1,135 @@
+"""``bucketq dead`` and ``bucketq quarantine``: list, requeue and purge, filtered by age, error text or id."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from bson import ObjectId
+
+from bucketq.admin import entry_filter
+from bucketq.cli.common import Target, connection_options, open_queue, run
+from bucketq.cli.entry_view import entry_table, entry_view
+from bucketq.cli.errors import CliError
+from bucketq.cli.output import console, to_json
+from bucketq.cli.params import DURATION
+
+
+@dataclass(frozen=True)
+class Kind:
+    command: str
+    one: str
+    many: str
+    suffix: str
+    reason: str  # the field the --error filter searches
+    methods: tuple[str, str, str]  # Queue methods: list, requeue, purge
+    about: str
+
+    def count(self, n: int) -> str:
+        return f"{n:,} {self.one if n == 1 else self.many}"
+
+
+DEAD = Kind("dead", "dead letter", "dead letters", ".dead", "error", ("dead_letters", "requeue_dead", "purge_dead"),
+            "Dead letters: messages that failed max_attempts deliveries, kept with their last error.")
+QUARANTINE = Kind("quarantine", "quarantined entry", "quarantined entries", ".quarantine", "reason",
+                  ("quarantined", "requeue_quarantined", "purge_quarantined"),
+                  "Quarantine: buckets or messages that could not be decoded, kept with the reason.")
+
+
+def _filters(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--error", "error_contains", metavar="TEXT",
+                     help="Only entries whose error/reason contains TEXT (case-insensitive).")(f)
+    return click.option("--older-than", type=DURATION, metavar="DURATION",
+                        help="Only entries that arrived longer ago than this: 90, 30s, 5m, 2h, 1d.")(f)
+
+
+def group(kind: Kind) -> click.Group:
+    examples = (f"\b\nExamples:\n  bucketq {kind.command} list events\n"
+                f"  bucketq {kind.command} requeue events --error timeout --yes\n"
+                f"  bucketq {kind.command} purge events --older-than 7d")
+    cli = click.Group(kind.command, help=f"{kind.about}\n\n{examples}", no_args_is_help=True)
+    cli.add_command(_list_command(kind))
+    cli.add_command(_action_command(kind, "requeue", "requeued", "Put matching {many} back in QUEUE, ready now "
+                                    "with their tries reset and their ids kept."))
+    cli.add_command(_action_command(kind, "purge", "purged", "Delete matching {many} for good."))
+    return cli
+
+
+def _list_command(kind: Kind) -> click.Command:
+    @click.command("list", help=f"List {kind.many} of QUEUE, oldest first.")
+    @click.argument("queue")
+    @_filters
+    @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, metavar="N")
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+    @connection_options
+    def command(target: Target, queue: str, older_than: float | None, error_contains: str | None, limit: int,
+                as_json: bool) -> None:
+        run(_list(kind, target, queue, older_than=older_than, error_contains=error_contains, limit=limit,
+                  as_json=as_json))
+    return command
+
+
+async def _list(kind: Kind, target: Target, name: str, *, as_json: bool, **filters: Any) -> None:
+    async with open_queue(target, name) as queue:
+        entries = await getattr(queue, kind.methods[0])(**filters)
+    views = [entry_view(e) for e in entries]
+    if as_json:
+        for view in views:
+            click.echo(to_json(view))
+    elif not views:
+        click.echo(f"no {kind.many} match")
+    else:
+        console().print(entry_table(views, kind.reason))
+
+
+def _action_command(kind: Kind, verb: str, done: str, summary: str) -> click.Command:
+    @click.command(verb, help=f"{summary.format(many=kind.many)} Asks for confirmation unless given --yes.")
+    @click.argument("queue")
+    @_filters
+    @click.option("--id", "ids", multiple=True, metavar="ID", help="Only this entry (repeatable).")
+    @click.option("--yes", "-y", is_flag=True, help=f"Do not ask before the {verb}.")
+    @connection_options
+    def command(target: Target, queue: str, older_than: float | None, error_contains: str | None,
+                ids: tuple[str, ...], yes: bool) -> None:
+        run(_act(kind, verb, done, target, queue, yes=yes, ids=_ids(ids), older_than=older_than,
+                 error_contains=error_contains))
+    return command
+
+
+async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, yes: bool, **filters: Any) -> None:
+    async with open_queue(target, name) as queue:
+        query = entry_filter(older_than_s=filters["older_than"], error_contains=filters["error_contains"],
+                             ids=filters["ids"], now=dt.datetime.now(dt.timezone.utc), error_field=kind.reason)
+        matching = await queue.database[name + kind.suffix].count_documents(query)
+        if not matching:
+            click.echo(f"no {kind.many} match; nothing {done}")
+            return
+        if not yes:
+            _confirm(f"{verb.capitalize()} {kind.count(matching)} of queue {name!r}?", verb, done)
+        method = kind.methods[1] if verb == "requeue" else kind.methods[2]
+        n = await getattr(queue, method)(**filters)
+    click.echo(f"{done} {kind.count(n)} of queue {name!r}")
+
+
+def _confirm(question: str, verb: str, done: str) -> None:
+    """Ask on the terminal; without one (a script, a pipe) refuse rather than guess: --yes is the way."""
+    if not sys.stdin or not sys.stdin.isatty():
+        raise CliError(f"not confirmed (stdin is not a terminal); pass --yes to {verb} without asking")
+    try:
+        ok = click.confirm(question, default=False, err=True)
+    except click.Abort:
+        click.echo(err=True)
+        raise CliError(f"not confirmed; pass --yes to {verb} without asking") from None
+    if not ok:
+        raise CliError(f"cancelled; nothing {done}")
+
+
+def _ids(ids: tuple[str, ...]) -> list[Any] | None:
+    """Dead-letter ids are strings; a quarantined bucket's id is an ObjectId: match a hex id either way."""
+    if not ids:
+        return None
+    return [v for i in ids for v in ([ObjectId(i), i] if ObjectId.is_valid(i) else [i])]

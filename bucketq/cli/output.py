@@ -1,0 +1,59 @@
+"""Rendering: JSON lines for machines, short human forms (ages, payload previews) and rich consoles."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from typing import Any
+
+import orjson
+from bson import ObjectId
+
+
+def to_json(value: Any) -> str:
+    """Compact JSON; dates as ISO 8601, ObjectIds as hex, binary as base64."""
+    return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, ObjectId):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+def preview(value: Any, width: int = 80) -> str:
+    text = to_json(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def age(seconds: float) -> str:
+    """``42s``, ``3m 5s``, ``2h 10m``, ``4d 3h``."""
+    s = int(max(0.0, seconds))
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= size:
+            return f"{s // size}{unit} {s % size // sub_size}{sub}"
+    return f"{s}s"
+
+
+def relative(when: dt.datetime | None, now: dt.datetime) -> str:
+    if when is None:
+        return "-"
+    delta = (when - now).total_seconds()
+    return "now" if abs(delta) < 1 else f"in {age(delta)}" if delta > 0 else f"{age(-delta)} ago"
+
+
+def table(**kwargs: Any) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, **kwargs)
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)

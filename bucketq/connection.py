@@ -1,0 +1,55 @@
+"""Turn what the user passes (a URI, an ``AsyncMongoClient``, an ``AsyncDatabase`` or a Motor client or
+database) into a database handle, and remember whether bucketq owns (and must close) the client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.uri_parser import parse_uri
+
+from bucketq.errors import InvalidOption
+from bucketq.motor_adapter import MotorDatabase, is_motor
+
+DEFAULT_DB = "bucketq"
+
+
+@dataclass
+class Connection:
+    database: Any  # AsyncDatabase or MotorDatabase
+    owned_client: AsyncMongoClient | None = None
+
+    async def close(self) -> None:
+        if self.owned_client is not None:
+            await self.owned_client.close()
+
+
+def connect(target: Any, db: str | None = None) -> Connection:
+    if isinstance(target, str):
+        try:
+            parsed = parse_uri(target)
+        except Exception as exc:  # pymongo raises InvalidURI / ConfigurationError / ValueError
+            raise InvalidOption(f"invalid MongoDB URI {target!r}: {exc}") from None
+        client: AsyncMongoClient = AsyncMongoClient(target, tz_aware=True, connect=False)
+        return Connection(client[db or parsed.get("database") or DEFAULT_DB], owned_client=client)
+    if isinstance(target, AsyncMongoClient):
+        return Connection(target[db or _default_db(target)])
+    if isinstance(target, AsyncDatabase):
+        return Connection(target if db is None else target.client[db])
+    if is_motor(target):
+        if type(target).__name__.endswith("Client"):  # AsyncIOMotorClient (hasattr lies: any name is a collection)
+            return Connection(MotorDatabase(target[db or DEFAULT_DB]))
+        return Connection(MotorDatabase(target if db is None else target.client[db]))
+    raise InvalidOption(
+        "Queue needs a MongoDB URI, an AsyncMongoClient, an AsyncDatabase or a Motor client/database, "
+        f"got {type(target).__name__}"
+    )
+
+
+def _default_db(client: AsyncMongoClient) -> str:
+    try:
+        return client.get_default_database().name
+    except Exception:  # no database in the URI
+        return DEFAULT_DB

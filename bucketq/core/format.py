@@ -1,0 +1,215 @@
+"""Storage format version 1 (docs/FORMAT.md): field names, document builders and the validator.
+
+Everything another reader (Spark, another language) relies on is defined here once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bson import ObjectId
+
+from bucketq.errors import MalformedBucket
+
+FORMAT_VERSION = 1
+MAX_BUCKET_SIZE = 65536
+BSON_LIMIT = 16 * 1024 * 1024
+# Room kept free below the BSON limit for what consumers add later: `done` (at most ~14 bytes a slot),
+# `lease`, and the per-slot arrays of retry buckets.
+STATE_HEADROOM = 16 * MAX_BUCKET_SIZE + 4096
+MAX_BUCKET_BYTES = BSON_LIMIT - STATE_HEADROOM
+# Fixed bytes of a bucket document besides its payloads: _id, v, enc, due, created, n, c, done, lease.
+BUCKET_OVERHEAD = 256
+
+UTC = dt.timezone.utc
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One message as written into a bucket: the encoded payload plus optional per-message fields."""
+
+    payload: str | bytes
+    headers: Mapping[str, Any] | None = None
+    key: str | None = None
+    tries: int = 0
+    origin: str | None = None
+    enqueued_at: dt.datetime | None = None
+
+
+def slot_bytes(payload: str | bytes, headers_size: int = 0, key: str | None = None) -> int:
+    """An upper bound of the BSON bytes one slot adds to a bucket (array keys are at most 5 digits)."""
+    size = len(payload.encode()) if isinstance(payload, str) else len(payload)
+    total = size + 16  # type byte, key "65535\0", length, terminator / binary subtype
+    if headers_size:
+        total += headers_size + 8
+    if key is not None:
+        total += len(key.encode()) + 12
+    return total + 8  # room for the slot's null in `h`/`k` when only some slots have them
+
+
+def message_id(bucket_id: ObjectId, slot: int) -> str:
+    """The id of a message first stored at ``slot`` of ``bucket_id``; kept when it moves to a retry bucket."""
+    return f"{bucket_id}:{slot}"
+
+
+def bucket_document(
+    bucket_id: ObjectId,
+    slots: Sequence[Slot],
+    *,
+    codec: str,
+    created: dt.datetime,
+    due: dt.datetime,
+) -> dict[str, Any]:
+    """A new bucket document. Optional per-slot arrays are written only when some slot has the field."""
+    doc: dict[str, Any] = {
+        "_id": bucket_id,
+        "v": FORMAT_VERSION,
+        "enc": codec,
+        "created": created,
+        "due": due,
+        "n": len(slots),
+        "p": [s.payload for s in slots],
+        "done": [],
+        "c": 0,
+        "lease": None,
+    }
+    if any(s.headers for s in slots):
+        doc["h"] = [dict(s.headers) if s.headers else None for s in slots]
+    if any(s.key is not None for s in slots):
+        doc["k"] = [s.key for s in slots]
+    if any(s.tries for s in slots):
+        doc["t"] = [s.tries for s in slots]
+    if any(s.origin is not None for s in slots):
+        doc["o"] = [s.origin for s in slots]
+    if any(s.enqueued_at is not None for s in slots):
+        doc["e"] = [s.enqueued_at or created for s in slots]
+    return doc
+
+
+@dataclass(frozen=True)
+class StoredBucket:
+    """A validated bucket document, as a consumer sees it after claiming it."""
+
+    id: ObjectId
+    codec: str
+    created: dt.datetime
+    payloads: list[str | bytes]
+    headers: list[dict[str, Any] | None]
+    keys: list[str | None]
+    base_tries: list[int]
+    origins: list[str | None]
+    enqueued: list[dt.datetime | None]
+    done: frozenset[int]
+    claims: int
+
+    @property
+    def size(self) -> int:
+        return len(self.payloads)
+
+    def message_id(self, slot: int) -> str:
+        return self.origins[slot] or message_id(self.id, slot)
+
+    def enqueued_at(self, slot: int) -> dt.datetime:
+        return self.enqueued[slot] or self.created
+
+    def slot(self, index: int, tries: int) -> Slot:
+        """The slot as it should be copied into another bucket (retry) or a dead letter."""
+        return Slot(
+            payload=self.payloads[index],
+            headers=self.headers[index],
+            key=self.keys[index],
+            tries=tries,
+            origin=self.message_id(index),
+            enqueued_at=self.enqueued_at(index),
+        )
+
+
+def as_utc(value: dt.datetime) -> dt.datetime:
+    """BSON dates come back naive (UTC) from clients without ``tz_aware``; make them aware."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
+    """Validate a stored document against format version 1; raise ``MalformedBucket`` saying what is wrong."""
+    if doc.get("v") != FORMAT_VERSION:
+        raise MalformedBucket(f"format version {doc.get('v')!r} is not {FORMAT_VERSION}")
+    bucket_id = doc.get("_id")
+    if not isinstance(bucket_id, ObjectId):
+        raise MalformedBucket(f"_id must be an ObjectId, got {type(bucket_id).__name__}")
+    codec = doc.get("enc")
+    if not isinstance(codec, str):
+        raise MalformedBucket("enc must be a string naming the codec")
+    created = doc.get("created")
+    if not isinstance(created, dt.datetime):
+        raise MalformedBucket("created must be a date")
+    payloads = doc.get("p")
+    if not isinstance(payloads, list) or not payloads:
+        raise MalformedBucket("p must be a non-empty array of payloads")
+    n = len(payloads)
+    if doc.get("n") != n:
+        raise MalformedBucket(f"n is {doc.get('n')!r} but p holds {n} payloads")
+    if not all(isinstance(p, (str, bytes)) for p in payloads):
+        raise MalformedBucket("every payload in p must be a string or binary")
+    claims = doc.get("c")
+    if not isinstance(claims, int) or isinstance(claims, bool) or claims < 0:
+        raise MalformedBucket("c must be a non-negative integer")
+    done = doc.get("done")
+    if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < n for i in done):
+        raise MalformedBucket("done must be an array of slot indexes")
+    return StoredBucket(
+        id=bucket_id,
+        codec=codec,
+        created=as_utc(created),
+        payloads=payloads,
+        headers=_optional_array(doc, "h", n, dict),
+        keys=_optional_array(doc, "k", n, str),
+        base_tries=[t or 0 for t in _optional_array(doc, "t", n, int)],
+        origins=_optional_array(doc, "o", n, str),
+        enqueued=[as_utc(e) if e else None for e in _optional_array(doc, "e", n, dt.datetime)],
+        done=frozenset(done),
+        claims=claims,
+    )
+
+
+def _optional_array(doc: Mapping[str, Any], field: str, n: int, kind: type) -> list[Any]:
+    values = doc.get(field)
+    if values is None:
+        return [None] * n
+    if not isinstance(values, list) or len(values) != n:
+        raise MalformedBucket(f"{field} must be an array of {n} entries")
+    if not all(v is None or isinstance(v, kind) for v in values):
+        raise MalformedBucket(f"every entry of {field} must be a {kind.__name__} or null")
+    return values
+
+
+def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: dt.datetime) -> dict[str, Any]:
+    """A dead-letter document; its ``_id`` is the message id, so writing it twice stores it once."""
+    return {
+        "_id": bucket.message_id(slot),
+        "enc": bucket.codec,
+        "p": bucket.payloads[slot],
+        "h": bucket.headers[slot],
+        "k": bucket.keys[slot],
+        "tries": tries,
+        "error": error,
+        "at": at,
+        "enqueued_at": bucket.enqueued_at(slot),
+        "origin": {"bucket": bucket.id, "slot": slot},
+    }
+
+
+def quarantined_bucket(doc: Mapping[str, Any], *, reason: str, at: dt.datetime, host: str, pid: int) -> dict[str, Any]:
+    """A quarantine entry for a whole bucket: the original document kept as it was."""
+    return {"_id": doc.get("_id", ObjectId()), "kind": "bucket", "reason": reason, "doc": dict(doc), "at": at,
+            "host": host, "pid": pid}
+
+
+def quarantined_message(bucket: StoredBucket, slot: int, *, reason: str, at: dt.datetime, host: str,
+                        pid: int) -> dict[str, Any]:
+    """A quarantine entry for one message of an otherwise good bucket (``malformed="skip"``)."""
+    return {"_id": bucket.message_id(slot), "kind": "message", "reason": reason, "enc": bucket.codec,
+            "p": bucket.payloads[slot], "h": bucket.headers[slot], "k": bucket.keys[slot],
+            "origin": {"bucket": bucket.id, "slot": slot}, "at": at, "host": host, "pid": pid}

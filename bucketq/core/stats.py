@@ -1,0 +1,44 @@
+"""The ``stats()`` aggregation: one pass over the bucket collection, counting unfinished messages."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from bucketq.core.format import as_utc
+
+STATS_KEYS = ("ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s")
+
+
+def stats_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
+    """Messages left per bucket (``n - |done|``), summed by state. A claimed bucket's ``due`` is its lease
+    expiry, so "claimed and due later" is in flight, and an expired lease counts as ready again."""
+    left = {"$subtract": ["$n", {"$size": {"$ifNull": ["$done", []]}}]}
+    is_due = {"$lte": ["$due", now]}
+    leased = {"$ne": [{"$ifNull": ["$lease", None]}, None]}
+    return [
+        {"$project": {"left": left, "is_due": is_due, "leased": leased, "created": 1}},
+        {"$group": {
+            "_id": None,
+            "buckets": {"$sum": 1},
+            "ready": {"$sum": {"$cond": ["$is_due", "$left", 0]}},
+            "scheduled": {"$sum": {"$cond": [{"$or": ["$is_due", "$leased"]}, 0, "$left"]}},
+            "in_flight": {"$sum": {"$cond": [{"$and": [{"$not": ["$is_due"]}, "$leased"]}, "$left", 0]}},
+            "oldest_ready": {"$min": {"$cond": ["$is_due", "$created", None]}},
+        }},
+    ]
+
+
+def shape_stats(rows: list[Mapping[str, Any]], *, dead: int, quarantined: int, now: dt.datetime) -> dict[str, Any]:
+    row = rows[0] if rows else {}
+    oldest = row.get("oldest_ready")
+    return {
+        "ready": int(row.get("ready", 0)),
+        "scheduled": int(row.get("scheduled", 0)),
+        "in_flight": int(row.get("in_flight", 0)),
+        "dead": dead,
+        "quarantined": quarantined,
+        "buckets": int(row.get("buckets", 0)),
+        "oldest_ready_age_s": max(0.0, (now - as_utc(oldest)).total_seconds()) if oldest else 0.0,
+    }

@@ -1,0 +1,121 @@
+"""Queue options, validated at construction so a bad value fails early and says which option is wrong."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE
+from bucketq.errors import InvalidOption
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """Every tunable of a queue. Times are in seconds, sizes in bytes.
+
+    Producer:
+        bucket_max_size: messages per bucket before it is written.
+        bucket_max_bytes: encoded bytes per bucket before it is written (below MongoDB's 16 MiB limit).
+        bucket_max_wait: seconds a bucket may stay open after its first message.
+        due_granularity: delayed messages share a bucket only within windows of this many seconds; no
+            message becomes due later than its own due time plus this.
+        max_buffered_bytes: bytes buffered or being written before ``push`` waits (backpressure).
+        max_in_flight_writes: concurrent bucket writes.
+        write_timeout: seconds a bucket write may keep retrying before its pushes fail.
+        write_concern: ``w`` value, e.g. 1 or "majority"; None keeps the client's default.
+    Consumer:
+        lease: seconds a claimed bucket stays reserved without being extended.
+        state_flush_period: seconds between flushes of ack/nack state (also extends leases).
+        max_attempts: deliveries of a message before it goes to the dead-letter collection.
+        retry_base, retry_factor, retry_max, retry_jitter: the nack backoff,
+            ``min(retry_max, retry_base * retry_factor**tries)`` scaled by ``1 ± retry_jitter``.
+        malformed: "quarantine" moves a bucket with any undecodable message to quarantine whole;
+            "skip" quarantines only the bad messages and serves the rest.
+        quarantine_retention, inbox_retention: seconds before quarantine entries / dedupe keys are purged.
+        dedupe: skip messages whose ``key`` was already acknowledged (keys kept in an inbox collection).
+        poll_interval: longest wait between claim attempts when no change stream wakes the consumer.
+        change_streams: use change streams for wake-ups; None detects support at run time.
+        drain_timeout: seconds ``drain()`` waits for in-flight handlers.
+    """
+
+    bucket_max_size: int = 1024
+    bucket_max_bytes: int = 4 * 1024 * 1024
+    bucket_max_wait: float = 0.5
+    due_granularity: float = 1.0
+    max_buffered_bytes: int = 64 * 1024 * 1024
+    max_in_flight_writes: int = 2
+    write_timeout: float = 30.0
+    write_concern: int | str | None = None
+    lease: float = 30.0
+    state_flush_period: float = 0.5
+    max_attempts: int = 5
+    retry_base: float = 1.0
+    retry_factor: float = 2.0
+    retry_max: float = 300.0
+    retry_jitter: float = 0.2
+    malformed: Literal["quarantine", "skip"] = "quarantine"
+    quarantine_retention: float = 14 * 86400.0
+    inbox_retention: float = 7 * 86400.0
+    dedupe: bool = False
+    poll_interval: float = 0.1
+    change_streams: bool | None = None
+    drain_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            expected = _TYPES.get(f.name)
+            if expected and not _type_ok(value, expected, f.name in _NULLABLE):
+                raise InvalidOption(f"{f.name} must be {_describe(expected)}, got {value!r}")
+        _check(1 <= self.bucket_max_size <= MAX_BUCKET_SIZE, "bucket_max_size", f"between 1 and {MAX_BUCKET_SIZE}")
+        _check(1024 <= self.bucket_max_bytes <= MAX_BUCKET_BYTES, "bucket_max_bytes",
+               f"between 1024 and {MAX_BUCKET_BYTES} (MongoDB's 16 MiB limit less room for state)")
+        _check(0 <= self.bucket_max_wait <= 60, "bucket_max_wait", "between 0 and 60 seconds")
+        _check(0.001 <= self.due_granularity <= 3600, "due_granularity", "between 0.001 and 3600 seconds")
+        _check(self.max_buffered_bytes >= self.bucket_max_bytes, "max_buffered_bytes",
+               f"at least bucket_max_bytes ({self.bucket_max_bytes})")
+        _check(1 <= self.max_in_flight_writes <= 64, "max_in_flight_writes", "between 1 and 64")
+        _check(self.write_timeout > 0, "write_timeout", "positive")
+        _check(self.write_concern is None or isinstance(self.write_concern, (int, str)), "write_concern",
+               "an int, a string such as 'majority', or None")
+        _check(1 <= self.lease <= 86400, "lease", "between 1 and 86400 seconds")
+        _check(0.01 <= self.state_flush_period <= self.lease / 3, "state_flush_period",
+               f"between 0.01 s and a third of the lease ({self.lease / 3:g} s)")
+        _check(self.max_attempts >= 1, "max_attempts", "at least 1")
+        _check(self.retry_base >= 0 and self.retry_factor >= 1 and self.retry_max >= self.retry_base,
+               "retry_base/retry_factor/retry_max", "retry_base >= 0, retry_factor >= 1, retry_max >= retry_base")
+        _check(0 <= self.retry_jitter < 1, "retry_jitter", "in [0, 1)")
+        _check(self.malformed in ("quarantine", "skip"), "malformed", "'quarantine' or 'skip'")
+        _check(self.quarantine_retention > 0 and self.inbox_retention > 0, "retention", "positive")
+        _check(0.005 <= self.poll_interval <= 60, "poll_interval", "between 0.005 and 60 seconds")
+        _check(self.drain_timeout >= 0, "drain_timeout", "zero or more")
+
+
+_INT = (int,)
+_NUM = (int, float)
+_TYPES: dict[str, tuple[type, ...]] = {
+    "bucket_max_size": _INT, "bucket_max_bytes": _INT, "max_buffered_bytes": _INT, "max_in_flight_writes": _INT,
+    "max_attempts": _INT, "bucket_max_wait": _NUM, "due_granularity": _NUM, "write_timeout": _NUM, "lease": _NUM,
+    "state_flush_period": _NUM, "retry_base": _NUM, "retry_factor": _NUM, "retry_max": _NUM, "retry_jitter": _NUM,
+    "quarantine_retention": _NUM, "inbox_retention": _NUM, "poll_interval": _NUM, "drain_timeout": _NUM,
+    "dedupe": (bool,), "change_streams": (bool,),
+}
+_NULLABLE = {"change_streams"}
+
+
+def _type_ok(value: object, expected: tuple[type, ...], nullable: bool) -> bool:
+    if value is None:
+        return nullable
+    if isinstance(value, bool):  # bool is an int subclass; True is no bucket size
+        return bool in expected
+    return isinstance(value, expected)
+
+
+def _describe(types: tuple[type, ...]) -> str:
+    return " or ".join("a number" if t is float else f"an {t.__name__}" if t is int else f"a {t.__name__}"
+                       for t in types)
+
+
+def _check(ok: bool, name: str, rule: str) -> None:
+    if not ok:
+        raise InvalidOption(f"{name} must be {rule}")

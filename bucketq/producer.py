@@ -1,0 +1,232 @@
+"""The write path: buffered pushes become bucket documents, each push resolved once its bucket is stored.
+
+Runs the sans-I/O ``Accumulator``; adds the event loop around it: a linger timer, up to
+``max_in_flight_writes`` concurrent writers, per-push futures and backpressure on ``max_buffered_bytes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import bson
+
+from bucketq.clock import ServerClock
+from bucketq.codecs import Codec
+from bucketq.core.accumulator import Accumulator, SealedBucket
+from bucketq.core.format import Slot, message_id, slot_bytes
+from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed, WriteFailed
+from bucketq.options import QueueOptions
+from bucketq.store import Store, retrying
+
+BUCKETS_PER_WRITE = 8
+
+
+class Producer:
+    def __init__(self, store: Store, codec: Codec, options: QueueOptions, clock: ServerClock,
+                 on_written: Callable[[], None] | None = None,
+                 before_write: Callable[[], Awaitable[None]] | None = None) -> None:
+        self._store = store
+        self._codec = codec
+        self._options = options
+        self._clock = clock
+        self._on_written = on_written
+        self._before_write = before_write
+        self._acc = Accumulator(max_size=options.bucket_max_size, max_bytes=options.bucket_max_bytes,
+                                max_wait=options.bucket_max_wait, granularity=options.due_granularity,
+                                codec=codec.name)
+        self._sealed: deque[SealedBucket] = deque()
+        self._writers: set[asyncio.Task[None]] = set()
+        self._space: asyncio.Condition | None = None
+        self._opened: asyncio.Event | None = None
+        self._linger: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._acc.buffered_bytes
+
+    # -- pushing -------------------------------------------------------------------------------------------
+
+    def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
+                    headers: Mapping[str, Any] | None = None, key: str | None = None) -> asyncio.Future[str]:
+        """Buffer a message now; the future resolves to its id once stored. Raises ``BufferFull`` instead of
+        waiting when ``max_buffered_bytes`` is reached."""
+        slot, size, due = self._prepare(payload, delay, at, headers, key)
+        if self._acc.buffered_bytes and self._acc.buffered_bytes + size > self._options.max_buffered_bytes:
+            raise BufferFull(f"{self._acc.buffered_bytes} bytes buffered (max_buffered_bytes); await push() instead")
+        return self._add(slot, size, due)
+
+    async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
+                   headers: Mapping[str, Any] | None = None, key: str | None = None) -> str:
+        slot, size, due = self._prepare(payload, delay, at, headers, key)
+        await self._wait_for_space(size)
+        return await self._add(slot, size, due)
+
+    async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
+                        headers: Mapping[str, Any] | None = None) -> list[str]:
+        """Push every payload; all are encoded first, so one bad payload fails the call before any is pushed."""
+        prepared = []
+        for index, payload in enumerate(payloads):
+            try:
+                prepared.append(self._prepare(payload, delay, None, headers, None))
+            except (EncodeError, PayloadTooLarge) as exc:
+                raise type(exc)(f"payload {index}: {exc}") from exc
+        futures = []
+        for slot, size, due in prepared:
+            await self._wait_for_space(size)
+            futures.append(self._add(slot, size, due))
+        return list(await asyncio.gather(*futures))
+
+    def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
+                 headers: Mapping[str, Any] | None, key: str | None) -> tuple[Slot, int, dt.datetime | None]:
+        if self._closed:
+            raise QueueClosed("the queue was drained or closed; it takes no more pushes")
+        try:
+            stored = self._codec.dump(payload)
+        except Exception as exc:
+            raise EncodeError(f"cannot encode {type(payload).__name__} payload with the {self._codec.name} codec: "
+                              f"{exc}") from exc
+        headers_size = 0
+        if headers is not None:
+            if not isinstance(headers, Mapping):
+                raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
+            try:
+                headers_size = len(bson.encode(headers))
+            except Exception as exc:
+                raise EncodeError(f"headers cannot be stored as BSON: {exc}") from exc
+        if key is not None and not isinstance(key, str):
+            raise InvalidOption(f"key must be a string, got {type(key).__name__}")
+        size = slot_bytes(stored, headers_size, key)
+        if not self._acc.fits(size):
+            raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
+                                  f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
+        return Slot(stored, headers or None, key), size, self._due(delay, at)
+
+    def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
+        if delay is not None and at is not None:
+            raise InvalidOption("give delay or at, not both")
+        if at is not None:
+            if not isinstance(at, dt.datetime) or at.tzinfo is None:
+                raise InvalidOption("at must be a timezone-aware datetime")
+            return at
+        if delay is None:
+            return None
+        seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0 or seconds != seconds:
+            raise InvalidOption(f"delay must be a non-negative number of seconds, got {delay!r}")
+        return self._clock.now() + dt.timedelta(seconds=seconds) if seconds else None
+
+    def _add(self, slot: Slot, size: int, due: dt.datetime | None) -> asyncio.Future[str]:
+        loop = asyncio.get_running_loop()
+        self._start(loop)
+        future: asyncio.Future[str] = loop.create_future()
+        _, sealed = self._acc.add(slot, size, future, due=due, now_wall=self._clock.now(), now_mono=time.monotonic())
+        self._opened.set()  # type: ignore[union-attr]
+        if sealed:
+            self._sealed.extend(sealed)
+            self._kick_writers()
+        return future
+
+    async def _wait_for_space(self, size: int) -> None:
+        limit = self._options.max_buffered_bytes
+        if self._acc.buffered_bytes + size <= limit or not self._acc.buffered_bytes:
+            return
+        assert self._space is not None
+        async with self._space:
+            await self._space.wait_for(lambda: self._acc.buffered_bytes + size <= limit or not self._acc.buffered_bytes)
+
+    # -- writing -------------------------------------------------------------------------------------------
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._linger is None:
+            self._space = asyncio.Condition()
+            self._opened = asyncio.Event()
+            self._linger = loop.create_task(self._linger_loop(), name="bucketq-linger")
+
+    async def _linger_loop(self) -> None:
+        """Seal buckets that have waited ``bucket_max_wait`` since their first message."""
+        assert self._opened is not None
+        while True:
+            deadline = self._acc.next_deadline()
+            if deadline is None:
+                self._opened.clear()
+                await self._opened.wait()
+                continue
+            wait = deadline - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            expired = self._acc.expired(self._clock.now(), time.monotonic())
+            if expired:
+                self._sealed.extend(expired)
+                self._kick_writers()
+
+    def _kick_writers(self) -> None:
+        while self._sealed and len(self._writers) < self._options.max_in_flight_writes:
+            batch = [self._sealed.popleft() for _ in range(min(BUCKETS_PER_WRITE, len(self._sealed)))]
+            task = asyncio.get_running_loop().create_task(self._write(batch), name="bucketq-write")
+            self._writers.add(task)
+            task.add_done_callback(self._writer_done)
+
+    def _writer_done(self, task: asyncio.Task[None]) -> None:
+        self._writers.discard(task)
+        self._kick_writers()
+
+    async def _write(self, batch: list[SealedBucket]) -> None:
+        """Insert the buckets, retrying transient errors; resolve or fail every push they hold."""
+        failed: dict[Any, BaseException] = {}
+        try:
+            if self._before_write is not None:
+                await self._before_write()
+            now = self._clock.now()
+            for bucket in batch:
+                if bucket.immediate:
+                    bucket.document["due"] = now
+            docs = [b.document for b in batch]
+
+            async def insert(retry: bool) -> dict[Any, BaseException]:
+                return await self._store.insert_new(self._store.buckets, docs)
+
+            failed = await retrying(insert, timeout_s=self._options.write_timeout)
+        except Exception as exc:
+            failed = {b.id: exc for b in batch}
+        for bucket in batch:
+            error = failed.get(bucket.id)
+            for slot, future in enumerate(bucket.waiters):
+                if future.done():
+                    continue
+                if error is None:
+                    future.set_result(message_id(bucket.id, slot))
+                else:
+                    failure = WriteFailed(f"bucket {bucket.id} was not stored: {error}")
+                    failure.__cause__ = error
+                    future.set_exception(failure)
+            self._acc.written(bucket)
+        if len(failed) < len(batch) and self._on_written is not None:
+            self._on_written()
+        assert self._space is not None
+        async with self._space:
+            self._space.notify_all()
+
+    # -- shutting down -------------------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Write every open bucket now and wait until every bucket written so far is stored or failed."""
+        self._sealed.extend(self._acc.seal_all(self._clock.now()))
+        if self._sealed:
+            self._kick_writers()
+        while self._writers:
+            await asyncio.gather(*list(self._writers), return_exceptions=True)
+
+    async def drain(self) -> None:
+        """Stop taking pushes, then flush everything."""
+        self._closed = True
+        await self.flush()
+        if self._linger is not None:
+            self._linger.cancel()
+            await asyncio.gather(self._linger, return_exceptions=True)
+            self._linger = None

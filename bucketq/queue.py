@@ -1,0 +1,281 @@
+"""``Queue``: the public face. Producer and consumer share one connection, clock and wake-up signal."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+from bucketq import admin
+from bucketq.clock import ServerClock
+from bucketq.codecs import Codec, codec_for, codec_named
+from bucketq.connection import connect
+from bucketq.consumer import Consumer
+from bucketq.core.format import as_utc, parse_bucket
+from bucketq.core.stats import shape_stats, stats_pipeline
+from bucketq.errors import InvalidOption, MalformedBucket
+from bucketq.message import Message
+from bucketq.options import QueueOptions
+from bucketq.producer import Producer
+from bucketq.store import Store, retrying
+from bucketq.wakeup import Wakeup
+
+HOUSEKEEPING_EVERY_S = 60.0
+
+
+class Queue:
+    """A queue stored as bucket documents in the collection ``name``.
+
+    ``target`` is a MongoDB URI, an ``AsyncMongoClient``, an ``AsyncDatabase`` or a Motor client/database;
+    ``db`` picks the database (default: the URI's, else "bucketq"). ``codec`` is "json" (default, orjson),
+    "msgpack" or any object with ``name``, ``text``, ``dump`` and ``load``. Other keywords are
+    ``QueueOptions`` and are validated here.
+    """
+
+    def __init__(self, target: Any, *, name: str, db: str | None = None, codec: str | Codec = "json",
+                 **options: Any) -> None:
+        _check_name(name)
+        unknown = set(options) - set(QueueOptions.__dataclass_fields__)
+        if unknown:
+            raise InvalidOption(f"unknown option(s): {', '.join(sorted(unknown))}")
+        self.options = QueueOptions(**options)
+        self.codec = _codec(codec)
+        self.name = name
+        self._connection = connect(target, db)
+        self._store = Store(self._connection.database, name, write_concern=self.options.write_concern,
+                            op_timeout_s=self.options.write_timeout)
+        self._clock = ServerClock()
+        self._wakeup = Wakeup(self.options.poll_interval)
+        self._producer = Producer(self._store, self.codec, self.options, self._clock,
+                                  on_written=self._wakeup.notify, before_write=self._ready)
+        self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup)
+        self._indexed = False
+        self._ready_lock: asyncio.Lock | None = None
+        self._housekept_at = 0.0
+        self._closed = False
+
+    @property
+    def database(self) -> Any:
+        return self._connection.database
+
+    async def _ready(self) -> None:
+        """Once (and every few minutes for the clock): measure the server clock, create the indexes."""
+        if not self._clock.stale and self._indexed:
+            return
+        if self._ready_lock is None:
+            self._ready_lock = asyncio.Lock()
+        async with self._ready_lock:  # concurrent first pushes wait for one setup, not one each
+            if self._clock.stale:
+                await retrying(lambda _: self._clock.sync(self._connection.database),
+                               timeout_s=self.options.write_timeout)
+            if not self._indexed:
+                await retrying(lambda _: self._store.ensure_indexes(), timeout_s=self.options.write_timeout)
+                self._indexed = True
+
+    # -- producing -----------------------------------------------------------------------------------------
+
+    async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
+                   headers: Mapping[str, Any] | None = None, key: str | None = None) -> str:
+        """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
+        ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key."""
+        await self._ready()
+        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key)
+
+    def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
+                    headers: Mapping[str, Any] | None = None, key: str | None = None) -> asyncio.Future[str]:
+        """Buffer a message and return a future of its id, for callers who pipeline."""
+        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key)
+
+    async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
+                        headers: Mapping[str, Any] | None = None) -> list[str]:
+        await self._ready()
+        return await self._producer.push_many(payloads, delay=delay, headers=headers)
+
+    async def flush(self) -> None:
+        """Write every open bucket now and wait for all writes, without closing the queue."""
+        await self._producer.flush()
+
+    # -- consuming -----------------------------------------------------------------------------------------
+
+    async def reserve(self, timeout: float | None = None) -> Message | None:
+        """Claim the next message; None when none arrives within ``timeout`` seconds."""
+        await self._consumer_ready()
+        return await self._consumer.reserve(timeout)
+
+    async def pop(self, timeout: float | None = None) -> Message | None:
+        """Reserve and ack in one step (at-most-once from here on: the message is not redelivered)."""
+        message = await self.reserve(timeout)
+        if message is not None:
+            await message.ack()
+        return message
+
+    async def consume(self, idle_timeout: float | None = None) -> AsyncIterator[Message]:
+        """``async for msg in q.consume(): ...``; ends after ``idle_timeout`` seconds without a message."""
+        await self._consumer_ready()
+        async for message in self._consumer.consume(idle_timeout):
+            yield message
+
+    async def _consumer_ready(self) -> None:
+        await self._ready()
+        if self.options.change_streams is not False:
+            self._wakeup.start_stream(self._store.buckets, self._clock, required=bool(self.options.change_streams))
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._housekept_at > HOUSEKEEPING_EVERY_S:
+            self._housekept_at = loop.time()
+            await self.purge_expired()
+
+    # -- observing -----------------------------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        """``ready``, ``scheduled``, ``in_flight``, ``dead``, ``quarantined``, ``buckets``,
+        ``oldest_ready_age_s``: messages by state, counted on the server."""
+        await self._ready()
+        now = self._clock.now()
+        rows = await self._store.aggregate(self._store.buckets, stats_pipeline(now))
+        dead = await self._store.dead.count_documents({})
+        quarantined = await self._store.quarantine.count_documents({})
+        return shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
+
+    async def peek(self, n: int = 10) -> list[dict[str, Any]]:
+        """The next ``n`` unfinished messages in claim order, without claiming them."""
+        await self._ready()
+        out: list[dict[str, Any]] = []
+        cursor = self._store.buckets.find({}, sort=[("due", 1)], batch_size=4)
+        async for doc in cursor:
+            try:
+                bucket = parse_bucket(doc)
+                codec = codec_for(bucket.codec, self.codec)
+            except (MalformedBucket, ValueError) as exc:
+                out.append({"bucket": doc.get("_id"), "malformed": str(exc)})
+                continue
+            for slot in range(bucket.size):
+                if slot in bucket.done:
+                    continue
+                entry: dict[str, Any] = {"id": bucket.message_id(slot), "due": as_utc(doc["due"]),
+                                         "tries": bucket.base_tries[slot]}
+                try:
+                    entry["payload"] = codec.load(bucket.payloads[slot])
+                except Exception as exc:
+                    entry["undecodable"] = f"{type(exc).__name__}: {exc}"
+                out.append(entry)
+                if len(out) >= n:
+                    await cursor.close()
+                    return out
+        return out
+
+    # -- dead letters and quarantine -----------------------------------------------------------------------
+
+    async def dead_letters(self, *, limit: int = 100, older_than: float | None = None,
+                           error_contains: str | None = None) -> list[dict[str, Any]]:
+        return await self._list(self._store.dead, "error", limit, older_than, error_contains)
+
+    async def requeue_dead(self, *, ids: list[str] | None = None, older_than: float | None = None,
+                           error_contains: str | None = None) -> int:
+        """Put dead letters back in the queue, tries reset, ids kept. Returns how many."""
+        return await self._requeue(self._store.dead, "error", ids, older_than, error_contains)
+
+    async def purge_dead(self, *, ids: list[str] | None = None, older_than: float | None = None,
+                         error_contains: str | None = None) -> int:
+        return await self._purge(self._store.dead, "error", ids, older_than, error_contains)
+
+    async def quarantined(self, *, limit: int = 100, older_than: float | None = None,
+                          error_contains: str | None = None) -> list[dict[str, Any]]:
+        return await self._list(self._store.quarantine, "reason", limit, older_than, error_contains)
+
+    async def requeue_quarantined(self, *, ids: list[Any] | None = None, older_than: float | None = None,
+                                  error_contains: str | None = None) -> int:
+        """Put quarantined buckets (as they were) and messages back in the queue. Returns how many entries."""
+        return await self._requeue(self._store.quarantine, "reason", ids, older_than, error_contains)
+
+    async def purge_quarantined(self, *, ids: list[Any] | None = None, older_than: float | None = None,
+                                error_contains: str | None = None) -> int:
+        return await self._purge(self._store.quarantine, "reason", ids, older_than, error_contains)
+
+    async def purge_expired(self) -> dict[str, int]:
+        """Apply the retention options: quarantine entries and dedupe keys older than them are deleted."""
+        now = self._clock.now()
+        quarantine = await self._store.quarantine.delete_many(
+            {"at": {"$lt": now - dt.timedelta(seconds=self.options.quarantine_retention)}})
+        inbox = await self._store.inbox.delete_many(
+            {"at": {"$lt": now - dt.timedelta(seconds=self.options.inbox_retention)}})
+        return {"quarantined": quarantine.deleted_count, "inbox": inbox.deleted_count}
+
+    async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
+                    error_contains: str | None) -> list[dict[str, Any]]:
+        await self._ready()
+        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.now(),
+                                   error_field=field)
+        return await collection.find(query, sort=[("at", 1)], limit=limit).to_list(None)
+
+    async def _purge(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
+                     error_contains: str | None) -> int:
+        await self._ready()
+        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
+                                   now=self._clock.now(), error_field=field)
+        return (await collection.delete_many(query)).deleted_count
+
+    async def _requeue(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
+                       error_contains: str | None) -> int:
+        """Copy entries back as buckets, then delete them: a crash in between requeues twice, never loses."""
+        await self._ready()
+        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
+                                   now=self._clock.now(), error_field=field)
+        total = 0
+        while batch := await collection.find(query, limit=admin.REQUEUE_CHUNK).to_list(None):
+            now = self._clock.now()
+            docs = [admin.requeued_original(e, now=now) for e in batch if e.get("kind") == "bucket"]
+            by_codec: dict[str, list[dict[str, Any]]] = {}
+            for entry in batch:
+                if entry.get("kind") != "bucket":
+                    by_codec.setdefault(entry["enc"], []).append(entry)
+            docs += [admin.requeued_bucket(group, now=now) for group in by_codec.values()]
+            await self._store.insert_copies(self._store.buckets, docs)
+            await collection.delete_many({"_id": {"$in": [e["_id"] for e in batch]}})
+            total += len(batch)
+        if total:
+            self._wakeup.notify()
+        return total
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Flush every open bucket and wait for its write; flush consumer state and release held buckets.
+        The queue takes no pushes or reserves afterwards."""
+        await self._producer.drain()
+        await self._consumer.drain()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.drain()
+        finally:
+            await self._wakeup.stop()
+            await self._connection.close()
+
+    async def __aenter__(self) -> Queue:
+        await self._ready()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not name or len(name) > 100:
+        raise InvalidOption("name must be a non-empty string of at most 100 characters")
+    if "$" in name or "\0" in name or name.startswith("system.") or name.startswith("."):
+        raise InvalidOption(f"{name!r} is not a valid collection name")
+
+
+def _codec(codec: str | Codec) -> Codec:
+    if isinstance(codec, str):
+        try:
+            return codec_named(codec)
+        except ValueError as exc:
+            raise InvalidOption(str(exc)) from None
+    if not isinstance(codec, Codec):
+        raise InvalidOption("codec must be a name or an object with name, text, dump and load")
+    return codec

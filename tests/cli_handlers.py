@@ -1,0 +1,20 @@
+"""Handlers for the ``bucketq worker`` tests in tests/test_cli.py (run as ``tests.cli_handlers:NAME``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+async def record(message: Any) -> None:
+    """Append the payload as one JSON line to the file named by ``BUCKETQ_TEST_OUT``."""
+    with open(os.environ["BUCKETQ_TEST_OUT"], "a") as out:
+        out.write(json.dumps(message.payload) + "\n")
+
+
+def not_async(message: Any) -> None:
+    """A plain function: the worker refuses it."""
+
+
+NOT_A_FUNCTION = 42

@@ -1,0 +1,346 @@
+"""The ``bucketq`` console script, driven as a subprocess against the test server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from bson import ObjectId
+from click.testing import CliRunner
+
+from bucketq import Queue
+from bucketq.cli import cli
+from bucketq.cli.params import parse_duration
+from bucketq.core.stats import STATS_KEYS
+
+REPO = Path(__file__).resolve().parent.parent
+BQ = [sys.executable, "-m", "bucketq.cli"]
+Run = Callable[..., subprocess.CompletedProcess]
+
+
+def _env(uri: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "BUCKETQ_MONGODB_URI"}
+    if uri is not None:
+        env["BUCKETQ_MONGODB_URI"] = uri
+    return env
+
+
+@pytest.fixture
+def bq(mongo_uri: str, db_name: str, sync_db) -> Run:  # sync_db: the database is dropped afterwards
+    """``bq("stats", "events", "--json")`` runs the CLI on the test's database; ``input=`` feeds stdin."""
+    def run(*args: str, input: str | None = None, uri: str | None = mongo_uri, db: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        argv = [*BQ, *args, *(["--db", db_name] if db else [])]
+        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, env=_env(uri),
+                              cwd=REPO, stdin=None if input is not None else subprocess.DEVNULL)
+    return run
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return result
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    message = result.stderr.strip()
+    assert message.startswith("Error: ") and "\n" not in message, result.stderr
+    for fragment in fragments:
+        assert fragment in message
+    return message
+
+
+def on_terminal(bq_argv: list[str], answer: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run with stdin on a pseudo-terminal that answers ``answer`` to a prompt."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(bq_argv, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=REPO)
+        os.write(master, answer.encode())
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(slave)
+        os.close(master)
+    return subprocess.CompletedProcess(bq_argv, proc.returncode, out, err)
+
+
+def stats(bq: Run, queue: str) -> dict:
+    return json.loads(ok(bq("stats", queue, "--json")).stdout)
+
+
+def jsonl(text: str) -> list:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+# -- help ------------------------------------------------------------------------------------------------------
+
+COMMANDS = [["stats"], ["peek"], ["push"], ["drain"], ["worker"], ["dead", "list"], ["dead", "requeue"],
+            ["dead", "purge"], ["quarantine", "list"], ["quarantine", "requeue"], ["quarantine", "purge"]]
+
+
+def test_help_lists_every_command_and_tells_how_to_use_it() -> None:
+    runner = CliRunner()
+    top = runner.invoke(cli, ["--help"])
+    assert top.exit_code == 0
+    for name in ("stats", "peek", "push", "drain", "worker", "dead", "quarantine"):
+        assert name in top.output
+    for command in COMMANDS:
+        result = runner.invoke(cli, [*command, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "Usage: " in result.output and "--uri" in result.output and "--db" in result.output
+        assert "BUCKETQ_MONGODB_URI" in result.output
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "bucketq"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "Commands:" in result.stdout
+
+
+def test_durations() -> None:
+    assert parse_duration("90") == 90 and parse_duration("5m") == 300 and parse_duration("1h30m") == 5400
+    assert parse_duration("1.5s") == 1.5 and parse_duration("2d") == 172800
+    with pytest.raises(ValueError):
+        parse_duration("soon")
+
+
+# -- push, stats, peek, drain ----------------------------------------------------------------------------------
+
+def test_push_stdin_then_stats_peek_and_drain(bq: Run, sync_db) -> None:
+    pushed = ok(bq("push", "events", input='{"n": 1}\n{"n": 2}\n\n[3, "x"]\n'))
+    assert "pushed 3 message(s) to 'events'" in pushed.stdout
+
+    row = stats(bq, "events")
+    assert list(row) == list(STATS_KEYS)
+    assert row["ready"] == 3 and row["scheduled"] == row["in_flight"] == row["dead"] == 0 and row["buckets"] == 1
+
+    table = ok(bq("stats", "events")).stdout
+    assert "events" in table and "ready" in table and "in flight" in table and "quarantined" in table
+
+    peeked = jsonl(ok(bq("peek", "events", "--json")).stdout)
+    assert [p["payload"] for p in peeked] == [{"n": 1}, {"n": 2}, [3, "x"]]
+    assert all(p["tries"] == 0 and p["id"] for p in peeked)
+    assert [p["payload"] for p in jsonl(ok(bq("peek", "events", "-n", "2", "--json")).stdout)] == [{"n": 1}, {"n": 2}]
+    assert '{"n":2}' in ok(bq("peek", "events")).stdout
+    assert stats(bq, "events")["ready"] == 3  # peek claims nothing
+
+    drained = ok(bq("drain", "events", "--idle-timeout", "0.5"))
+    assert jsonl(drained.stdout) == [{"n": 1}, {"n": 2}, [3, "x"]]
+    assert "drained 3 message(s)" in drained.stderr
+    row = stats(bq, "events")
+    assert row["ready"] == row["in_flight"] == row["scheduled"] == 0
+    assert jsonl(ok(bq("peek", "events", "--json")).stdout) == []
+    assert sync_db["events"].count_documents({}) == 0  # finished buckets are deleted
+
+
+def test_push_arguments_with_delay_are_scheduled(bq: Run) -> None:
+    assert "pushed 2 message(s)" in ok(bq("push", "later", '{"a": 1}', '"text"', "--delay", "1h")).stdout
+    row = stats(bq, "later")
+    assert row["scheduled"] == 2 and row["ready"] == 0
+    assert ok(bq("drain", "later", "--idle-timeout", "0.3")).stdout == ""  # nothing is due yet
+
+
+def test_drain_limit_meta_and_discard(bq: Run) -> None:
+    ok(bq("push", "jobs", input="".join(f'{{"i": {i}}}\n' for i in range(5))))
+    first = jsonl(ok(bq("drain", "jobs", "--limit", "2", "--meta")).stdout)
+    assert [m["payload"] for m in first] == [{"i": 0}, {"i": 1}]
+    assert {"id", "tries", "enqueued_at", "headers", "key", "payload"} <= set(first[0])
+    assert stats(bq, "jobs")["ready"] == 3
+    rest = ok(bq("drain", "jobs", "--discard", "--idle-timeout", "0.3"))
+    assert rest.stdout == "" and "discarded 3 message(s)" in rest.stderr
+    assert stats(bq, "jobs")["ready"] == 0
+
+
+def test_stats_of_every_queue(bq: Run, sync_db) -> None:
+    ok(bq("push", "alpha", "1", "2"))
+    ok(bq("push", "beta", "3"))
+    sync_db["system.views"]  # never a queue, nor are alpha.dead/.quarantine/.inbox (created by the pushes)
+    every = json.loads(ok(bq("stats", "--json")).stdout)
+    assert set(every) == {"alpha", "beta"}
+    assert every["alpha"]["ready"] == 2 and every["beta"]["ready"] == 1
+    assert list(every["beta"]) == list(STATS_KEYS)
+    table = ok(bq("stats")).stdout
+    assert "alpha" in table and "beta" in table and "alpha.dead" not in table
+
+
+def test_stats_watch_refreshes_until_sigterm(mongo_uri: str, db_name: str, bq: Run) -> None:
+    ok(bq("push", "events", "1"))
+    proc = subprocess.Popen([*BQ, "stats", "events", "--watch", "--json", "--interval", "0.2", "--db", db_name],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err
+    assert [json.loads(line)["ready"] for line in lines] == [1, 1]
+
+
+# -- expected errors: one line, non-zero exit, no traceback ----------------------------------------------------
+
+def test_bad_json_on_stdin_stops_at_the_line(bq: Run) -> None:
+    message = one_line_error(bq("push", "events", input='{"ok": 1}\n{"ok": 2}\n{broken\n{"ok": 4}\n'),
+                             "line 3", "invalid JSON")
+    assert "2 message(s) before it were pushed" in message
+    assert stats(bq, "events")["ready"] == 2
+
+
+def test_bad_json_argument_pushes_nothing(bq: Run, sync_db) -> None:
+    one_line_error(bq("push", "events", '{"ok": 1}', "{nope"), "argument 2", "invalid JSON", "nothing was pushed")
+    assert "events" not in sync_db.list_collection_names()
+
+
+@pytest.mark.parametrize("command, uri, fragment", [
+    ("stats", "notmongo://localhost", "invalid MongoDB URI"),
+    ("push", "mongodb://127.0.0.1:badport", "invalid MongoDB URI"),
+    ("peek", "mongodb://127.0.0.1:1/?connectTimeoutMS=300", "cannot reach MongoDB"),
+])
+def test_bad_uri_fails_fast(bq: Run, command: str, uri: str, fragment: str) -> None:
+    started = time.monotonic()
+    one_line_error(bq(command, "events", "--connect-timeout", "0.5", uri=uri), fragment)
+    assert time.monotonic() - started < 10
+
+
+def test_missing_uri_says_how_to_give_one(bq: Run) -> None:
+    one_line_error(bq("stats", uri=None), "--uri", "BUCKETQ_MONGODB_URI")
+
+
+def test_uri_option_and_db_option(mongo_uri: str, db_name: str, bq: Run) -> None:
+    ok(bq("push", "events", "1", "--uri", mongo_uri, uri=None))
+    assert stats(bq, "events")["ready"] == 1
+
+
+def test_unknown_queue_is_an_error_and_creates_nothing(bq: Run, sync_db) -> None:
+    sync_db.create_collection("real")
+    for command in (["stats", "ghost"], ["peek", "ghost"], ["drain", "ghost"], ["dead", "list", "ghost"],
+                    ["dead", "purge", "ghost", "--yes"], ["quarantine", "requeue", "ghost", "--yes"]):
+        one_line_error(bq(*command), "unknown queue 'ghost'", "(queues: real)")
+    assert sync_db.list_collection_names() == ["real"]
+
+
+def test_bad_options_are_usage_errors(bq: Run) -> None:
+    result = bq("dead", "purge", "events", "--older-than", "soon")
+    assert result.returncode == 2 and "not a duration" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- dead letters and quarantine --------------------------------------------------------------------------------
+
+async def _make_dead_letters(adb, errors: list[str]) -> None:
+    queue = Queue(adb, name="events", max_attempts=1)
+    await queue.push_many([{"n": i} for i in range(len(errors))])
+    await queue.flush()
+    for error in errors:
+        message = await queue.reserve(timeout=5)
+        assert message is not None
+        await message.nack(error=error)
+    await queue.close()
+
+
+async def test_dead_list_requeue_purge(bq: Run, adb, sync_db, mongo_uri: str, db_name: str) -> None:
+    await _make_dead_letters(adb, ["TimeoutError: upstream timeout", "KeyError: 'user'", "KeyError: 'id'"])
+    sync_db["events.dead"].insert_one({  # an old one, in the dead-letter format (core/format.py dead_letter)
+        "_id": f"{ObjectId()}:0", "enc": "json", "p": '{"old": true}', "h": None, "k": None, "tries": 5,
+        "error": "ValueError: ancient", "at": dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3),
+        "enqueued_at": dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3), "origin": {}})
+
+    listed = jsonl(ok(bq("dead", "list", "events", "--json")).stdout)
+    assert listed[0]["payload"] == {"old": True}  # oldest first
+    assert {d["error"] for d in listed[1:]} == {"TimeoutError: upstream timeout", "KeyError: 'user'", "KeyError: 'id'"}
+    assert [d["payload"] for d in jsonl(ok(bq("dead", "list", "events", "--json", "--error", "keyerror")).stdout)] \
+        == [{"n": 1}, {"n": 2}]
+    assert [d["payload"] for d in jsonl(ok(bq("dead", "list", "events", "--json", "--older-than", "1d")).stdout)] \
+        == [{"old": True}]
+    assert "KeyError: 'id'" in ok(bq("dead", "list", "events")).stdout
+
+    requeued = ok(bq("dead", "requeue", "events", "--error", "timeout", "--yes"))
+    assert "requeued 1 dead letter of queue 'events'" in requeued.stdout
+    row = stats(bq, "events")
+    assert row["ready"] == 1 and row["dead"] == 3
+    assert jsonl(ok(bq("drain", "events", "--idle-timeout", "0.3")).stdout) == [{"n": 0}]
+
+    one_line_error(bq("dead", "purge", "events"), "not confirmed", "--yes")  # no terminal to ask on
+    one_line_error(bq("dead", "purge", "events", input="y\n"), "not confirmed", "--yes")
+    purge = [*BQ, "dead", "purge", "events", "--db", db_name]
+    declined = on_terminal(purge, "n\n", _env(mongo_uri))
+    assert "Purge 3 dead letters of queue 'events'? [y/N]" in declined.stderr
+    assert declined.returncode == 1 and "Error: cancelled; nothing purged" in declined.stderr
+    assert sync_db["events.dead"].count_documents({}) == 3
+    assert "purged 1 dead letter" in ok(on_terminal([*purge, "--older-than", "1d"], "y\n", _env(mongo_uri))).stdout
+    one_id = listed[2]["id"]
+    assert "purged 1 dead letter" in ok(bq("dead", "purge", "events", "--id", one_id, "--yes")).stdout
+    assert "purged 1 dead letter" in ok(bq("dead", "purge", "events", "--yes")).stdout
+    assert "no dead letters match" in ok(bq("dead", "list", "events")).stdout
+    assert "nothing purged" in ok(bq("dead", "purge", "events", "--yes")).stdout
+
+
+async def test_quarantine_list_requeue_purge(bq: Run, adb, sync_db) -> None:
+    now = dt.datetime.now(dt.timezone.utc)
+    bad = [ObjectId(), ObjectId()]
+    sync_db["events"].insert_many([{"_id": b, "v": 1, "enc": "json", "created": now, "due": now, "n": 1,
+                                    "p": ["{not json"], "done": [], "c": 0, "lease": None} for b in bad])
+    queue = Queue(adb, name="events")
+    assert await queue.reserve(timeout=1) is None  # both buckets go to quarantine
+    await queue.close()
+
+    listed = jsonl(ok(bq("quarantine", "list", "events", "--json")).stdout)
+    assert {q["id"] for q in listed} == {str(b) for b in bad}
+    assert all(q["kind"] == "bucket" and "undecodable" in q["reason"] and q["messages"] == 1 for q in listed)
+    assert "whole bucket" in ok(bq("quarantine", "list", "events")).stdout
+
+    requeued = ok(bq("quarantine", "requeue", "events", "--id", str(bad[0]), "--yes"))
+    assert "requeued 1 quarantined entry" in requeued.stdout
+    assert sync_db["events"].find_one({"_id": bad[0]}) is not None
+    assert stats(bq, "events")["quarantined"] == 1
+    assert "purged 1 quarantined entry" in ok(bq("quarantine", "purge", "events", "--error", "undecodable",
+                                                   "--yes")).stdout
+    assert stats(bq, "events")["quarantined"] == 0
+
+
+# -- worker -----------------------------------------------------------------------------------------------------
+
+def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
+    ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
+    out = tmp_path / "handled.jsonl"
+    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    proc = subprocess.Popen([*BQ, "worker", "tests.cli_handlers:record", "--queue", "tasks", "--concurrency", "2",
+                             "--db", db_name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and len(out.read_text().splitlines()) >= 6:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "worker started" in err and "worker stopped" in err
+    assert sorted(json.loads(line)["task"] for line in out.read_text().splitlines()) == list(range(6))
+    row = stats(bq, "tasks")
+    assert row["ready"] == row["in_flight"] == row["dead"] == 0
+
+
+@pytest.mark.parametrize("handler, fragment", [
+    ("tests.cli_handlers", "MODULE:HANDLER"),
+    ("tests.no_such_module:fn", "cannot import module 'tests.no_such_module'"),
+    ("tests.cli_handlers:missing", "has no attribute 'missing'"),
+    ("tests.cli_handlers:NOT_A_FUNCTION", "not a function"),
+    ("tests.cli_handlers:not_async", "async"),
+])
+def test_worker_bad_handler(bq: Run, handler: str, fragment: str) -> None:
+    one_line_error(bq("worker", handler, "--queue", "tasks"), fragment)

@@ -1,0 +1,259 @@
+"""The write path over a real connection: bucketing, linger, retries without loss or duplicates, errors,
+backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import bson
+import pytest
+from pymongo import AsyncMongoClient
+
+import bucketq
+from tests.proxy import TcpProxy
+
+
+async def test_100k_pushes_become_ceil_n_over_1024_buckets(make_queue, sync_db):
+    q = make_queue()
+    ids = await q.push_many({"i": i} for i in range(100_000))
+    assert len(set(ids)) == 100_000
+    docs = list(sync_db.events.find({}, {"n": 1, "p": 1}))
+    assert len(docs) == math.ceil(100_000 / 1024) == 98
+    assert sum(d["n"] for d in docs) == 100_000
+    assert max(d["n"] for d in docs) == 1024
+    stored = sorted(int(p.split(":")[1].rstrip("}")) for d in docs for p in d["p"])
+    assert stored == list(range(100_000))
+
+
+async def test_lone_message_is_stored_within_bucket_max_wait(make_queue, sync_db):
+    q = make_queue(bucket_max_wait=0.2)
+    started = time.monotonic()
+    future = q.push_nowait({"alone": True})
+    while sync_db.events.count_documents({}) == 0:
+        assert time.monotonic() - started < 0.2 + 0.3, "bucket not written within bucket_max_wait + 300 ms"
+        await asyncio.sleep(0.005)
+    stored_after = time.monotonic() - started
+    assert stored_after >= 0.2 - 0.01, "written before bucket_max_wait: it should have lingered"
+    message_id = await future
+    assert message_id.endswith(":0")
+
+
+async def test_push_resolves_only_after_the_write(make_queue, sync_db):
+    q = make_queue(bucket_max_wait=0.1)
+    message_id = await q.push({"x": 1})
+    bucket_id = message_id.split(":")[0]
+    assert sync_db.events.count_documents({}) == 1
+    assert str(sync_db.events.find_one()["_id"]) == bucket_id
+
+
+async def test_full_bucket_is_written_at_once(make_queue, sync_db):
+    q = make_queue(bucket_max_size=10, bucket_max_wait=30)
+    started = time.monotonic()
+    await q.push_many(range(10))
+    assert time.monotonic() - started < 5
+    assert sync_db.events.count_documents({}) == 1
+
+
+async def test_buckets_split_by_bytes_below_the_limit(make_queue, sync_db):
+    q = make_queue(bucket_max_bytes=64 * 1024, max_buffered_bytes=1024 * 1024)
+    await q.push_many("x" * 1000 for _ in range(300))
+    docs = list(sync_db.events.find())
+    assert sum(d["n"] for d in docs) == 300
+    sizes = [len(bson.encode(d)) for d in docs]
+    assert len(docs) >= 5 and max(sizes) <= 64 * 1024
+
+
+@pytest.mark.timeout(120)
+async def test_connection_cuts_mid_run_lose_and_duplicate_nothing(mongo_uri, db_name, sync_db):
+    host, port = mongo_uri.split("//")[1].rstrip("/").split(":")
+    with TcpProxy(host, int(port)) as proxy:
+        client = AsyncMongoClient(proxy.uri, serverSelectionTimeoutMS=5000, tz_aware=True)
+        q = bucketq.Queue(client, name="events", db=db_name, bucket_max_size=100, bucket_max_wait=0.05)
+        total = 20_000
+
+        async def cutter() -> None:
+            for _ in range(8):
+                await asyncio.sleep(0.15)
+                proxy.cut()
+
+        try:
+            pushes = asyncio.gather(*(q.push({"i": i}) for i in range(total)))
+            _, ids = await asyncio.gather(cutter(), pushes)
+        finally:
+            await q.close()
+            await client.close()
+    assert proxy.cuts >= 8
+    assert len(set(ids)) == total
+    docs = list(sync_db.events.find({}, {"p": 1}))
+    values = sorted(int(p.split(":")[1].rstrip("}")) for d in docs for p in d["p"])
+    assert values == list(range(total)), "a message was lost or stored twice"
+
+
+async def test_write_that_keeps_failing_fails_its_pushes(db_name):
+    # Nothing listens on this port: every write fails, and the pushes must say so rather than succeed.
+    client = AsyncMongoClient("mongodb://127.0.0.1:9/", serverSelectionTimeoutMS=200, connectTimeoutMS=200)
+    q = bucketq.Queue(client, name="events", db=db_name, bucket_max_wait=0.01, write_timeout=1.0)
+    q._clock._synced_at = time.monotonic()  # skip the clock sync, which would fail first with the same error
+    q._indexed = True
+    with pytest.raises(bucketq.WriteFailed):
+        await q.push({"x": 1})
+    await client.close()
+
+
+async def test_unencodable_payload_fails_alone(make_queue, sync_db):
+    q = make_queue(bucket_max_wait=0.05)
+    good = [q.push_nowait({"i": i}) for i in range(3)]
+    with pytest.raises(bucketq.EncodeError, match="cannot encode object payload"):
+        q.push_nowait(object())
+    with pytest.raises(bucketq.EncodeError, match="not valid JSON"):
+        await q.push({"x": float("nan")})
+    assert len(await asyncio.gather(*good)) == 3
+    assert sync_db.events.find_one()["n"] == 3
+
+
+async def test_push_many_rejects_before_pushing_anything(make_queue, sync_db):
+    q = make_queue(bucket_max_wait=0.05)
+    with pytest.raises(bucketq.EncodeError, match="payload 2"):
+        await q.push_many([1, 2, {1, 2}])
+    await q.flush()
+    assert sync_db.events.count_documents({}) == 0
+
+
+async def test_payload_too_large_for_any_bucket(make_queue):
+    q = make_queue(bucket_max_bytes=4096, max_buffered_bytes=65536)
+    with pytest.raises(bucketq.PayloadTooLarge, match="bucket_max_bytes"):
+        await q.push("x" * 5000)
+
+
+async def test_push_after_drain_or_close_is_refused(make_queue):
+    q = make_queue()
+    await q.push(1)
+    await q.drain()
+    with pytest.raises(bucketq.QueueClosed):
+        await q.push(2)
+    await q.close()
+    with pytest.raises(bucketq.QueueClosed):
+        q.push_nowait(3)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"bucket_max_size": 0}, "bucket_max_size"),
+    ({"bucket_max_size": True}, "bucket_max_size"),
+    ({"bucket_max_bytes": 17 * 1024 * 1024}, "bucket_max_bytes"),
+    ({"bucket_max_wait": -1}, "bucket_max_wait"),
+    ({"max_buffered_bytes": 10}, "max_buffered_bytes"),
+    ({"lease": 3, "state_flush_period": 2}, "state_flush_period"),
+    ({"malformed": "drop"}, "malformed"),
+    ({"colour": "blue"}, "unknown option"),
+    ({"codec": "xml"}, "unknown codec"),
+    ({"name": ""}, "name"),
+    ({"name": "a$b"}, "not a valid collection name"),
+])
+def test_invalid_options_fail_at_construction(mongo_uri, options, message):
+    kwargs = {"name": "events", **options}
+    with pytest.raises(bucketq.InvalidOption, match=message):
+        bucketq.Queue(mongo_uri, **kwargs)
+
+
+def test_bad_target_fails_at_construction():
+    with pytest.raises(bucketq.InvalidOption, match="invalid MongoDB URI"):
+        bucketq.Queue("http://nowhere", name="events")
+    with pytest.raises(bucketq.InvalidOption, match="needs a MongoDB URI"):
+        bucketq.Queue(42, name="events")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"delay": -1}, "delay"),
+    ({"delay": 1, "at": None}, None),
+    ({"headers": ["not", "a", "mapping"]}, "headers"),
+    ({"key": 5}, "key"),
+])
+async def test_bad_push_arguments(make_queue, kwargs, message):
+    q = make_queue(bucket_max_wait=0.01)
+    if message is None:
+        assert await q.push(1, **kwargs)
+        return
+    with pytest.raises(bucketq.InvalidOption, match=message):
+        await q.push(1, **kwargs)
+
+
+async def test_memory_stays_bounded_under_a_producer_faster_than_the_server(mongo_uri, db_name, sync_db):
+    host, port = mongo_uri.split("//")[1].rstrip("/").split(":")
+    limit = 256 * 1024
+    with TcpProxy(host, int(port), delay_s=0.02) as proxy:  # every chunk waits 20 ms: a slow server
+        client = AsyncMongoClient(proxy.uri, tz_aware=True)
+        q = bucketq.Queue(client, name="events", db=db_name, bucket_max_bytes=32 * 1024, max_buffered_bytes=limit,
+                          bucket_max_wait=0.05)
+        peak = 0
+        payload = "y" * 500
+        futures = []
+        for i in range(3000):
+            futures.append(asyncio.ensure_future(q.push(payload)))
+            await asyncio.sleep(0)
+            peak = max(peak, q._producer.buffered_bytes)
+        with pytest.raises(bucketq.BufferFull):
+            while True:  # push_nowait does not wait: it says the buffer is full
+                q.push_nowait(payload)
+                peak = max(peak, q._producer.buffered_bytes)
+        await asyncio.gather(*futures)
+        await q.close()
+        await client.close()
+    assert peak <= limit, f"buffered {peak} bytes, more than max_buffered_bytes={limit}"
+    assert sync_db.events.aggregate([{"$group": {"_id": None, "n": {"$sum": "$n"}}}]).next()["n"] >= 3000
+
+
+async def test_delayed_messages_do_not_hold_back_others(make_queue, sync_db):
+    q = make_queue(bucket_max_wait=0.05, due_granularity=1.0)
+    now_id = q.push_nowait({"when": "now"})
+    later_id = q.push_nowait({"when": "later"}, delay=30)
+    await asyncio.gather(now_id, later_id)
+    buckets = list(sync_db.events.find({}, {"due": 1, "n": 1, "created": 1}))
+    assert len(buckets) == 2, "a message due now shared a bucket with one due in 30 s"
+    message = await q.reserve(timeout=2)
+    assert message is not None and message.payload == {"when": "now"}
+    await message.ack()
+    assert await q.reserve(timeout=0.2) is None
+
+
+async def test_delayed_bucket_is_due_within_one_granularity_of_each_message(make_queue, sync_db):
+    q = make_queue(bucket_max_wait=0.05, due_granularity=2.0)
+    before = q._clock.now()
+    delays = [5.0, 5.5, 6.3, 6.9, 9.0]
+    await asyncio.gather(*(q.push({"d": d}, delay=d) for d in delays))
+    for doc in sync_db.events.find():
+        for payload in doc["p"]:
+            own_due = before.timestamp() + float(payload.split(":")[1].rstrip("}"))
+            lateness = doc["due"].replace(tzinfo=before.tzinfo).timestamp() - own_due
+            assert -0.5 <= lateness <= 2.0 + 0.5, f"message due {lateness:.2f}s after its own due time"
+
+
+async def test_write_concern_is_applied(make_queue):
+    q = make_queue(write_concern=1)
+    assert q._store.buckets.write_concern.document == {"w": 1}
+    assert await q.push(1)
+
+
+async def test_motor_database_works_through_the_adapter(mongo_uri, db_name, sync_db):
+    motor_asyncio = pytest.importorskip("motor.motor_asyncio")
+    client = motor_asyncio.AsyncIOMotorClient(mongo_uri)
+    q = bucketq.Queue(client[db_name], name="events", bucket_max_wait=0.05, change_streams=True)
+    await q.push_many([{"i": i} for i in range(5)])
+    assert (await q.stats())["ready"] == 5
+    got = []
+    while (message := await q.reserve(timeout=1)) is not None:
+        got.append(message.payload["i"])
+        await message.ack()
+        if len(got) == 5:
+            break
+    assert got == [0, 1, 2, 3, 4]
+    for _ in range(100):  # Motor opens the stream on a worker thread: give it a moment
+        if q._wakeup.streaming:
+            break
+        await asyncio.sleep(0.02)
+    assert q._wakeup.streaming, "the change stream did not start through the Motor adapter"
+    await q.close()
+    await asyncio.sleep(0.1)
+    assert sync_db.events.count_documents({}) == 0
+    client.close()
