@@ -103,7 +103,8 @@ class Ctx:
         self.latencies_ms: list[float] = []
         self.notes: list[str] = []
         self.count = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # count and _t_last, marked from several threads
+        self._out = threading.Lock()  # stdout lines, written from the progress thread too
         self._t0 = self._t_end = self._t_last = 0.0
         self._cpu = 0.0
         self._cpu_samples: list[tuple[float, float]] = []  # (time, CPU seconds), every progress tick
@@ -111,7 +112,7 @@ class Ctx:
         self._stopped = threading.Event()
 
     def emit(self, obj: dict) -> None:
-        with self._lock:
+        with self._out:
             sys.stdout.write(json.dumps(obj) + "\n")
             sys.stdout.flush()
 

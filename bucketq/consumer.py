@@ -29,8 +29,8 @@ from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
 
-# Stop serving a bucket this long before its lease runs out, in case the extension cannot be written.
-LEASE_SAFETY_S = 1.0
+# Stop serving a bucket this share of its lease before the lease runs out, in case no extension got through.
+LEASE_SAFETY = 0.1
 
 
 @dataclass
@@ -42,6 +42,36 @@ class Holding:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     failed_plan: FlushPlan | None = None
     waiters: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+
+
+class KeyRecorder:
+    """Writes dedupe keys to the inbox, one insert in flight at a time: keys acked meanwhile share the next."""
+
+    def __init__(self, store: Store, clock: ServerClock) -> None:
+        self._store = store
+        self._clock = clock
+        self._waiting: list[tuple[str, asyncio.Future[None]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def record(self, key: str) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((key, future))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._write())
+        await future
+
+    async def _write(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            try:
+                await self._store.record_keys([k for k, _ in batch], self._clock.now())
+            except Exception as exc:
+                for _, future in batch:
+                    future.set_exception(exc)
+            else:
+                for _, future in batch:
+                    future.set_result(None)
+        self._task = None
 
 
 class Consumer:
@@ -59,6 +89,7 @@ class Consumer:
         self._draining = False
         self._owner = claims.owner_name()
         self._next_local_due: float | None = None  # monotonic time of the earliest retry bucket we wrote
+        self._keys = KeyRecorder(store, clock)
 
     # -- reserving -----------------------------------------------------------------------------------------
 
@@ -100,7 +131,7 @@ class Consumer:
             yield message
 
     def _next_message(self) -> Message | None:
-        lease_margin = dt.timedelta(seconds=LEASE_SAFETY_S)
+        lease_margin = dt.timedelta(seconds=self._options.lease * LEASE_SAFETY)
         now = self._clock.now()
         for holding in self._holdings:
             held = holding.held
@@ -182,6 +213,11 @@ class Consumer:
             raise LeaseLost(f"the lease on bucket {held.bucket.id} was lost; message {held.bucket.message_id(slot)} "
                             "will be delivered again")
         if nack is None:
+            key = held.bucket.keys[slot]
+            if self._options.dedupe and key is not None:
+                # Stored before ack returns, not at the next flush: once acked, a crash cannot make the
+                # handler run again for this key.
+                await self._keys.record(key)
             held.ack(slot)
         else:
             delay, reason = nack
@@ -245,7 +281,7 @@ class Consumer:
                     if held.lost:
                         return
                 plan = held.plan(self._clock.now(), self._options.lease, granularity=self._options.due_granularity,
-                                 release=release, record_keys=self._options.dedupe, host=self._owner, pid=os.getpid())
+                                 release=release, host=self._owner, pid=os.getpid())
             await self._run(holding, plan)
 
     async def _run(self, holding: Holding, plan: FlushPlan) -> None:
@@ -276,8 +312,6 @@ class Consumer:
     async def _execute(self, plan: FlushPlan) -> bool:
         """Run a flush plan's writes in order; False when the lease turned out to be lost."""
         store = self._store
-        if plan.inbox_keys:
-            await store.record_keys(plan.inbox_keys, self._clock.now())
         if plan.guard is not None:
             if not await store.update_fenced(plan.filter, plan.guard):
                 return False

@@ -44,17 +44,15 @@ class _Resolution:
 class FlushPlan:
     """The writes that make a set of resolutions durable, in order:
 
-    1. ``inbox_keys``: dedupe keys of acked messages (before their slots are marked done);
-    2. ``guard``: when copies are written, a fenced lease extension first, so that a consumer which lost
+    1. ``guard``: when copies are written, a fenced lease extension first, so that a consumer which lost
        its lease does not copy messages someone else now holds;
-    3. ``retry_docs``, ``dead_docs``, ``quarantine_docs``: copies, idempotent by ``_id``;
-    4. ``final``: ``("delete", None)`` when every slot is finished, else ``("update", update)``, fenced.
+    2. ``retry_docs``, ``dead_docs``, ``quarantine_docs``: copies, idempotent by ``_id``;
+    3. ``final``: ``("delete", None)`` when every slot is finished, else ``("update", update)``, fenced.
     """
 
     bucket_id: ObjectId
     token: str
     slots: dict[int, SlotState]
-    inbox_keys: list[str] = field(default_factory=list)
     guard: dict | None = None
     retry_docs: list[dict] = field(default_factory=list)
     dead_docs: list[dict] = field(default_factory=list)
@@ -144,14 +142,10 @@ class HeldBucket:
     # -- flushing ------------------------------------------------------------------------------------------
 
     def plan(self, now: dt.datetime, lease_s: float, *, granularity: float, release: bool = False,
-             release_due: dt.datetime | None = None, record_keys: bool = False, host: str = "",
-             pid: int = 0) -> FlushPlan:
+             release_due: dt.datetime | None = None, host: str = "", pid: int = 0) -> FlushPlan:
         """The writes for every resolution made since the last plan (and, if asked, the release)."""
         taken, self._unflushed = self._unflushed, {}
         plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()})
-        if record_keys:
-            plan.inbox_keys = [k for s, r in taken.items() if r.state is SlotState.ACKED
-                               and (k := self.bucket.keys[s]) is not None]
         retries = {s: r for s, r in taken.items() if r.state is SlotState.RETRY}
         plan.retry_docs = self._retry_documents(retries, now, granularity)
         plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered,

@@ -1,0 +1,112 @@
+"""Read bucket documents through the connector and explode them into one row per message.
+
+The message columns (``MESSAGE_COLUMNS``), in this order:
+
+    bucket_id    STRING     the bucket's ObjectId as 24 hex digits
+    slot         INT        the message's index in the bucket
+    message_id   STRING     ``o[slot]`` for retried messages, else ``"<bucket_id>:<slot>"`` (bucketq's id)
+    tries        LONG       deliveries before this one: ``t[slot] + c - 1``
+    enqueued_at  TIMESTAMP  ``e[slot]``, else the bucket's ``created``
+    key          STRING     dedupe key or null
+    headers      STRING     the headers document as JSON, or null
+    payload      STRUCT     ``from_json(p[slot], payload_schema)``: the schema is the caller's, never inferred
+
+Slots listed in ``done`` (finished by an async consumer before a crash) are skipped. Only ``enc = "json"``
+buckets can be decoded here: the batch claim quarantines the others (``BatchQueue(codecs=("json",))``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from bucketq_spark.session import PAGINATE_INTO_PARTITIONS, SINGLE_PARTITION
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+BUCKET_SCHEMA = (
+    "_id STRING, created TIMESTAMP, c LONG, p ARRAY<STRING>, done ARRAY<LONG>, h ARRAY<STRING>, "
+    "k ARRAY<STRING>, t ARRAY<LONG>, o ARRAY<STRING>, e ARRAY<TIMESTAMP>"
+)
+BUCKET_FIELDS = ("_id", "created", "c", "p", "done", "h", "k", "t", "o", "e")
+MESSAGE_COLUMNS = ("bucket_id", "slot", "message_id", "tries", "enqueued_at", "key", "headers", "payload")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How the connector splits a read.
+
+    ``partitions``: None picks ``min(defaultParallelism, buckets)``; 1 reads in one partition
+    (``SinglePartitionPartitioner``), n > 1 uses ``PaginateIntoPartitionsPartitioner`` with at most n
+    partitions. Both work on any server (no ``$collStats``, which the test server lacks). ``partitioner``
+    (a class name) and ``partitioner_options`` (without the ``partitioner.options.`` prefix) override the
+    choice, e.g. ``SamplePartitioner`` on a real MongoDB. ``options`` are passed to the reader as they are.
+    """
+
+    partitions: int | None = None
+    partitioner: str | None = None
+    partitioner_options: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def reader_options(self, expected_docs: int | None, parallelism: int) -> dict[str, str]:
+        if self.partitioner is not None:
+            name, opts = self.partitioner, dict(self.partitioner_options)
+        else:
+            n = self.partitions or max(1, min(parallelism, expected_docs or parallelism))
+            name = SINGLE_PARTITION if n <= 1 else PAGINATE_INTO_PARTITIONS
+            opts = {} if n <= 1 else {"max.number.of.partitions": str(n), **self.partitioner_options}
+        out = {"partitioner": name, **{f"partitioner.options.{k}": str(v) for k, v in opts.items()}}
+        out.update({k: str(v) for k, v in self.options.items()})
+        return out
+
+
+def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, token: str | None = None,
+                 pipeline: list[dict[str, Any]] | None = None, expected_docs: int | None = None,
+                 read: ReadOptions | None = None) -> DataFrame:
+    """The bucket documents of ``queue`` (all of them, or those leased under ``token``) as rows of
+    ``BUCKET_SCHEMA``. ``pipeline`` stages run after the token match, before the projection."""
+    stages: list[dict[str, Any]] = [{"$match": {"lease.token": token}}] if token is not None else []
+    stages += list(pipeline or [])
+    stages.append({"$project": {f: 1 for f in BUCKET_FIELDS}})
+    options = (read or ReadOptions()).reader_options(expected_docs, spark.sparkContext.defaultParallelism)
+    return (
+        spark.read.format("mongodb")
+        .schema(BUCKET_SCHEMA)
+        .option("connection.uri", uri)
+        .option("database", database)
+        .option("collection", queue)
+        .option("aggregation.pipeline", json.dumps(stages))
+        .options(**options)
+        .load()
+    )
+
+
+def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
+                     json_options: Mapping[str, str] | None = None) -> DataFrame:
+    """One row per unfinished message of ``buckets`` (rows of ``BUCKET_SCHEMA``), columns ``MESSAGE_COLUMNS``."""
+    from pyspark.sql import functions as F
+
+    exploded = buckets.select("*", F.posexplode("p").alias("slot", "raw"))
+    slot = F.col("slot")
+    return exploded.where(~F.coalesce(F.array_contains("done", slot.cast("long")), F.lit(False))).select(
+        F.col("_id").alias("bucket_id"),
+        slot,
+        F.coalesce(F.get("o", slot), F.concat_ws(":", "_id", slot.cast("string"))).alias("message_id"),
+        (F.coalesce(F.get("t", slot), F.lit(0)) + F.col("c") - 1).alias("tries"),
+        F.coalesce(F.get("e", slot), F.col("created")).alias("enqueued_at"),
+        F.get("k", slot).alias("key"),
+        F.get("h", slot).alias("headers"),
+        F.from_json("raw", payload_schema, dict(json_options or {})).alias("payload"),
+    )
+
+
+def read_messages(spark: SparkSession, uri: str, database: str, queue: str, payload_schema: str | StructType, *,
+                  token: str | None = None, expected_docs: int | None = None, read: ReadOptions | None = None,
+                  json_options: Mapping[str, str] | None = None) -> DataFrame:
+    """``read_buckets`` then ``explode_messages``."""
+    buckets = read_buckets(spark, uri, database, queue, token=token, expected_docs=expected_docs, read=read)
+    return explode_messages(buckets, payload_schema, json_options)

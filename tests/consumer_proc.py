@@ -1,0 +1,48 @@
+"""A consumer process for the crash tests: ``python -m tests.consumer_proc URI DB QUEUE [--dedupe]
+[--die-after N]``.
+
+Each handled message is recorded in the collection ``processed`` ({msg, i, pid, start, end}) before it is
+acked. With ``--die-after N`` the process kills itself with SIGKILL right after acking its Nth message, while
+it still holds its bucket with acks not yet flushed: the worst moment for a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import time
+
+from pymongo import AsyncMongoClient
+
+import bucketq
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("uri")
+    parser.add_argument("db")
+    parser.add_argument("queue")
+    parser.add_argument("--dedupe", action="store_true")
+    parser.add_argument("--die-after", type=int, default=0)
+    args = parser.parse_args()
+    client: AsyncMongoClient = AsyncMongoClient(args.uri, tz_aware=True)
+    q = bucketq.Queue(client, name=args.queue, db=args.db, lease=2.0, state_flush_period=0.5, dedupe=args.dedupe)
+    processed = client[args.db].processed
+    handled = 0
+    async for message in q.consume(idle_timeout=3.0):
+        start = time.time()
+        await asyncio.sleep(0.001)  # the handler's work
+        await processed.insert_one({"msg": message.id, "i": message.payload["i"], "pid": os.getpid(),
+                                    "start": start, "end": time.time(), "tries": message.tries})
+        await message.ack()
+        handled += 1
+        if handled == args.die_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    await q.close()
+    await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,352 @@
+"""The consume path over a real connection: claims, leases, per-message ack/nack, retries, dead letters,
+quarantine, wake-ups, drain, dedupe and crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+
+import pytest
+from bson import ObjectId
+
+import bucketq
+from bucketq.core.format import FORMAT_VERSION
+
+
+async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0) -> list[bucketq.Message]:
+    got = []
+    while (message := await q.reserve(timeout=timeout)) is not None:
+        got.append(message)
+        await message.ack()
+    return got
+
+
+async def test_reserve_ack_empties_the_queue_and_deletes_buckets(make_queue, sync_db):
+    q = make_queue(bucket_max_size=100)
+    await q.push_many({"i": i} for i in range(1000))
+    got = await consume_all(q, timeout=0.3)
+    assert sorted(m.payload["i"] for m in got) == list(range(1000))
+    assert all(m.tries == 0 for m in got)
+    await q.drain()
+    assert sync_db.events.count_documents({}) == 0
+    assert (await q.stats())["buckets"] == 0
+
+
+async def test_message_fields(make_queue):
+    q = make_queue(bucket_max_wait=0.01)
+    message_id = await q.push({"a": 1}, headers={"trace": "t-1"}, key="k-1")
+    message = await q.reserve(timeout=2)
+    assert message.id == message_id
+    assert (message.payload, message.headers, message.key, message.tries) == ({"a": 1}, {"trace": "t-1"}, "k-1", 0)
+    assert abs((q._clock.now() - message.enqueued_at).total_seconds()) < 5
+    await message.ack()
+    with pytest.raises(bucketq.AlreadyResolved):
+        await message.ack()
+
+
+async def test_pop_and_consume(make_queue):
+    q = make_queue(bucket_max_wait=0.01)
+    await q.push_many([1, 2, 3])
+    assert (await q.pop(timeout=2)).payload == 1
+    seen = [m.payload async for m in _acking(q.consume(idle_timeout=0.3))]
+    assert seen == [2, 3]
+
+
+async def _acking(messages):
+    async for message in messages:
+        await message.ack()
+        yield message
+
+
+async def test_nacked_message_returns_after_its_delay_while_siblings_go_on(make_queue):
+    q = make_queue(bucket_max_wait=0.01)
+    await q.push_many(["a", "b", "c"])
+    first = await q.reserve(timeout=2)
+    await first.nack(delay=1.0)
+    nacked_at = time.monotonic()
+    siblings = [await q.reserve(timeout=0.5) for _ in range(2)]
+    assert [m.payload for m in siblings] == ["b", "c"], "siblings were held back by the nack"
+    assert time.monotonic() - nacked_at < 0.5
+    for message in siblings:
+        await message.ack()
+    again = await q.reserve(timeout=3)
+    waited = time.monotonic() - nacked_at
+    assert again.payload == "a" and again.id == first.id
+    assert again.tries == 1
+    assert 1.0 - 0.05 <= waited <= 1.0 + 1.0, f"came back after {waited:.2f}s, not its own 1 s delay"
+    await again.ack()
+
+
+async def test_each_message_has_its_own_tries(make_queue):
+    q = make_queue(bucket_max_wait=0.01, max_attempts=10)
+    await q.push_many(["x", "y"])
+    x = await q.reserve(timeout=2)
+    y = await q.reserve(timeout=2)
+    await x.nack(delay=0)
+    await y.ack()
+    for expected in (1, 2):
+        x = await q.reserve(timeout=2)
+        assert (x.payload, x.tries) == ("x", expected)
+        await x.nack(delay=0)
+    x = await q.reserve(timeout=2)
+    assert x.tries == 3
+    await x.ack()
+
+
+async def test_dead_letter_after_max_attempts_keeps_the_reason(make_queue, sync_db):
+    q = make_queue(bucket_max_wait=0.01, max_attempts=2)
+    message_id = await q.push({"poison": True}, headers={"h": 1})
+    for _ in range(2):
+        message = await q.reserve(timeout=2)
+        await message.nack(delay=0, error=ValueError("bad amount"), wait=True)
+    assert await q.reserve(timeout=0.3) is None
+    dead = await q.dead_letters()
+    assert len(dead) == 1
+    entry = dead[0]
+    assert entry["_id"] == message_id
+    assert entry["tries"] == 2
+    assert entry["error"] == "ValueError: bad amount"
+    # The id is the original one; origin is where it was when it died (here: the retry bucket of its nack).
+    assert isinstance(entry["origin"]["bucket"], ObjectId) and entry["origin"]["slot"] == 0
+    assert entry["h"] == {"h": 1}
+    assert (await q.stats())["dead"] == 1
+    assert await q.dead_letters(error_contains="nothing like it") == []
+    assert await q.requeue_dead(error_contains="bad amount") == 1
+    again = await q.reserve(timeout=2)
+    assert (again.id, again.payload, again.tries) == (message_id, {"poison": True}, 0)
+    await again.ack()
+    assert (await q.stats())["dead"] == 0
+
+
+async def test_purge_dead(make_queue):
+    q = make_queue(bucket_max_wait=0.01, max_attempts=1)
+    await q.push_many([1, 2])
+    for _ in range(2):
+        await (await q.reserve(timeout=2)).nack(wait=True, error="nope")
+    assert len(await q.dead_letters()) == 2
+    assert await q.purge_dead(older_than=3600) == 0
+    assert await q.purge_dead() == 2
+
+
+def _insert_raw(sync_db, doc):
+    base = {"_id": ObjectId(), "v": FORMAT_VERSION, "enc": "json", "due": _past(), "created": _past(),
+            "n": 2, "p": ['{"ok":1}', '{"ok":2}'], "done": [], "c": 0, "lease": None}
+    base.update(doc)
+    sync_db.events.insert_one({k: v for k, v in base.items() if v is not ...})
+    return base["_id"]
+
+
+def _past():
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)
+
+
+@pytest.mark.parametrize("corruption, reason", [
+    ({"v": 99}, "format version 99"),
+    ({"p": "not an array"}, "p must be"),
+    ({"n": 7}, "n is 7"),
+    ({"enc": "rot13"}, "unknown codec"),
+    ({"p": ['{"ok":1}', "{broken json"]}, "undecodable"),
+    ({"created": ...}, "created must be"),
+])
+async def test_malformed_bucket_goes_to_quarantine_and_the_consumer_goes_on(make_queue, sync_db, corruption, reason):
+    q = make_queue(bucket_max_wait=0.01)
+    bad_id = _insert_raw(sync_db, corruption)
+    await q.push({"good": True})
+    got = await consume_all(q, timeout=0.5)
+    assert [m.payload for m in got] == [{"good": True}]
+    entries = await q.quarantined()
+    assert len(entries) == 1
+    entry = entries[0]
+    assert entry["_id"] == bad_id and entry["kind"] == "bucket"
+    assert reason in entry["reason"]
+    assert entry["doc"]["_id"] == bad_id and entry["host"] and entry["pid"]
+    assert sync_db.events.count_documents({"_id": bad_id}) == 0, "a quarantined bucket must leave the queue"
+
+
+async def test_skip_mode_quarantines_only_the_bad_message(make_queue, sync_db):
+    q = make_queue(malformed="skip")
+    bad_id = _insert_raw(sync_db, {"p": ['{"ok":1}', "{broken", '{"ok":3}'], "n": 3})
+    got = await consume_all(q, timeout=0.5)
+    assert [m.payload for m in got] == [{"ok": 1}, {"ok": 3}]
+    await q.drain()
+    entries = await q.quarantined()
+    assert [(e["kind"], e["_id"]) for e in entries] == [("message", f"{bad_id}:1")]
+    assert sync_db.events.count_documents({}) == 0
+
+
+async def test_requeue_quarantined_bucket(make_queue, sync_db):
+    q = make_queue()
+    _insert_raw(sync_db, {"v": 99})
+    assert await consume_all(q, timeout=0.3) == []
+    assert await q.requeue_quarantined() == 1
+    assert sync_db.events.count_documents({"v": 99}) == 1
+
+
+async def test_stale_consumers_flush_is_refused(make_queue, sync_db):
+    slow = make_queue(lease=1.0, state_flush_period=0.3, bucket_max_wait=0.01)
+    fast = make_queue(lease=1.0, state_flush_period=0.3)
+    await slow.push_many(["a", "b"])
+    message = await slow.reserve(timeout=2)
+    slow._consumer._flusher.cancel()  # the slow consumer hangs: it stops extending its lease
+    await asyncio.sleep(1.6)
+    slow._consumer._flusher = None
+    taken = await fast.reserve(timeout=2)
+    assert taken is not None and taken.payload == "a", "the expired lease was not claimable"
+    assert taken.tries == 1
+    with pytest.raises(bucketq.LeaseLost):
+        await message.ack(wait=True)
+    with pytest.raises(bucketq.LeaseLost):
+        await message.ack()
+    doc = sync_db.events.find_one()
+    assert doc["done"] == [] and doc["lease"]["token"] != message._holding.held.token
+    await taken.ack()
+    assert (await fast.reserve(timeout=1)).payload == "b"
+
+
+async def test_drain_hands_back_unserved_messages_with_no_tries_added(make_queue, sync_db):
+    first = make_queue(bucket_max_wait=0.01)
+    await first.push_many(range(10))
+    message = await first.reserve(timeout=2)
+    await message.ack()
+    started = time.monotonic()
+    await first.drain()
+    assert time.monotonic() - started < 2
+    doc = sync_db.events.find_one()
+    assert doc["lease"] is None and doc["done"] == [0] and doc["c"] == 0
+    second = make_queue()
+    got = await consume_all(second, timeout=0.5)
+    assert [m.payload for m in got] == list(range(1, 10))
+    assert all(m.tries == 0 for m in got)
+
+
+async def test_drain_nacks_handlers_that_do_not_finish(make_queue):
+    q = make_queue(bucket_max_wait=0.01, drain_timeout=0.2, retry_base=0)
+    await q.push_many([1, 2])
+    await q.reserve(timeout=2)  # never resolved
+    await q.drain()
+    other = make_queue()
+    got = await consume_all(other, timeout=1)
+    assert sorted((m.payload, m.tries) for m in got) == [(1, 1), (2, 0)]
+
+
+async def test_idle_consumer_wakes_within_bucket_max_wait_plus_100ms(make_queue):
+    consumer = make_queue()
+    producer = make_queue(bucket_max_wait=0.2)
+    assert await consumer.reserve(timeout=0.3) is None  # idle, change stream running
+    latencies = []
+    for i in range(3):
+        waiter = asyncio.ensure_future(consumer.reserve(timeout=5))
+        await asyncio.sleep(0.3)
+        pushed = time.monotonic()
+        producer.push_nowait({"i": i})
+        message = await waiter
+        latencies.append(time.monotonic() - pushed)
+        await message.ack()
+    assert consumer._wakeup.streaming
+    assert max(latencies) <= 0.2 + 0.1, f"delivery latencies {latencies}"
+
+
+async def test_idle_consumer_wakes_by_polling_without_change_streams(make_queue):
+    consumer = make_queue(change_streams=False, poll_interval=0.1)
+    producer = make_queue(bucket_max_wait=0.2)
+    assert await consumer.reserve(timeout=0.5) is None
+    waiter = asyncio.ensure_future(consumer.reserve(timeout=5))
+    pushed = time.monotonic()
+    producer.push_nowait("hello")
+    message = await waiter
+    assert time.monotonic() - pushed <= 0.2 + 0.1 + 0.05
+    assert not consumer._wakeup.streaming
+    await message.ack()
+
+
+async def test_stats_counts_messages_by_state(make_queue):
+    q = make_queue(bucket_max_wait=0.01, lease=30)
+    await q.push_many(range(5))
+    await q.push("later", delay=60)
+    stats = await q.stats()
+    assert set(stats) == {"ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s"}
+    assert (stats["ready"], stats["scheduled"], stats["in_flight"], stats["buckets"]) == (5, 1, 0, 2)
+    message = await q.reserve(timeout=2)
+    stats = await q.stats()
+    assert (stats["ready"], stats["in_flight"]) == (0, 5)
+    await message.ack(wait=True)
+    assert (await q.stats())["in_flight"] == 4
+
+
+async def test_dedupe_skips_a_known_key(make_queue):
+    q = make_queue(bucket_max_wait=0.01, dedupe=True)
+    await q.push({"n": 1}, key="order-1")
+    await (await q.reserve(timeout=2)).ack()
+    await q.push({"n": 2}, key="order-1")  # the same order, sent again
+    await q.push({"n": 3}, key="order-2")
+    got = await consume_all(q, timeout=0.5)
+    assert [m.payload for m in got] == [{"n": 3}]
+
+
+async def test_state_flushes_are_periodic_not_per_message(make_queue, mongo_uri, db_name):
+    from pymongo import AsyncMongoClient, monitoring
+
+    class Counter_(monitoring.CommandListener):
+        def __init__(self) -> None:
+            self.counts: Counter[str] = Counter()
+
+        def started(self, event) -> None:
+            self.counts[event.command_name] += 1
+
+        def succeeded(self, event) -> None: ...
+
+        def failed(self, event) -> None: ...
+
+    producer = make_queue(bucket_max_size=1000)
+    await producer.push_many(range(10_000))
+    listener = Counter_()
+    client = AsyncMongoClient(mongo_uri, event_listeners=[listener], tz_aware=True)
+    q = bucketq.Queue(client, name="events", db=db_name, change_streams=False)
+    got = await consume_all(q, timeout=0.2)
+    await q.close()
+    await client.close()
+    assert len(got) == 10_000
+    writes = listener.counts["findAndModify"] + listener.counts["update"] + listener.counts["delete"]
+    assert writes <= 10 * 3 + 5, f"{dict(listener.counts)}: state is written per message, not per bucket"
+
+
+def _run_consumer(mongo_uri, db_name, *args):
+    return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events", *args])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dedupe", [False, True])
+async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, db_name, dedupe):
+    q = make_queue(bucket_max_size=200, dedupe=dedupe)
+    total = 2000
+    await q.push_many(({"i": i} for i in range(total)), ) if not dedupe else None
+    if dedupe:
+        await asyncio.gather(*(q.push({"i": i}, key=f"k{i}") for i in range(total)))
+    flags = ["--dedupe"] if dedupe else []
+    victim = _run_consumer(mongo_uri, db_name, "--die-after", "150", *flags)
+    survivor = _run_consumer(mongo_uri, db_name, *flags)
+    assert await asyncio.to_thread(victim.wait, 60) == -9
+    late = _run_consumer(mongo_uri, db_name, *flags)  # claims what the victim held once its lease expires
+    for proc in (survivor, late):
+        assert await asyncio.to_thread(proc.wait, 90) == 0
+    records = list(sync_db.processed.find())
+    by_message = defaultdict(list)
+    for r in records:
+        by_message[r["i"]].append(r)
+    assert sorted(by_message) == list(range(total)), "a message was never processed"
+    duplicated = {i: rs for i, rs in by_message.items() if len(rs) > 1}
+    for rs in duplicated.values():
+        assert any(r["pid"] == victim.pid for r in rs), "a duplicate that no crash explains"
+        spans = sorted((r["start"], r["end"]) for r in rs)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "processed by two consumers at once"
+        assert max(r["tries"] for r in rs) >= 1
+    if dedupe:
+        assert not duplicated, f"{len(duplicated)} duplicates with dedupe on"
+    else:
+        assert 0 < len(duplicated) <= 150, "duplicates must be the victim's acked-but-unflushed messages"
+    assert sync_db.events.count_documents({}) == 0
