@@ -1,4 +1,10 @@
-"""Spark side of bucketq: a local SparkSession with the MongoDB Spark connector on ``spark.jars``."""
+"""Spark side of bucketq: a local SparkSession with the MongoDB Spark connector on ``spark.jars``, and the batch
+cycle (claim -> read -> process -> write -> commit) over a queue's bucket documents.
+
+Modules: ``session`` (``build_session``), ``reader`` (bucket documents -> one row per message), ``sinks``
+(idempotent Parquet and MongoDB sinks), ``job`` (``BatchJob``), ``example`` (``run_example_job``),
+``readbench`` (``time_read_paths``). Only ``session`` is imported here: the others import pyspark lazily too.
+"""
 
 from bucketq_spark.session import (
     CONNECTOR_VERSION,

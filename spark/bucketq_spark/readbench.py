@@ -1,0 +1,107 @@
+"""Spark read path: rows/s through the connector from bucket documents vs one document per message.
+
+``time_read_paths`` fills a bucketq queue (the real producer) and a flat collection (the naive layout of
+``bench/contenders/naive.py``: ``{"_id", "mature", "tries", "payload": {...}}``, the payload a BSON document)
+with the same payloads, then times, per layout, a read of every message through the connector that decodes
+each payload: buckets -> ``explode_messages`` (``from_json``) vs flat docs -> ``payload`` struct; both end in
+``count`` and ``sum(payload.i)``. The fill is not timed; the best of ``repeats`` reads is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from typing import TYPE_CHECKING, Any
+
+from bucketq_spark.reader import ReadOptions, explode_messages, read_buckets
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+PAYLOAD_SCHEMA = "i LONG, ts DOUBLE, pad STRING"
+FLAT_SCHEMA = "_id STRING, payload STRUCT<i: LONG, ts: DOUBLE, pad: STRING>"
+
+
+def _payloads(n: int, payload_bytes: int) -> list[dict[str, Any]]:
+    pad = "x" * max(0, payload_bytes - 40)
+    now = time.time()
+    return [{"i": i, "ts": now, "pad": pad} for i in range(n)]
+
+
+async def _fill_queue(uri: str, db: str, queue: str, payloads: list[dict[str, Any]], bucket_size: int) -> None:
+    import bucketq
+
+    q = bucketq.Queue(uri, name=queue, db=db, bucket_max_size=bucket_size, bucket_max_wait=0.05)
+    try:
+        for start in range(0, len(payloads), 10_000):
+            await q.push_many(payloads[start:start + 10_000])
+    finally:
+        await q.close()
+
+
+def _fill_flat(uri: str, db: str, collection: str, payloads: list[dict[str, Any]]) -> None:
+    from pymongo import MongoClient
+
+    now = dt.datetime.now(dt.timezone.utc)
+    with MongoClient(uri) as client:
+        coll = client[db][collection]
+        for start in range(0, len(payloads), 5_000):
+            coll.insert_many([{"mature": now, "tries": 0, "payload": p} for p in payloads[start:start + 5_000]])
+
+
+def _timed(df: DataFrame) -> tuple[int, float]:
+    from pyspark.sql import functions as F
+
+    started = time.perf_counter()
+    row = df.agg(F.count(F.lit(1)).alias("n"), F.sum("payload.i").alias("s")).collect()[0]
+    return int(row.n), time.perf_counter() - started
+
+
+def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, payload_bytes: int = 100,
+                    bucket_size: int = 1024, partitions: int | None = None, repeats: int = 2,
+                    queue: str = "readbench", cleanup: bool = True) -> dict[str, Any]:
+    """Rows/s reading ``n_messages`` messages from buckets (``queue``) and from a flat collection
+    (``<queue>_flat``) in database ``db``. ``partitions`` as in ``ReadOptions`` (None: the default parallelism).
+
+    Returns ``{"messages", "payload_bytes", "bucket_size", "partitions",
+    "bucketq": {"docs", "rows", "seconds", "rows_per_s"}, "naive": {...}, "speedup"}``
+    (``speedup`` = bucketq rows/s over naive rows/s). With ``cleanup`` both collections are dropped after.
+    """
+    from pymongo import MongoClient
+
+    flat = f"{queue}_flat"
+    payloads = _payloads(n_messages, payload_bytes)
+    asyncio.run(_fill_queue(uri, db, queue, payloads, bucket_size))
+    _fill_flat(uri, db, flat, payloads)
+    read = ReadOptions(partitions=partitions)
+    with MongoClient(uri) as client:
+        n_buckets = client[db][queue].count_documents({})
+    try:
+        def buckets() -> DataFrame:
+            return explode_messages(read_buckets(spark, uri, db, queue, expected_docs=n_buckets, read=read),
+                                    PAYLOAD_SCHEMA)
+
+        def naive() -> DataFrame:
+            return (spark.read.format("mongodb").schema(FLAT_SCHEMA)
+                    .option("connection.uri", uri).option("database", db).option("collection", flat)
+                    .options(**read.reader_options(n_messages, spark.sparkContext.defaultParallelism)).load())
+
+        out: dict[str, Any] = {"messages": n_messages, "payload_bytes": payload_bytes, "bucket_size": bucket_size,
+                               "partitions": partitions}
+        for name, make, docs in (("bucketq", buckets, n_buckets), ("naive", naive, n_messages)):
+            best = None
+            for _ in range(max(1, repeats)):
+                rows, seconds = _timed(make())
+                if rows != n_messages:
+                    raise RuntimeError(f"{name}: read {rows} rows, expected {n_messages}")
+                best = seconds if best is None else min(best, seconds)
+            out[name] = {"docs": docs, "rows": n_messages, "seconds": best,
+                         "rows_per_s": n_messages / best if best else 0.0}
+        out["speedup"] = out["bucketq"]["rows_per_s"] / out["naive"]["rows_per_s"] if out["naive"]["rows_per_s"] else 0.0
+        return out
+    finally:
+        if cleanup:
+            with MongoClient(uri) as client:
+                for name in (queue, f"{queue}.dead", f"{queue}.quarantine", f"{queue}.inbox", flat):
+                    client[db].drop_collection(name)

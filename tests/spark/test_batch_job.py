@@ -1,0 +1,183 @@
+"""The Spark batch cycle on local[2] against the test server: claim -> read -> process -> write -> commit,
+release on failure, no duplicates after a crash between write and commit, quarantine of a poisoned bucket."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+
+from bucketq.core.backoff import Backoff
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "account STRING, amount DOUBLE, seq LONG, ts DOUBLE"
+NO_WAIT = Backoff(base=0.0, maximum=0.0, jitter=0.0)
+
+
+def _events(start: int, n: int, poison_at: int | None = None) -> list[dict]:
+    return [{"account": "poison" if i == poison_at else f"acct-{i % 7}", "amount": i / 4, "seq": i, "ts": 1.7e9 + i}
+            for i in range(start, start + n)]
+
+
+async def _push(make_queue, events: list[dict], size: int = 50) -> None:
+    q = make_queue(bucket_max_size=size, bucket_max_wait=0.02)
+    await q.push_many(events)
+    await q.close()
+
+
+def _rows(df):
+    from pyspark.sql import functions as F
+
+    return df.select("bucket_id", "slot", "message_id", "tries", F.col("payload.account").alias("account"),
+                     F.col("payload.amount").alias("amount"), F.col("payload.seq").alias("seq"))
+
+
+def _job(spark, mongo_uri, db_name, sink, process=_rows, **kw):
+    from bucketq_spark.job import BatchJob
+
+    kw.setdefault("backoff", NO_WAIT)
+    return BatchJob(spark, mongo_uri, db_name, "events", payload_schema=SCHEMA, process=process, sink=sink, **kw)
+
+
+def _assert_exactly_once(df, expected_seqs) -> None:
+    rows = df.collect()
+    assert len(rows) == len({r.message_id for r in rows}) == len(expected_seqs)
+    assert sorted(r.seq for r in rows) == sorted(expected_seqs)
+
+
+async def test_example_job_full_cycle(spark, make_queue, mongo_uri, db_name, sync_db, tmp_path) -> None:
+    from bucketq_spark.example import run_example_job
+
+    events = _events(0, 600)
+    await _push(make_queue, events)
+    seen = []
+
+    result = run_example_job(mongo_uri, db_name, "events", tmp_path / "totals", spark=spark, max_buckets=8,
+                             progress=seen.append)
+
+    assert (result["batches"], result["buckets"], result["rows"], result["committed"]) == (2, 12, 600, 12)
+    assert result["errors"] == [] and result["quarantined"] == 0
+    assert set(result["seconds"]) == {"session", "claim", "read", "process", "write", "commit", "total"}
+    expected = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        expected[e["account"]][0] += 1
+        expected[e["account"]][1] += e["amount"]
+    assert [(a["account"], a["count"]) for a in result["accounts"]] == [(k, v[0]) for k, v in sorted(expected.items())]
+    assert all(a["amount"] == pytest.approx(expected[a["account"]][1]) for a in result["accounts"])
+    assert sync_db.events.count_documents({}) == 0
+    assert len(list((tmp_path / "totals").glob("bucket_id=*"))) == 12
+    done_steps = {(e["batch"], e["step"]) for e in seen if e["state"] == "done"}
+    assert {(1, s) for s in ("claim", "read", "process", "write", "commit")} <= done_steps
+
+
+async def test_mongo_sink_rewrite_keeps_one_copy(spark, make_queue, mongo_uri, db_name, sync_db) -> None:
+    from bucketq_spark.sinks import MongoSink
+
+    await _push(make_queue, _events(0, 200))
+    sink = MongoSink(mongo_uri, db_name, "out")
+    with _job(spark, mongo_uri, db_name, sink) as job:
+        batch = job.claim()
+        messages, n = job.read(batch)
+        out, _ = job.process(messages)
+        job.write(batch, out)
+        job.write(batch, out)  # as a re-run after a crash would
+        assert job.commit(batch) == 4
+
+    assert n == 200 and sync_db.out.count_documents({}) == 200
+    doc = sync_db.out.find_one({"seq": 7})
+    assert doc["_id"] == doc["message_id"] == f"{doc['bucket_id']}:{doc['slot']}" and doc["tries"] == 0
+    assert sync_db.events.count_documents({}) == 0
+
+
+async def test_failure_in_process_releases_then_retry_succeeds(spark, make_queue, mongo_uri, db_name, sync_db,
+                                                               tmp_path) -> None:
+    from bucketq_spark.sinks import ParquetSink
+
+    await _push(make_queue, _events(0, 200))
+    calls = []
+
+    def flaky(df):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("transient trouble")
+        return _rows(df)
+
+    sink = ParquetSink(str(tmp_path / "rows"))
+    with _job(spark, mongo_uri, db_name, sink, process=flaky) as job:
+        failed = job.run_once()
+        assert failed.error == "RuntimeError: transient trouble" and failed.committed == 0
+        assert len(failed.released) == 4 and failed.quarantined == []
+        assert all(d["lease"] is None and d["c"] == 1 for d in sync_db.events.find())
+
+        retried = job.run()
+    assert [(r.error, r.buckets, r.rows, r.committed) for r in retried] == [(None, 4, 200, 4)]
+    df = sink.read(spark)
+    _assert_exactly_once(df, range(200))
+    assert {r.tries for r in df.select("tries").distinct().collect()} == {1}  # one failed attempt before
+    assert sync_db.events.count_documents({}) == 0
+
+
+async def test_crash_between_write_and_commit_leaves_no_duplicates(spark, make_queue, mongo_uri, db_name, sync_db,
+                                                                  tmp_path) -> None:
+    from bucketq_spark.sinks import ParquetSink
+
+    await _push(make_queue, _events(0, 300))  # 6 buckets
+    sink = ParquetSink(str(tmp_path / "rows"))
+    with _job(spark, mongo_uri, db_name, sink, max_buckets=4, lease=1.0) as crashed:
+        batch = crashed.claim()
+        messages, _ = crashed.read(batch)
+        out, _ = crashed.process(messages)
+        crashed.write(batch, out)  # ... and the job dies before its commit
+        crashed_ids = {str(i) for i in batch.ids}
+    assert sink.read(spark).count() == 200
+    await _push(make_queue, _events(300, 100))  # 2 more buckets: the re-run mixes old and new ones
+    time.sleep(1.3)  # the lease runs out
+
+    with _job(spark, mongo_uri, db_name, sink, max_buckets=8) as rerun:
+        results = rerun.run()
+    assert [(r.error, r.buckets, r.rows) for r in results] == [(None, 8, 400)]
+    assert results[0].token != batch.token
+    df = sink.read(spark)
+    _assert_exactly_once(df, range(400))
+    retried = {r.bucket_id for r in df.where("tries = 1").select("bucket_id").distinct().collect()}
+    assert retried == crashed_ids
+    assert sync_db.events.count_documents({}) == 0
+
+
+async def test_poisoned_bucket_ends_in_quarantine(spark, make_queue, mongo_uri, db_name, sync_db, tmp_path) -> None:
+    from pyspark.sql import functions as F
+
+    from bucketq_spark.sinks import ParquetSink
+
+    await _push(make_queue, _events(0, 200, poison_at=123))  # 4 buckets, the third holds the poison
+
+    def strict(df):
+        rows = _rows(df)
+        # fails inside Spark's execution, as a bad record would
+        return rows.withColumn("account", F.when(F.col("account") == "poison", F.raise_error(F.lit("poisoned")))
+                               .otherwise(F.col("account")))
+
+    sink = ParquetSink(str(tmp_path / "rows"))
+    with _job(spark, mongo_uri, db_name, sink, process=strict, max_attempts=2) as job:
+        results = job.run()
+
+    # attempt 1: all four together, failed; attempt 2 (the last): each bucket alone
+    assert [len(r.released) for r in results] == [4, 0, 0, 0, 0]
+    assert sum(r.committed for r in results) == 3 and sum(len(r.quarantined) for r in results) == 1
+    entries = list(sync_db["events.quarantine"].find())
+    assert len(entries) == 1 and "poisoned" in entries[0]["reason"] and "failed 2 attempt(s)" in entries[0]["reason"]
+    assert entries[0]["doc"]["p"][23].find('"seq":123') >= 0
+    _assert_exactly_once(sink.read(spark), [i for i in range(200) if not 100 <= i < 150])
+    assert sync_db.events.count_documents({}) == 0
+
+
+def test_readbench(spark, mongo_uri, db_name, sync_db) -> None:
+    from bucketq_spark.readbench import time_read_paths
+
+    out = time_read_paths(spark, mongo_uri, db_name, 2000, bucket_size=500, repeats=1)
+    assert out["bucketq"]["docs"] == 4 and out["naive"]["docs"] == 2000
+    assert out["bucketq"]["rows"] == out["naive"]["rows"] == 2000
+    assert out["bucketq"]["rows_per_s"] > 0 and out["naive"]["rows_per_s"] > 0 and out["speedup"] > 0
+    assert "readbench" not in sync_db.list_collection_names()

@@ -1,0 +1,131 @@
+"""Documents written by the library match docs/FORMAT.md: the field tables there are parsed and every
+document of every kind (fresh, claimed, retry, dead letter, quarantine, inbox) is checked against them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+
+import pytest
+from bson import ObjectId
+
+from bucketq.core.format import FORMAT_VERSION
+
+FORMAT_MD = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
+TYPES = {"objectId": ObjectId, "int": int, "string": str, "date": dt.datetime, "binData": bytes, "object": dict,
+         "null": type(None)}
+
+
+def table(name: str) -> dict[str, tuple[str, bool]]:
+    """{field: (type expression, required)} from the table between <!-- name --> markers."""
+    text = FORMAT_MD.read_text()
+    body = re.search(rf"<!-- {name} -->(.*?)<!-- /{name} -->", text, re.S)
+    assert body, f"docs/FORMAT.md has no table {name}"
+    rows = [line for line in body.group(1).strip().splitlines()[2:] if line.startswith("|")]
+    fields = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        fields[cells[0].strip("`")] = (cells[1], cells[2] == "yes")
+    return fields
+
+
+def matches(value: object, expression: str) -> bool:
+    if expression.startswith("array of "):
+        return isinstance(value, list) and all(matches(v, expression[len("array of "):]) for v in value)
+    for alternative in expression.split(" or "):
+        kind = TYPES[alternative.strip()]
+        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return True
+    return False
+
+
+def check(doc: dict, table_name: str) -> None:
+    fields = table(table_name)
+    unknown = set(doc) - set(fields)
+    assert not unknown, f"{table_name}: fields not in docs/FORMAT.md: {unknown}"
+    for field, (expression, required) in fields.items():
+        if field not in doc:
+            assert not required, f"{table_name}: required field {field} missing"
+            continue
+        assert matches(doc[field], expression), f"{table_name}: {field}={doc[field]!r} is not {expression}"
+
+
+def check_bucket(doc: dict) -> None:
+    check(doc, "bucket-fields")
+    assert doc["v"] == FORMAT_VERSION
+    assert doc["n"] == len(doc["p"]) >= 1
+    for per_slot in "hktoe":
+        if per_slot in doc:
+            assert len(doc[per_slot]) == doc["n"], f"per-slot array {per_slot} has the wrong length"
+    if doc["lease"] is not None:
+        check(doc["lease"], "lease-fields")
+        assert doc["lease"]["until"] == doc["due"]
+
+
+def test_the_tables_parse():
+    assert "p" in table("bucket-fields") and table("bucket-fields")["_id"] == ("objectId", True)
+
+
+async def test_every_document_kind_matches_the_format(make_queue, sync_db):
+    q = make_queue(bucket_max_wait=0.01, max_attempts=2, dedupe=True, lease=30)
+    await q.push_many([{"i": i} for i in range(3)])
+    await q.push({"h": True}, headers={"trace": "x"}, key="key-1")
+    await q.push("later", delay=120)
+    for doc in sync_db.events.find():
+        check_bucket(doc)
+
+    message = await q.reserve(timeout=2)
+    claimed = sync_db.events.find_one({"lease": {"$ne": None}})
+    check_bucket(claimed)
+    await message.nack(delay=60, error="try later", wait=True)
+    retry = sync_db.events.find_one({"o": {"$exists": True}})
+    check_bucket(retry)
+    assert retry["o"] == [message.id] and retry["t"] == [1]
+
+    second = await q.reserve(timeout=2)
+    await second.nack(delay=0, error="again", wait=True)
+    keys = []
+    while (m := await q.reserve(timeout=0.5)) is not None:
+        if m.id == second.id:
+            await m.nack(error="for good", wait=True)  # its second attempt: dead
+        else:
+            await m.ack()
+            keys.append(m.key)
+    assert "key-1" in keys
+    dead = list(sync_db["events.dead"].find())
+    assert [d["_id"] for d in dead] == [second.id]
+    for doc in dead:
+        check(doc, "dead-fields")
+    for doc in sync_db["events.inbox"].find():
+        check(doc, "inbox-fields")
+
+    sync_db.events.insert_one({"v": 2, "due": dt.datetime.now(dt.timezone.utc)})
+    sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": dt.datetime.now(dt.timezone.utc),
+                               "due": dt.datetime.now(dt.timezone.utc), "n": 1, "p": ["{bad"], "done": [], "c": 0,
+                               "lease": None})
+    assert await q.reserve(timeout=0.5) is None
+    entries = list(sync_db["events.quarantine"].find())
+    assert len(entries) == 2
+    for doc in entries:
+        check(doc, "quarantine-fields")
+
+
+async def test_skip_mode_message_quarantine_entry_matches(make_queue, sync_db):
+    q = make_queue(malformed="skip")
+    sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": dt.datetime.now(dt.timezone.utc),
+                               "due": dt.datetime.now(dt.timezone.utc), "n": 2, "p": ["{bad", "1"], "done": [],
+                               "c": 0, "lease": None})
+    assert (await q.reserve(timeout=1)).payload == 1
+    await q.drain()
+    (entry,) = list(sync_db["events.quarantine"].find())
+    check(entry, "quarantine-fields")
+    assert entry["kind"] == "message"
+
+
+@pytest.mark.parametrize("value, expression, ok", [
+    ([1, 2], "array of int", True), ([True], "array of int", False), (None, "null or object", True),
+    (["a", b"b"], "array of string or binData", True), ([1.5], "array of int", False),
+])
+def test_the_type_checker_itself(value, expression, ok):
+    assert matches(value, expression) is ok
