@@ -4,6 +4,7 @@ goals, write bench/results/latest.json and bench/results/latest.png."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 
@@ -28,16 +29,24 @@ def _run(cfg: plan.Settings, srv: Server, keuss_problem: str | None) -> list[dic
     def runnable(job: plan.Job) -> bool:
         return not (job.contender == "keuss" and keuss_problem)
 
+    def warm_up() -> None:
+        warmups = [job for job in plan.warmup_jobs(cfg) if runnable(job)]
+        for number, job in enumerate(warmups, 1):
+            runner.run_job(job, cfg, srv, f"[warm-up {number}/{len(warmups)}]")
+
     jobs, skipped = plan.jobs(cfg, srv.replica_set)
-    warmups = [job for job in plan.warmup_jobs(cfg) if runnable(job)]
-    for number, job in enumerate(warmups, 1):
-        runner.run_job(job, cfg, srv, f"[warm-up {number}/{len(warmups)}]")
+    warm_up()
     rows = []
-    for number, job in enumerate(jobs, 1):
-        if runnable(job):
+    numbered = list(enumerate(jobs, 1))
+    # The contenders of one cell (scenario, payload, processes, w) always share one server instance.
+    for _, cell in itertools.groupby(numbered, key=lambda item: item[1].cell):
+        cell = [(number, job) for number, job in cell if runnable(job)]
+        if srv.make_room(sum(job.bytes_written for _, job in cell)):
+            print("restarted the embedded test server (its in-memory oplog keeps every write)", file=sys.stderr)
+            warm_up()
+        for number, job in cell:
             rows.append(runner.run_job(job, cfg, srv, f"[{number:>2}/{len(jobs)}]"))
-        else:
-            rows.append(plan.skip_row(job, keuss_problem or ""))
+    rows += [plan.skip_row(job, keuss_problem or "") for job in jobs if not runnable(job)]
     if "spark" in cfg.scenarios:
         skipped += spark_read.rows(cfg, srv)
     return rows + skipped

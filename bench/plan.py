@@ -43,6 +43,14 @@ class Job:
     write_concern: str = "1"
 
     @property
+    def cell(self) -> tuple:
+        return self.scenario, self.payload_bytes, self.processes, self.write_concern
+
+    @property
+    def bytes_written(self) -> int:
+        return 0 if self.scenario in ("encode", "decode") else self.messages * self.payload_bytes
+
+    @property
     def label(self) -> str:
         wc = "" if self.write_concern == "1" else f" w:{self.write_concern}"
         return f"{self.contender} {self.scenario} {human_bytes(self.payload_bytes)} x{self.processes}{wc}"
@@ -98,7 +106,7 @@ def settings(args: argparse.Namespace) -> Settings:
         messages=args.messages or (20_000 if quick else 100_000),
         naive_messages=args.naive_messages or (2_000 if quick else 3_000),
         codec_messages=args.messages or (100_000 if quick else 1_000_000),
-        byte_budget=(64 if quick else 512) << 20,
+        byte_budget=(64 if quick else 256) << 20,
         concurrency=args.concurrency or 16,
         window=4096,
         idle_s=1.0,

@@ -14,6 +14,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from pymongo.errors import PyMongoError
+
 from bench import contenders
 from bench.plan import Job, Settings, pad_len
 from bench.server import DB, Server
@@ -209,8 +211,8 @@ def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
     """Run one job; tag (e.g. "[ 3/21]") starts its progress line."""
     queue_name = f"{job.contender}_{job.scenario}"
     progress = Progress(f"{tag} {job.label:<34}", job.messages)
-    server.drop_bench_db()
     try:
+        server.drop_bench_db()
         if job.scenario == "consume":
             fill_spec = _spec(cfg, server, job, "fill", job.messages, 0, queue_name)
             fill = _run_workers(job, [fill_spec], progress, "fill ", cfg.job_timeout_s)
@@ -223,8 +225,9 @@ def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
             for k, n in enumerate(split(job.messages, job.processes))
         ]
         row = aggregate(job, _run_workers(job, specs, progress, "", cfg.job_timeout_s), cfg.concurrency)
-    finally:
         server.drop_bench_db()
+    except PyMongoError as exc:  # the server went away: this row says so, the run goes on
+        row = aggregate(job, [{"error": f"server: {type(exc).__name__}: {str(exc)[:200]}"}], cfg.concurrency)
     if row["msgs_per_s"] is None:
         progress.close(row.get("notes", "")[:160])
     else:

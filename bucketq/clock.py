@@ -22,9 +22,8 @@ class ServerClock:
         self._synced_at: float | None = None
 
     def now(self) -> dt.datetime:
-        # BSON dates have millisecond precision: round here so what we compare is what is stored.
-        now = dt.datetime.now(UTC) + dt.timedelta(seconds=self.offset_s)
-        return now.replace(microsecond=now.microsecond // 1000 * 1000)
+        # BSON dates have millisecond precision: truncate here so what we compare is what is stored.
+        return dt.datetime.fromtimestamp(int((time.time() + self.offset_s) * 1000) / 1000, UTC)
 
     @property
     def stale(self) -> bool:

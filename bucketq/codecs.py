@@ -56,17 +56,25 @@ class MsgpackCodec:
 
 
 def _reject_non_finite(value: Any) -> None:
-    """orjson encodes NaN and Infinity as null; refuse them instead of storing something else."""
+    """orjson encodes NaN and Infinity as null; refuse them instead of storing something else.
+    On the hot path of every push: type identity and ``x - x`` (NaN for NaN and ±inf) keep it cheap."""
+    kind = type(value)
+    if kind is float:
+        if value - value != 0.0:
+            raise ValueError(f"{value!r} is not valid JSON")
+        return
+    if kind is not dict and kind is not list and kind is not tuple:
+        return
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, float):
-            if item != item or item in (float("inf"), float("-inf")):
-                raise ValueError(f"{item!r} is not valid JSON")
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+        for child in item.values() if type(item) is dict else item:
+            kind = type(child)
+            if kind is float:
+                if child - child != 0.0:
+                    raise ValueError(f"{child!r} is not valid JSON")
+            elif kind is dict or kind is list or kind is tuple:
+                stack.append(child)
 
 
 CODECS: dict[str, type] = {"json": JsonCodec, "msgpack": MsgpackCodec}

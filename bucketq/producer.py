@@ -18,12 +18,45 @@ import bson
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket
-from bucketq.core.format import Slot, message_id, slot_bytes
+from bucketq.core.format import Slot, slot_bytes
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed, WriteFailed
 from bucketq.options import QueueOptions
 from bucketq.store import Store, retrying
 
 BUCKETS_PER_WRITE = 8
+
+
+class _Many:
+    """The waiter of one ``push_many`` call: one future for all its messages, not one each."""
+
+    __slots__ = ("ids", "left", "future")
+
+    def __init__(self, n: int) -> None:
+        self.ids = [""] * n
+        self.left = n
+        self.future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+
+
+Waiter = asyncio.Future | tuple  # a push's future, or (_Many, index) for a message of push_many
+
+
+def _resolve(waiter: Waiter, message_id: str, failure: BaseException | None) -> None:
+    if type(waiter) is tuple:
+        many, index = waiter
+        if many.future.done():
+            return
+        if failure is not None:
+            many.future.set_exception(failure)
+            return
+        many.ids[index] = message_id
+        many.left -= 1
+        if not many.left:
+            many.future.set_result(many.ids)
+    elif not waiter.done():
+        if failure is None:
+            waiter.set_result(message_id)
+        else:
+            waiter.set_exception(failure)
 
 
 class Producer:
@@ -59,13 +92,17 @@ class Producer:
         slot, size, due = self._prepare(payload, delay, at, headers, key)
         if self._acc.buffered_bytes and self._acc.buffered_bytes + size > self._options.max_buffered_bytes:
             raise BufferFull(f"{self._acc.buffered_bytes} bytes buffered (max_buffered_bytes); await push() instead")
-        return self._add(slot, size, due)
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._add(slot, size, due, future, self._clock.now())
+        return future
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                    headers: Mapping[str, Any] | None = None, key: str | None = None) -> str:
         slot, size, due = self._prepare(payload, delay, at, headers, key)
         await self._wait_for_space(size)
-        return await self._add(slot, size, due)
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._add(slot, size, due, future, self._clock.now())
+        return await future
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None) -> list[str]:
@@ -76,11 +113,17 @@ class Producer:
                 prepared.append(self._prepare(payload, delay, None, headers, None))
             except (EncodeError, PayloadTooLarge) as exc:
                 raise type(exc)(f"payload {index}: {exc}") from exc
-        futures = []
-        for slot, size, due in prepared:
-            await self._wait_for_space(size)
-            futures.append(self._add(slot, size, due))
-        return list(await asyncio.gather(*futures))
+        if not prepared:
+            return []
+        many = _Many(len(prepared))
+        limit = self._options.max_buffered_bytes
+        now = self._clock.now()
+        for index, (slot, size, due) in enumerate(prepared):
+            if self._acc.buffered_bytes + size > limit:
+                await self._wait_for_space(size)
+                now = self._clock.now()
+            self._add(slot, size, due, (many, index), now)
+        return await many.future
 
     def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
                  headers: Mapping[str, Any] | None, key: str | None) -> tuple[Slot, int, dt.datetime | None]:
@@ -121,16 +164,14 @@ class Producer:
             raise InvalidOption(f"delay must be a non-negative number of seconds, got {delay!r}")
         return self._clock.now() + dt.timedelta(seconds=seconds) if seconds else None
 
-    def _add(self, slot: Slot, size: int, due: dt.datetime | None) -> asyncio.Future[str]:
-        loop = asyncio.get_running_loop()
-        self._start(loop)
-        future: asyncio.Future[str] = loop.create_future()
-        _, sealed = self._acc.add(slot, size, future, due=due, now_wall=self._clock.now(), now_mono=time.monotonic())
+    def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, now: dt.datetime) -> None:
+        if self._linger is None:
+            self._start(asyncio.get_running_loop())
+        sealed = self._acc.add(slot, size, waiter, due=due, now_wall=now, now_mono=time.monotonic())
         self._opened.set()  # type: ignore[union-attr]
         if sealed:
             self._sealed.extend(sealed)
             self._kick_writers()
-        return future
 
     async def _wait_for_space(self, size: int) -> None:
         limit = self._options.max_buffered_bytes
@@ -196,15 +237,13 @@ class Producer:
             failed = {b.id: exc for b in batch}
         for bucket in batch:
             error = failed.get(bucket.id)
-            for slot, future in enumerate(bucket.waiters):
-                if future.done():
-                    continue
-                if error is None:
-                    future.set_result(message_id(bucket.id, slot))
-                else:
-                    failure = WriteFailed(f"bucket {bucket.id} was not stored: {error}")
-                    failure.__cause__ = error
-                    future.set_exception(failure)
+            failure = None
+            if error is not None:
+                failure = WriteFailed(f"bucket {bucket.id} was not stored: {error}")
+                failure.__cause__ = error
+            prefix = str(bucket.id)
+            for slot, waiter in enumerate(bucket.waiters):
+                _resolve(waiter, f"{prefix}:{slot}", failure)
             self._acc.written(bucket)
         if len(failed) < len(batch) and self._on_written is not None:
             self._on_written()

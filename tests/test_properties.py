@@ -34,7 +34,7 @@ def test_accumulator_places_every_message_once_within_limits(items, max_size, ma
         payload = f"{n:06d}" + "x" * length
         due = now + dt.timedelta(seconds=delay) if delay else None
         dues[payload[:6]] = due
-        _, full = acc.add(Slot(payload), slot_bytes(payload), None, due=due, now_wall=now, now_mono=clock)
+        full = acc.add(Slot(payload), slot_bytes(payload), None, due=due, now_wall=now, now_mono=clock)
         sealed += full
         clock += gap
         sealed += acc.expired(T0 + dt.timedelta(seconds=clock), clock)

@@ -13,7 +13,7 @@ from typing import Any
 
 from bson import ObjectId
 
-from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document, message_id
+from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document
 
 # Key of the bucket for messages due at once; delayed messages are keyed by their due window's index.
 NOW = -1
@@ -69,8 +69,8 @@ class Accumulator:
         due: dt.datetime | None,
         now_wall: dt.datetime,
         now_mono: float,
-    ) -> tuple[str, list[SealedBucket]]:
-        """Buffer one message; return its message id and any buckets sealed by this add."""
+    ) -> list[SealedBucket]:
+        """Buffer one message; return the buckets sealed by this add (at most two)."""
         key = NOW if due is None or due <= now_wall else math.floor(due.timestamp() / self.granularity)
         sealed: list[SealedBucket] = []
         bucket = self._open.get(key)
@@ -79,7 +79,6 @@ class Accumulator:
             bucket = None
         if bucket is None:
             bucket = self._open[key] = _OpenBucket(ObjectId(), now_mono, now_wall)
-        slot_index = len(bucket.slots)
         bucket.slots.append(slot)
         bucket.waiters.append(waiter)
         bucket.size_bytes += slot_size
@@ -88,7 +87,7 @@ class Accumulator:
             bucket.latest_due = due
         if len(bucket.slots) >= self.max_size or bucket.size_bytes >= self.max_bytes:
             sealed.append(self._seal(key, now_wall))
-        return message_id(bucket.id, slot_index), sealed
+        return sealed
 
     def expired(self, now_wall: dt.datetime, now_mono: float) -> list[SealedBucket]:
         """Seal every bucket open for ``max_wait`` or longer."""

@@ -1,0 +1,157 @@
+"""Compare what the writers were acknowledged with what the consumers processed. Pure: no I/O.
+
+Terms (every count is of distinct messages ``(w, g, s)`` unless it says otherwise):
+
+written      pushes that returned (``ok`` in a writer log): each must be processed, at least once.
+processed    messages with at least one ``processed`` record (a handler ran on them).
+lost         written, and never processed.
+unexpected   records that are not of a message a writer attempted, or whose payload arrived corrupted,
+             plus one message stored twice under two ids (a producer-side duplicate).
+committed    a record whose ``ack()`` returned (the consumer logged ``ack``).
+duplicated   messages committed more than once: processing that completed ``ack()`` was repeated.
+             With dedupe this must be 0. Without dedupe it is allowed when the earlier commits come from
+             consumers that were SIGKILLed (acked, but the ack not yet flushed to the bucket).
+redelivered_in_flight
+             messages handled more than once where at most one of the handlings was committed: a consumer
+             was killed (or lost its lease) between the handler's side effect and ``ack()`` returning. At-least-
+             once delivery allows one extra handling per message in flight at a kill, with or without dedupe;
+             each uncommitted record must come from a killed consumer or an ``ack()`` that raised LeaseLost.
+unacked      pushes attempted by writers that were killed before ``push`` returned: they may be lost, and
+             are counted apart (``survived`` were processed anyway, ``lost`` were not).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Msg = tuple[int, int, int]
+
+
+@dataclass
+class WriterLog:
+    writer: int
+    gen: int
+    attempted: set[int] = field(default_factory=set)
+    acked: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    done: bool = False
+
+    def feed(self, line: str) -> None:
+        parts = line.split()
+        if not parts:
+            return
+        if parts[0] == "ok":
+            self.acked.add(int(parts[1]))
+        elif parts[0] == "t":
+            self.attempted.update(range(int(parts[1]), int(parts[2])))
+        elif parts[0] == "fail":
+            self.failed.add(int(parts[1]))
+        elif parts[0] == "done":
+            self.done = True
+
+
+def parse_writer_log(writer: int, gen: int, text: str) -> WriterLog:
+    log = WriterLog(writer, gen)
+    for line in text.splitlines():
+        log.feed(line)
+    return log
+
+
+@dataclass
+class ConsumerLog:
+    committed: set[str] = field(default_factory=set)
+    lease_lost: set[str] = field(default_factory=set)
+    ack_failed: set[str] = field(default_factory=set)
+
+
+def parse_consumer_logs(texts: Iterable[str]) -> ConsumerLog:
+    out = ConsumerLog()
+    for text in texts:
+        for line in text.splitlines():
+            parts = line.split()
+            if not parts:
+                continue
+            if parts[0] == "ack":
+                out.committed.update(parts[1:])
+            elif parts[0] == "lost":
+                out.lease_lost.update(parts[1:])
+            elif parts[0] == "err":
+                out.ack_failed.add(parts[1])
+    return out
+
+
+def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any]], consumers: ConsumerLog, *,
+            killed_pids: set[int], dedupe: bool, max_in_flight_per_kill: int) -> dict[str, Any]:
+    written: set[Msg] = set()
+    attempted: set[Msg] = set()
+    for log in writer_logs:
+        written.update((log.writer, log.gen, s) for s in log.acked)
+        attempted.update((log.writer, log.gen, s) for s in log.attempted | log.acked | log.failed)
+
+    by_msg: dict[Msg, list[Mapping[str, Any]]] = defaultdict(list)
+    unexpected_records: list[str] = []
+    for r in records:
+        if r.get("problem"):
+            unexpected_records.append(f"{r['mid']}: {r['problem']}")
+            continue
+        msg = (r["w"], r["g"], r["s"])
+        if msg not in attempted:
+            unexpected_records.append(f"{r['mid']}: message {msg} was never pushed")
+            continue
+        by_msg[msg].append(r)
+
+    stored_twice = sorted(m for m, rs in by_msg.items() if len({r["mid"] for r in rs}) > 1)
+    processed = set(by_msg)
+    lost = written - processed
+    unacked = attempted - written
+
+    duplicated: list[Msg] = []
+    unexplained_duplicates: list[Msg] = []
+    redelivered: list[Msg] = []
+    unexplained_uncommitted: list[str] = []
+    uncommitted_by_killed: dict[int, int] = defaultdict(int)
+    for msg, rs in by_msg.items():
+        committed = sorted((r for r in rs if str(r["_id"]) in consumers.committed), key=lambda r: r["at"])
+        uncommitted = [r for r in rs if str(r["_id"]) not in consumers.committed]
+        for r in uncommitted:
+            rid = str(r["_id"])
+            if r["pid"] in killed_pids:
+                uncommitted_by_killed[r["pid"]] += 1
+            elif rid not in consumers.lease_lost and rid not in consumers.ack_failed:
+                unexplained_uncommitted.append(rid)
+        if len(committed) > 1:
+            duplicated.append(msg)
+            # Without dedupe, a commit is undone only by its consumer dying before the ack was flushed.
+            if dedupe or not all(r["pid"] in killed_pids for r in committed[:-1]):
+                unexplained_duplicates.append(msg)
+        elif len(rs) > 1:
+            redelivered.append(msg)
+    over_limit = {pid: n for pid, n in uncommitted_by_killed.items() if n > max_in_flight_per_kill}
+
+    return {
+        "written": len(written),
+        "processed": len(processed),
+        "lost": len(lost),
+        "duplicated": len(duplicated),
+        "duplicates_allowed": 0 if dedupe else len(duplicated) - len(unexplained_duplicates),
+        "redelivered_in_flight": len(redelivered),
+        "unexpected": len(unexpected_records) + len(stored_twice),
+        "unacked_pushes": {"attempted": len(unacked), "survived": len(unacked & processed),
+                           "lost": len(unacked - processed)},
+        "problems": {
+            "lost": [_name(m) for m in sorted(lost)[:20]],
+            "unexpected": unexpected_records[:20] + [f"{_name(m)} stored twice" for m in stored_twice[:20]],
+            "unexplained_duplicates": [_name(m) for m in sorted(unexplained_duplicates)[:20]],
+            "uncommitted_without_kill": unexplained_uncommitted[:20],
+            "in_flight_over_limit": {str(k): v for k, v in over_limit.items()},
+        },
+        "_counts": {"unexplained_duplicates": len(unexplained_duplicates),
+                    "uncommitted_without_kill": len(unexplained_uncommitted), "in_flight_over_limit": len(over_limit)},
+    }
+
+
+def _name(msg: Msg) -> str:
+    return "{}.{}.{}".format(*msg)

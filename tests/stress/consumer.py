@@ -1,0 +1,169 @@
+"""A consumer process of the stress harness:
+``python -m tests.stress.consumer URI DB QUEUE --log PATH [--dedupe] [--kill-point P --kill-after N] [--drain]``.
+
+It handles messages in batches of up to ``--batch`` (the first ``reserve`` waits, the rest take what is
+at hand). The handler's side effect is one ``processed`` record per message, inserted with client-made ids
+(so a retry after a cut connection stores it once); then the batch is acked. The log tells the harness
+which side effects were *committed*, that is, followed by an ``ack()`` that returned:
+
+    ack R...      the records R (hex ids) were handled and their ``ack()`` returned
+    lost R...     ``ack()`` raised LeaseLost: another consumer will deliver the message again
+    err R... E    ``ack()`` raised something else (then the message was nacked)
+
+``--kill-point`` makes the process SIGKILL itself during its ``--kill-after``-th batch:
+
+    after_claim  messages reserved (their bucket claimed, under lease), nothing handled
+    before_ack   side effects of the batch written, no ack: the batch will be delivered again
+    mid_batch    half of the batch acked, the other half not
+    after_ack    the whole batch acked, before the next state flush: acks not yet stored in the bucket
+
+SIGTERM stops the loop after the current batch and closes the queue (flush, release held buckets).
+With ``--drain`` the process exits 0 once the queue is empty, 3 if it is not empty by ``--deadline``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+
+from bson import ObjectId
+from pymongo import AsyncMongoClient
+from pymongo.errors import BulkWriteError, PyMongoError
+
+import bucketq
+from tests.stress.common import LineLog, check_payload, die, queue_options
+
+KILL_POINTS = ("after_claim", "before_ack", "mid_batch", "after_ack")
+DUPLICATE_KEY = 11000
+
+
+async def insert_records(collection, records: list[dict], deadline_s: float = 120.0) -> None:
+    """Insert records with their own ids until stored; an id already there was stored by an earlier try."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            await collection.insert_many(records, ordered=False)
+            return
+        except BulkWriteError as exc:
+            others = [e for e in exc.details.get("writeErrors", []) if e.get("code") != DUPLICATE_KEY]
+            if not others and not exc.details.get("writeConcernErrors"):
+                return
+            if time.monotonic() > deadline:
+                raise
+        except PyMongoError:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("uri")
+    parser.add_argument("db")
+    parser.add_argument("queue")
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--dedupe", action="store_true")
+    parser.add_argument("--batch", type=int, default=25)
+    parser.add_argument("--payload-bytes", type=int, default=100)
+    parser.add_argument("--kill-point", choices=KILL_POINTS)
+    parser.add_argument("--kill-after", type=int, default=1, help="die during this batch (1 = the first)")
+    parser.add_argument("--drain", action="store_true")
+    parser.add_argument("--deadline", type=float, default=120.0)
+    args = parser.parse_args()
+
+    log = LineLog(args.log)
+    client: AsyncMongoClient = AsyncMongoClient(args.uri, tz_aware=True, serverSelectionTimeoutMS=60_000)
+    q = bucketq.Queue(client, name=args.queue, db=args.db,
+                      **queue_options(dedupe=args.dedupe, bucket_max_size=100, bucket_max_wait=0.05))
+    processed = client[args.db]["processed"]
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    pid = os.getpid()
+    batches = 0
+    errors = 0
+    deadline = time.monotonic() + args.deadline
+    rc = 0
+
+    async def reserve(timeout: float) -> bucketq.Message | None:
+        nonlocal errors
+        try:
+            return await q.reserve(timeout=timeout)
+        except PyMongoError as exc:  # a claim cut off by a connection cut or a server restart: try again
+            errors += 1
+            print(f"consumer {pid}: reserve failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            await asyncio.sleep(0.2)
+            return None
+
+    async def ack(messages: list[bucketq.Message], ids: list[ObjectId]) -> None:
+        results = await asyncio.gather(*(m.ack() for m in messages), return_exceptions=True)
+        acked = [str(i) for i, r in zip(ids, results) if r is None]
+        lost = [str(i) for i, r in zip(ids, results) if isinstance(r, bucketq.LeaseLost)]
+        failed = [(m, i, r) for m, i, r in zip(messages, ids, results)
+                  if r is not None and not isinstance(r, bucketq.LeaseLost)]
+        if acked:
+            log.write("ack " + " ".join(acked))
+        if lost:
+            log.write("lost " + " ".join(lost))
+        for message, record, error in failed:
+            log.write(f"err {record} {type(error).__name__}")
+            try:
+                await message.nack(delay=0, error=error)
+            except bucketq.BucketqError:
+                pass
+
+    try:
+        while not stop.is_set():
+            first = await reserve(0.5)
+            if first is None:
+                if args.drain:
+                    try:
+                        stats = await q.stats()
+                    except PyMongoError:
+                        continue
+                    if stats["buckets"] == 0:
+                        break
+                    if time.monotonic() > deadline:
+                        print(f"drain: queue not empty by the deadline: {stats}", file=sys.stderr)
+                        rc = 3
+                        break
+                continue
+            batch = [first]
+            while len(batch) < args.batch and (m := await reserve(0)) is not None:
+                batch.append(m)
+            batches += 1
+            dying = args.kill_point if batches == args.kill_after else None
+            if dying == "after_claim":
+                die()
+            records = []
+            for m in batch:
+                problem = check_payload(m.payload, m.key, args.payload_bytes)
+                p = m.payload if isinstance(m.payload, dict) else {}
+                records.append({"_id": ObjectId(), "w": p.get("w"), "g": p.get("g"), "s": p.get("s"),
+                                "mid": m.id, "tries": m.tries, "pid": pid, "at": time.time(),
+                                "problem": problem})
+            await insert_records(processed, records)
+            ids = [r["_id"] for r in records]
+            if dying == "before_ack":
+                die()
+            if dying == "mid_batch":
+                half = max(1, len(batch) // 2)
+                await ack(batch[:half], ids[:half])
+                die()
+            await ack(batch, ids)
+            if dying == "after_ack":
+                die()
+        await asyncio.wait_for(q.close(), 60)
+    finally:
+        log.close()
+        await client.close()
+    if errors:
+        print(f"consumer {pid}: {errors} reserve errors (retried)", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

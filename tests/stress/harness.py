@@ -1,0 +1,572 @@
+"""The stress harness: writers, consumers and crashers as real processes, faults injected, then an account.
+
+    python -m tests.stress [--quick] [--writers N] ... (see ``python -m tests.stress --help``)
+
+Layout. One test server (mongo-java-server on its H2 *file* backend in a temp dir, so that data survives
+its restarts), or the server of ``BUCKETQ_MONGODB_URI`` (then the server is not restarted; the report
+says so). Every writer and consumer process connects through one ``TcpProxy`` on loopback, so a cut
+hits all of them; the harness itself watches the server directly.
+
+Phases.
+1. write: writer processes push ``MESSAGES_PER_WRITER`` acknowledged messages each while ``CONSUMERS``
+   steady consumers and ``CRASHERS`` crashing consumers consume. Faults, placed by written progress with
+   the seeded RNG: crashers SIGKILL themselves at a random kill point (after claim, before ack, mid batch,
+   after ack but before the state flush) or are SIGKILLed by the harness at a random moment, and are
+   replaced; writers SIGKILL themselves mid-bucket and are replaced by their next generation; the
+   server is stopped and restarted; the proxy cuts every connection.
+2. crash recovery: no more faults; remaining crashers are SIGKILLed; the steady consumers go on until no
+   bucket is leased by a killed consumer any more (their leases expired and someone else took over).
+3. drain: the steady consumers are stopped with SIGTERM (they flush and release what they hold); one
+   fresh drain consumer empties the queue and exits once the bucket collection is empty.
+Then the logs and the ``processed`` collection are compared (``tests.stress.accounting``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+
+from tests.proxy import TcpProxy
+from tests.stress.accounting import account, parse_consumer_logs, parse_writer_log
+from tests.stress.common import LEASE_S, die_with_parent
+from tests.stress.consumer import KILL_POINTS
+
+ROOT = Path(__file__).resolve().parents[2]
+TICK_S = 0.1
+PROGRESS_EVERY_S = 2.0
+
+
+@dataclass
+class Config:
+    writers: int = 4
+    messages_per_writer: int = 2500
+    consumers: int = 4
+    crashers: int = 2
+    payload_bytes: int = 200
+    server_restarts: int = 1
+    dedupe: str = "on"  # on | off | both (one run per mode)
+    seed: int = 1
+    writer_kills: int = 2
+    cuts: int = 3
+    batch: int = 25
+    bucket_max_size: int = 100
+    bucket_max_wait: float = 0.05
+    writer_rate: float = 0.0  # pushes per second per writer, 0 = as fast as possible
+    timeout_s: float = 600.0
+    keep: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.writers * self.messages_per_writer
+
+
+@dataclass
+class Proc:
+    role: str  # writer | consumer | crasher | drain
+    popen: subprocess.Popen[bytes]
+    log: Path
+    started: float
+    writer: int = -1
+    gen: int = -1
+    kill_point: str | None = None  # a crasher's own kill point, or "external" (the harness kills it)
+    kill_at: float | None = None  # external kills: monotonic time
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+@dataclass
+class Faults:
+    consumer_kills: Counter = field(default_factory=Counter)
+    writer_kills: int = 0
+    server_restarts: int = 0
+    server_restarts_skipped: str | None = None
+    restart_s: list[float] = field(default_factory=list)
+    proxy_cuts: int = 0
+
+
+class Harness:
+    def __init__(self, config: Config, *, dedupe: bool, server_uri: str, restart: Any) -> None:
+        self.c = config
+        self.dedupe = dedupe
+        mode = self.mode = "dedupe" if dedupe else "no-dedupe"
+        self.rng = random.Random(f"{config.seed}:{mode}")
+        self.restart_server = restart  # callable or None
+        self.server_uri = server_uri
+        self.db_name = f"stress_{mode.replace('-', '_')}_{os.getpid()}_{int(time.time())}"
+        self.queue = "events"
+        self.work = Path(tempfile.mkdtemp(prefix=f"bucketq-stress-{mode}-"))
+        self.procs: list[Proc] = []
+        self.finished: list[Proc] = []
+        self.killed_pids: set[int] = set()
+        self.faults = Faults()
+        self.errors: list[str] = []
+        self.writer_gen = [0] * config.writers
+        self.writer_done = [False] * config.writers
+        self.acked_before_gen = [0] * config.writers  # acks of the writer's earlier generations
+        self._log_offsets: dict[Path, int] = {}
+        self._acked_now: dict[Path, int] = {}
+        self.started = time.monotonic()
+        self.drain_pid: int | None = None
+        self.phase = "setup"
+        self._last_progress = 0.0
+        self.client: MongoClient = MongoClient(server_uri, serverSelectionTimeoutMS=30_000, tz_aware=True)
+        host, port = _host_port(server_uri)
+        self.proxy = TcpProxy(host, port).start()
+        self.host = socket.gethostname()
+
+    # -- processes ---------------------------------------------------------------------------------------
+
+    def _spawn(self, role: str, module: str, args: list[str], log: Path, **fields: Any) -> Proc:
+        err = open(self.work / f"{log.stem}.stderr", "ab")
+        cmd = [sys.executable, "-m", module, self.proxy.uri, self.db_name, self.queue, "--log", str(log), *args]
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        popen = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=err, preexec_fn=die_with_parent)
+        err.close()
+        proc = Proc(role, popen, log, time.monotonic(), **fields)
+        self.procs.append(proc)
+        return proc
+
+    def spawn_writer(self, w: int, die_after: int = 0) -> Proc:
+        g = self.writer_gen[w]
+        target = self.c.messages_per_writer - self.acked_before_gen[w]
+        args = ["--writer", str(w), "--gen", str(g), "--target", str(target),
+                "--payload-bytes", str(self.c.payload_bytes), "--bucket-max-size", str(self.c.bucket_max_size),
+                "--bucket-max-wait", str(self.c.bucket_max_wait), "--window", str(4 * self.c.bucket_max_size)]
+        if self.c.writer_rate:
+            args += ["--rate", str(self.c.writer_rate)]
+        if die_after:
+            args += ["--die-after-acks", str(die_after)]
+        return self._spawn("writer", "tests.stress.writer", args, self.work / f"writer{w}.gen{g}.log",
+                           writer=w, gen=g)
+
+    def _consumer_args(self) -> list[str]:
+        args = ["--batch", str(self.c.batch), "--payload-bytes", str(self.c.payload_bytes)]
+        return args + (["--dedupe"] if self.dedupe else [])
+
+    def spawn_consumer(self, i: int) -> Proc:
+        return self._spawn("consumer", "tests.stress.consumer", self._consumer_args(),
+                           self.work / f"consumer{i}.{len(self.procs)}.log")
+
+    def spawn_crasher(self) -> Proc:
+        point = self.rng.choice([*KILL_POINTS, "external"])
+        n = len(self.procs)
+        if point == "external":
+            # Killed by the harness at a random moment: mid-claim, mid-flush, mid-insert, wherever it is.
+            proc = self._spawn("crasher", "tests.stress.consumer", self._consumer_args(),
+                               self.work / f"crasher.{n}.log", kill_point=point)
+            proc.kill_at = time.monotonic() + self.rng.uniform(1.0, 4.0)
+            return proc
+        args = [*self._consumer_args(), "--kill-point", point, "--kill-after", str(self.rng.randint(1, 6))]
+        return self._spawn("crasher", "tests.stress.consumer", args, self.work / f"crasher.{n}.log",
+                           kill_point=point)
+
+    def spawn_drain(self) -> Proc:
+        args = [*self._consumer_args(), "--drain", "--deadline", str(max(30.0, LEASE_S * 10))]
+        return self._spawn("drain", "tests.stress.consumer", args, self.work / "drain.log")
+
+    def kill(self, proc: Proc) -> None:
+        if proc.popen.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.popen.wait()
+
+    def reap(self) -> list[Proc]:
+        """Processes that exited since the last call."""
+        gone = [p for p in self.procs if p.popen.poll() is not None]
+        for p in gone:
+            self.procs.remove(p)
+            self.finished.append(p)
+            if p.popen.returncode == -signal.SIGKILL:
+                self.killed_pids.add(p.pid)
+        return gone
+
+    def stop_all(self) -> None:
+        for p in list(self.procs):
+            self.kill(p)
+        self.reap()
+
+    # -- progress ----------------------------------------------------------------------------------------
+
+    def acked(self, w: int) -> int:
+        """Acknowledged pushes of writer ``w`` so far (its logs, read incrementally)."""
+        total = self.acked_before_gen[w]
+        for p in self.procs:
+            if p.role == "writer" and p.writer == w:
+                total += self._count_acks(p.log)
+        return total
+
+    def _count_acks(self, path: Path) -> int:
+        try:
+            with path.open("rb") as f:
+                f.seek(self._log_offsets.get(path, 0))
+                data = f.read()
+        except FileNotFoundError:
+            return 0
+        complete = data[:data.rfind(b"\n") + 1]
+        self._log_offsets[path] = self._log_offsets.get(path, 0) + len(complete)
+        self._acked_now[path] = self._acked_now.get(path, 0) + complete.count(b"ok ")
+        return self._acked_now[path]
+
+    def written(self) -> int:
+        return sum(self.acked(w) for w in range(self.c.writers))
+
+    def processed_count(self) -> int | None:
+        try:
+            return self.client[self.db_name]["processed"].estimated_document_count()
+        except PyMongoError:
+            return None
+
+    def progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_progress < PROGRESS_EVERY_S:
+            return
+        self._last_progress = now
+        kills = sum(self.faults.consumer_kills.values())
+        print(f"stress[{self.mode}] {now - self.started:6.1f}s {self.phase:<14} written {self.written()}/"
+              f"{self.c.total} processed {self.processed_count()} | consumer kills {kills} writer kills "
+              f"{self.faults.writer_kills} restarts {self.faults.server_restarts} cuts {self.faults.proxy_cuts} | "
+              f"procs {len(self.procs)}", file=sys.stderr, flush=True)
+
+    # -- phases ------------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        try:
+            try:
+                return self._run()
+            except Exception as exc:  # a timeout or a harness error: still account for what happened
+                self.errors.append(f"harness: {type(exc).__name__}: {exc}")
+                self.stop_all()
+                elapsed = time.monotonic() - self.started
+                return self._report(write_s=elapsed, recovery_s=0.0, drain_s=0.0, total_s=elapsed,
+                                    processed_after_write=0, processed_after_recovery=0)
+        finally:
+            self.stop_all()
+            self.proxy.stop()
+            self.client.close()
+
+    def _run(self) -> dict[str, Any]:
+        c = self.c
+        deadline = self.started + c.timeout_s
+        # Faults are placed by progress (share of the messages written), so they land mid-run at any speed.
+        restarts = sorted(self.rng.uniform(0.2, 0.8) for _ in range(c.server_restarts))
+        cuts = sorted(self.rng.uniform(0.1, 0.9) for _ in range(c.cuts))
+        if self.restart_server is None and restarts:
+            self.faults.server_restarts_skipped = "BUCKETQ_MONGODB_URI is set: the harness does not own the server"
+            restarts = []
+        writer_kills = [0] * c.writers  # per writer: kills still to do
+        for k in range(c.writer_kills):
+            writer_kills[k % c.writers] += 1
+
+        def die_after(w: int) -> int:
+            if not writer_kills[w]:
+                return 0
+            writer_kills[w] -= 1
+            remaining = c.messages_per_writer - self.acked_before_gen[w]
+            return max(1, int(remaining * self.rng.uniform(0.1, 0.6 if writer_kills[w] else 0.8)))
+
+        self.phase = "write"
+        t_write = time.monotonic()
+        for i in range(c.consumers):
+            self.spawn_consumer(i)
+        for _ in range(c.crashers):
+            self.spawn_crasher()
+        for w in range(c.writers):
+            self.spawn_writer(w, die_after(w))
+        respawn_at: list[float] = []
+
+        while not all(self.writer_done):
+            self._check_deadline(deadline)
+            now = time.monotonic()
+            for p in self.procs:
+                if p.kill_at is not None and now >= p.kill_at:
+                    self.kill(p)
+            for p in self.reap():
+                rc = p.popen.returncode
+                if p.role == "writer":
+                    acks = self._final_acks(p)
+                    if rc == 0:
+                        self.writer_done[p.writer] = True
+                        self.acked_before_gen[p.writer] += acks
+                        continue
+                    if rc == -signal.SIGKILL:
+                        self.faults.writer_kills += 1
+                    else:
+                        self.errors.append(f"writer {p.writer}.{p.gen} exited {rc}: {self._stderr_tail(p)}")
+                    self.acked_before_gen[p.writer] += acks
+                    self.writer_gen[p.writer] += 1
+                    if self.writer_gen[p.writer] > 20:
+                        raise RuntimeError(f"writer {p.writer} keeps failing: {self._stderr_tail(p)}")
+                    self.spawn_writer(p.writer, die_after(p.writer))
+                elif p.role == "crasher":
+                    if rc == -signal.SIGKILL:
+                        self.faults.consumer_kills[p.kill_point] += 1
+                    else:
+                        self.errors.append(f"crasher {p.pid} ({p.kill_point}) exited {rc}: {self._stderr_tail(p)}")
+                    respawn_at.append(now + self.rng.uniform(0.2, 1.0))
+                elif p.role == "consumer":
+                    self.errors.append(f"consumer {p.pid} exited {rc} mid-run: {self._stderr_tail(p)}")
+                    self.spawn_consumer(len(self.procs))
+            for at in [a for a in respawn_at if a <= now]:
+                respawn_at.remove(at)
+                self.spawn_crasher()
+            share = self.written() / c.total
+            while cuts and share >= cuts[0]:
+                cuts.pop(0)
+                self.proxy.cut()
+                self.faults.proxy_cuts += 1
+            if restarts and share >= restarts[0]:
+                restarts.pop(0)
+                self._restart()
+            self.progress()
+            time.sleep(TICK_S)
+        write_s = time.monotonic() - t_write
+        for _ in cuts:  # writers outran a fault's place: still inject it, before the recovery phase
+            self.proxy.cut()
+            self.faults.proxy_cuts += 1
+        for _ in restarts:
+            self._restart()
+        processed_after_write = self.processed_count() or 0
+
+        self.phase = "crash recovery"
+        self.progress(force=True)
+        t_recovery = time.monotonic()
+        for p in [p for p in self.procs if p.role == "crasher"]:
+            self.kill(p)
+            self.faults.consumer_kills["external"] += 1
+        for p in self.reap():
+            if p.role != "crasher":
+                self.errors.append(f"{p.role} {p.pid} exited {p.popen.returncode}: {self._stderr_tail(p)}")
+        owners = [f"{self.host}:{pid}" for pid in self.killed_pids]
+        buckets = self.client[self.db_name][self.queue]
+        recovery_deadline = time.monotonic() + LEASE_S * 5 + 60
+        while True:
+            self._check_deadline(deadline)
+            try:
+                held = buckets.count_documents({"lease.owner": {"$in": owners}})
+            except PyMongoError:
+                held = -1
+            if held == 0:
+                break
+            if time.monotonic() > recovery_deadline:
+                self.errors.append(f"{held} buckets still leased by killed consumers after the recovery phase")
+                break
+            self.progress()
+            time.sleep(0.2)
+        recovery_s = time.monotonic() - t_recovery
+        processed_after_recovery = self.processed_count() or 0
+
+        self.phase = "drain"
+        self.progress(force=True)
+        t_drain = time.monotonic()
+        for p in self.procs:
+            p.popen.send_signal(signal.SIGTERM)
+        for p in list(self.procs):
+            try:
+                p.popen.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.errors.append(f"{p.role} {p.pid} did not stop within 60 s of SIGTERM")
+                self.kill(p)
+        for p in self.reap():
+            if p.popen.returncode != 0:
+                self.errors.append(f"{p.role} {p.pid} exited {p.popen.returncode} on SIGTERM: "
+                                   f"{self._stderr_tail(p)}")
+        drain = self.spawn_drain()
+        self.drain_pid = drain.pid
+        while drain.popen.poll() is None:
+            self._check_deadline(deadline)
+            self.progress()
+            time.sleep(TICK_S)
+        self.reap()
+        if drain.popen.returncode != 0:
+            self.errors.append(f"drain consumer exited {drain.popen.returncode}: {self._stderr_tail(drain)}")
+        drain_s = time.monotonic() - t_drain
+        total_s = time.monotonic() - t_write
+        self.phase = "account"
+        self.progress(force=True)
+        return self._report(write_s=write_s, recovery_s=recovery_s, drain_s=drain_s, total_s=total_s,
+                            processed_after_write=processed_after_write,
+                            processed_after_recovery=processed_after_recovery)
+
+    def _restart(self) -> None:
+        started = time.monotonic()
+        self.restart_server()
+        self.faults.server_restarts += 1
+        self.faults.restart_s.append(round(time.monotonic() - started, 2))
+
+    def _check_deadline(self, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the stress run did not finish within {self.c.timeout_s:g} s (phase {self.phase})")
+
+    def _final_acks(self, p: Proc) -> int:
+        self._count_acks(p.log)
+        return self._acked_now.get(p.log, 0)
+
+    def _stderr_tail(self, p: Proc, lines: int = 5) -> str:
+        try:
+            text = (self.work / f"{p.log.stem}.stderr").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+    # -- the account -------------------------------------------------------------------------------------
+
+    def _report(self, *, write_s: float, recovery_s: float, drain_s: float, total_s: float,
+                processed_after_write: int, processed_after_recovery: int) -> dict[str, Any]:
+        db = self.client[self.db_name]
+        writer_logs = [parse_writer_log(int(f.name[6:].split(".")[0]), int(f.name.split(".gen")[1].split(".")[0]),
+                                        f.read_text()) for f in sorted(self.work.glob("writer*.gen*.log"))]
+        consumer_logs = parse_consumer_logs(f.read_text() for f in self.work.glob("*.log")
+                                            if not f.name.startswith("writer"))
+        records = list(db["processed"].find({}, {"w": 1, "g": 1, "s": 1, "mid": 1, "pid": 1, "at": 1,
+                                                 "problem": 1}))
+        result = account(writer_logs, records, consumer_logs, killed_pids=self.killed_pids, dedupe=self.dedupe,
+                         max_in_flight_per_kill=self.c.batch)
+        buckets = list(db[self.queue].find({}, {"n": 1, "done": 1}))
+        left = {"buckets": len(buckets),
+                "messages": sum(d.get("n", 0) - len(d.get("done", [])) for d in buckets),
+                "dead_letters": db[f"{self.queue}.dead"].count_documents({}),
+                "quarantined": db[f"{self.queue}.quarantine"].count_documents({})}
+        drained = sum(1 for r in records if r["pid"] == self.drain_pid)
+        counts = result.pop("_counts")
+        failures = []
+        if result["lost"]:
+            failures.append(f"{result['lost']} acknowledged messages lost")
+        if result["unexpected"]:
+            failures.append(f"{result['unexpected']} unexpected messages")
+        if result["duplicated"] > result["duplicates_allowed"]:
+            failures.append(f"{result['duplicated'] - result['duplicates_allowed']} duplicates the design does "
+                            f"not allow (dedupe {'on' if self.dedupe else 'off'})")
+        if counts["uncommitted_without_kill"] or counts["in_flight_over_limit"]:
+            failures.append("handled-but-unacked records that no kill or lost lease explains")
+        if any(left.values()):
+            failures.append(f"left behind: {left}")
+        if self.errors:
+            failures.append(f"{len(self.errors)} process errors")
+
+        def rate(n: int, s: float) -> dict[str, float]:
+            return {"messages": n, "seconds": round(s, 2), "per_s": round(n / s, 1) if s > 0 else 0.0}
+
+        return {
+            "ok": not failures,
+            "failures": failures,
+            "dedupe": self.dedupe,
+            "written": result["written"],
+            "processed": result["processed"],
+            "lost": result["lost"],
+            "duplicated": result["duplicated"],
+            "duplicates_allowed": result["duplicates_allowed"],
+            "redelivered_in_flight": result["redelivered_in_flight"],
+            "unexpected": result["unexpected"],
+            "left_behind": left,
+            "unacked_pushes": result["unacked_pushes"],
+            "faults": {"consumer_kills": dict(self.faults.consumer_kills),
+                       "writer_kills": self.faults.writer_kills,
+                       "server_restarts": self.faults.server_restarts,
+                       "server_restarts_skipped": self.faults.server_restarts_skipped,
+                       "server_restart_s": self.faults.restart_s,
+                       "proxy_cuts": self.faults.proxy_cuts},
+            "throughput": {
+                "write": rate(result["written"], write_s),
+                "crash_recovery": rate(processed_after_recovery - processed_after_write, recovery_s),
+                "drain": rate(drained, drain_s),
+                "total": rate(result["processed"], total_s),
+            },
+            "records": len(records),
+            "problems": {k: v for k, v in result["problems"].items() if v},
+            "errors": self.errors[:20],
+        }
+
+    def cleanup(self) -> None:
+        if self.c.keep:
+            print(f"stress[{self.mode}]: kept {self.work} and database {self.db_name}", file=sys.stderr)
+            return
+        try:
+            self.client_drop()
+        finally:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def client_drop(self) -> None:
+        client: MongoClient = MongoClient(self.server_uri, serverSelectionTimeoutMS=10_000)
+        try:
+            client.drop_database(self.db_name)
+        except PyMongoError:
+            pass
+        finally:
+            client.close()
+
+
+def _host_port(uri: str) -> tuple[str, int]:
+    netloc = urlsplit(uri).netloc.rsplit("@", 1)[-1]
+    if "," in netloc:
+        raise ValueError(f"{uri}: the proxy needs a single host:port")
+    host, _, port = netloc.rpartition(":")
+    return (host or netloc).strip("[]"), int(port or 27017)
+
+
+def run(config: Config) -> dict[str, Any]:
+    """Run the harness once per dedupe mode asked for, on one server. With both modes the report has the
+    totals of both at the top and each mode's own report under ``runs``."""
+    from devtools.testserver import TestServer
+
+    modes = {"on": [True], "off": [False], "both": [True, False]}[config.dedupe]
+    uri = os.environ.get("BUCKETQ_MONGODB_URI")
+    server = None
+    restart = None
+    h2_dir = Path(tempfile.mkdtemp(prefix="bucketq-stress-h2-"))
+    try:
+        if not uri:
+            server = TestServer(h2_file=h2_dir / "stress").start()
+            uri = server.uri
+            restart = server.restart
+        reports = []
+        for dedupe in modes:
+            harness = Harness(config, dedupe=dedupe, server_uri=uri, restart=restart)
+            try:
+                reports.append(harness.run())
+            finally:
+                harness.cleanup()
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(h2_dir, ignore_errors=True)
+    report = reports[0] if len(reports) == 1 else _combine(reports)
+    report["server"] = "BUCKETQ_MONGODB_URI" if server is None else "mongo-java-server (H2 file backend)"
+    report["seed"] = config.seed
+    report["config"] = asdict(config)
+    return report
+
+
+def _combine(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {"ok": all(r["ok"] for r in reports),
+                             "failures": [f"{'dedupe' if r['dedupe'] else 'no-dedupe'}: {f}"
+                                          for r in reports for f in r["failures"]]}
+    for key in ("written", "processed", "lost", "duplicated", "duplicates_allowed", "redelivered_in_flight",
+                "unexpected"):
+        total[key] = sum(r[key] for r in reports)
+    total["left_behind"] = {k: sum(r["left_behind"][k] for r in reports) for k in reports[0]["left_behind"]}
+    total["throughput"] = {
+        phase: {"messages": sum(r["throughput"][phase]["messages"] for r in reports),
+                "seconds": round(sum(r["throughput"][phase]["seconds"] for r in reports), 2)}
+        for phase in reports[0]["throughput"]}
+    for t in total["throughput"].values():
+        t["per_s"] = round(t["messages"] / t["seconds"], 1) if t["seconds"] else 0.0
+    total["runs"] = {("dedupe" if r["dedupe"] else "no_dedupe"): r for r in reports}
+    return total
