@@ -59,7 +59,7 @@ async def test_example_job_full_cycle(spark, make_queue, mongo_uri, db_name, syn
 
     assert (result["batches"], result["buckets"], result["rows"], result["committed"]) == (2, 12, 600, 12)
     assert result["errors"] == [] and result["quarantined"] == 0
-    assert set(result["seconds"]) == {"session", "claim", "read", "process", "write", "commit", "total"}
+    assert set(result["seconds"]) == {"session", "claim", "read", "process", "write", "commit", "rollup", "total"}
     expected = defaultdict(lambda: [0, 0.0])
     for e in events:
         expected[e["account"]][0] += 1
