@@ -49,6 +49,7 @@ class TestServer:
 
     h2_file: Path | None = None
     port: int = 0
+    outlive_parent: bool = False  # the dev server outlives the command that starts it; others die with theirs
     pid: int | None = None
     _process: subprocess.Popen[bytes] | None = None
 
@@ -62,11 +63,16 @@ class TestServer:
             self.port = _free_port()
         LOGS.mkdir(parents=True, exist_ok=True)
         log = (LOGS / f"{self.port}.log").open("ab")
-        cmd = ["java", "-Xss4m", "-cp", classpath, "Launcher", str(self.port)]
+        cmd = ["java", "-Xss4m", "-cp", classpath]
+        if not self.outlive_parent:
+            cmd.append("-Dbucketq.exitOnStdinEof=true")
+        cmd += ["Launcher", str(self.port)]
         if self.h2_file is not None:
             cmd.append(str(self.h2_file))
-        # A session of its own, so that a Ctrl-C to the test run does not reach it before we stop it.
-        self._process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        # A session of its own, so that a Ctrl-C to the test run does not reach it before we stop it; its
+        # stdin is a pipe from us, so it exits by itself if we die without stopping it.
+        self._process = subprocess.Popen(cmd, stdin=subprocess.PIPE if not self.outlive_parent else subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         log.close()
         self.pid = self._process.pid
         assert self._process.stdout is not None
@@ -91,8 +97,9 @@ class TestServer:
             except subprocess.TimeoutExpired:
                 os.kill(self.pid, signal.SIGKILL)
                 self._process.wait()
-            if self._process.stdout:
-                self._process.stdout.close()
+            for pipe in (self._process.stdin, self._process.stdout):
+                if pipe:
+                    pipe.close()
         else:
             _wait_gone(self.pid)
         self.pid = None

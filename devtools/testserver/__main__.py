@@ -34,7 +34,7 @@ def main() -> None:
     state = _running()
     if args.action == "start":
         if state is None:
-            server = TestServer().start()
+            server = TestServer(outlive_parent=True).start()
             state = {"pid": server.pid, "uri": server.uri}
             STATE.write_text(json.dumps(state))
             print(f"started test server, pid {server.pid}")
