@@ -205,7 +205,9 @@ async def test_stale_consumers_flush_is_refused(make_queue, sync_db):
     doc = sync_db.events.find_one()
     assert doc["done"] == [] and doc["lease"]["token"] != message._holding.held.token
     await taken.ack()
-    assert (await fast.reserve(timeout=1)).payload == "b"
+    rest = await fast.reserve(timeout=1)
+    assert rest.payload == "b"
+    await rest.ack()
 
 
 async def test_drain_hands_back_unserved_messages_with_no_tries_added(make_queue, sync_db):

@@ -116,7 +116,9 @@ async def test_skip_mode_message_quarantine_entry_matches(make_queue, sync_db):
     sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": dt.datetime.now(dt.timezone.utc),
                                "due": dt.datetime.now(dt.timezone.utc), "n": 2, "p": ["{bad", "1"], "done": [],
                                "c": 0, "lease": None})
-    assert (await q.reserve(timeout=1)).payload == 1
+    message = await q.reserve(timeout=1)
+    assert message.payload == 1
+    await message.ack()
     await q.drain()
     (entry,) = list(sync_db["events.quarantine"].find())
     check(entry, "quarantine-fields")

@@ -218,10 +218,17 @@ class _Step:
 
 
 def _first_line(exc: BaseException) -> str:
-    """Spark errors carry the JVM stack trace; the first meaningful lines are enough for a quarantine reason."""
-    text = str(exc).strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return " | ".join(lines[:3])[:1000] if lines else repr(exc)
+    """A short reason for logs and quarantine entries: Spark errors carry a JVM stack trace, and a Python
+    UDF's error ends its traceback."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if not lines:
+        return repr(exc)
+    if any(ln.startswith("Traceback (most recent call last)") for ln in lines):
+        tail = [ln for ln in lines if not ln.startswith(("at ", "File ", "Driver stacktrace"))]
+        return tail[-1][:1000]
+    if lines[0].startswith("An error occurred while calling") and len(lines) > 1:  # Py4JJavaError
+        return lines[1].lstrip(": ")[:1000]
+    return lines[0][:1000]
 
 
 def format_progress(event: dict[str, Any]) -> str:

@@ -98,7 +98,8 @@ def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, 
                 best = seconds if best is None else min(best, seconds)
             out[name] = {"docs": docs, "rows": n_messages, "seconds": best,
                          "rows_per_s": n_messages / best if best else 0.0}
-        out["speedup"] = out["bucketq"]["rows_per_s"] / out["naive"]["rows_per_s"] if out["naive"]["rows_per_s"] else 0.0
+        naive_rate = out["naive"]["rows_per_s"]
+        out["speedup"] = out["bucketq"]["rows_per_s"] / naive_rate if naive_rate else 0.0
         return out
     finally:
         if cleanup:

@@ -46,7 +46,8 @@ def parse(argv: list[str]) -> Config:
         kind = dedupe_mode if name == "dedupe" else int
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"(env {env})")
     parser.add_argument("--batch", type=int, help="messages a consumer handles per batch")
-    parser.add_argument("--writer-rate", type=float, help="pushes/s per writer (default: unlimited)")
+    parser.add_argument("--write-seconds", type=float, help="spread each writer's pushes over this many seconds "
+                        "(0: as fast as possible)")
     parser.add_argument("--timeout", type=float, help="seconds before the run is abandoned")
     parser.add_argument("--keep", action="store_true", help="keep the logs and the database for a post-mortem")
     args = parser.parse_args(argv)
@@ -62,8 +63,8 @@ def parse(argv: list[str]) -> Config:
                 parser.error(f"{env}={os.environ[env]!r}: {exc}")
     if args.batch is not None:
         values["batch"] = args.batch
-    if args.writer_rate is not None:
-        values["writer_rate"] = args.writer_rate
+    if args.write_seconds is not None:
+        values["write_seconds"] = args.write_seconds
     if args.timeout is not None:
         values["timeout_s"] = args.timeout
     values["keep"] = args.keep

@@ -2,13 +2,15 @@
 ``python -m tests.stress.consumer URI DB QUEUE --log PATH [--dedupe] [--kill-point P --kill-after N] [--drain]``.
 
 It handles messages in batches of up to ``--batch`` (the first ``reserve`` waits, the rest take what is
-at hand). The handler's side effect is one ``processed`` record per message, inserted with client-made ids
-(so a retry after a cut connection stores it once); then the batch is acked. The log tells the harness
-which side effects were *committed*, that is, followed by an ``ack()`` that returned:
+at hand). The handler's side effect is one document in the collection ``processed`` per batch,
+``{_id, pid, at, m: [{w, g, s, mid, tries, problem}, ...]}``, inserted with a client-made id (so a retry
+after a cut connection stores it once); then the batch is acked. Entry ``i`` of batch document ``B`` is
+the record ``B:i``. The log tells the harness which side effects were *committed*, that is, followed by an
+``ack()`` that returned:
 
-    ack R...      the records R (hex ids) were handled and their ``ack()`` returned
+    ack R...      the records R were handled and their ``ack()`` returned
     lost R...     ``ack()`` raised LeaseLost: another consumer will deliver the message again
-    err R... E    ``ack()`` raised something else (then the message was nacked)
+    err R E       ``ack()`` raised something else (then the message was nacked)
 
 ``--kill-point`` makes the process SIGKILL itself during its ``--kill-after``-th batch:
 
@@ -98,10 +100,10 @@ async def main() -> int:
             await asyncio.sleep(0.2)
             return None
 
-    async def ack(messages: list[bucketq.Message], ids: list[ObjectId]) -> None:
+    async def ack(messages: list[bucketq.Message], ids: list[str]) -> None:
         results = await asyncio.gather(*(m.ack() for m in messages), return_exceptions=True)
-        acked = [str(i) for i, r in zip(ids, results) if r is None]
-        lost = [str(i) for i, r in zip(ids, results) if isinstance(r, bucketq.LeaseLost)]
+        acked = [i for i, r in zip(ids, results) if r is None]
+        lost = [i for i, r in zip(ids, results) if isinstance(r, bucketq.LeaseLost)]
         failed = [(m, i, r) for m, i, r in zip(messages, ids, results)
                   if r is not None and not isinstance(r, bucketq.LeaseLost)]
         if acked:
@@ -138,15 +140,15 @@ async def main() -> int:
             dying = args.kill_point if batches == args.kill_after else None
             if dying == "after_claim":
                 die()
-            records = []
+            entries = []
             for m in batch:
                 problem = check_payload(m.payload, m.key, args.payload_bytes)
                 p = m.payload if isinstance(m.payload, dict) else {}
-                records.append({"_id": ObjectId(), "w": p.get("w"), "g": p.get("g"), "s": p.get("s"),
-                                "mid": m.id, "tries": m.tries, "pid": pid, "at": time.time(),
+                entries.append({"w": p.get("w"), "g": p.get("g"), "s": p.get("s"), "mid": m.id, "tries": m.tries,
                                 "problem": problem})
-            await insert_records(processed, records)
-            ids = [r["_id"] for r in records]
+            record = {"_id": ObjectId(), "pid": pid, "at": time.time(), "m": entries}
+            await insert_records(processed, [record])
+            ids = [f"{record['_id']}:{i}" for i in range(len(batch))]
             if dying == "before_ack":
                 die()
             if dying == "mid_batch":

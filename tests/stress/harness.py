@@ -55,7 +55,7 @@ PROGRESS_EVERY_S = 2.0
 @dataclass
 class Config:
     writers: int = 4
-    messages_per_writer: int = 2500
+    messages_per_writer: int = 1500
     consumers: int = 4
     crashers: int = 2
     payload_bytes: int = 200
@@ -67,7 +67,9 @@ class Config:
     batch: int = 25
     bucket_max_size: int = 100
     bucket_max_wait: float = 0.05
-    writer_rate: float = 0.0  # pushes per second per writer, 0 = as fast as possible
+    # Writers are paced to spread their pushes over this many seconds, so that faults hit a queue that is
+    # being written and consumed at once (0: push as fast as possible).
+    write_seconds: float = 40.0
     timeout_s: float = 600.0
     keep: bool = False
 
@@ -121,8 +123,7 @@ class Harness:
         self.writer_gen = [0] * config.writers
         self.writer_done = [False] * config.writers
         self.acked_before_gen = [0] * config.writers  # acks of the writer's earlier generations
-        self._log_offsets: dict[Path, int] = {}
-        self._acked_now: dict[Path, int] = {}
+        self.counter = LogCounter()
         self.started = time.monotonic()
         self.drain_pid: int | None = None
         self.phase = "setup"
@@ -151,8 +152,8 @@ class Harness:
         args = ["--writer", str(w), "--gen", str(g), "--target", str(target),
                 "--payload-bytes", str(self.c.payload_bytes), "--bucket-max-size", str(self.c.bucket_max_size),
                 "--bucket-max-wait", str(self.c.bucket_max_wait), "--window", str(4 * self.c.bucket_max_size)]
-        if self.c.writer_rate:
-            args += ["--rate", str(self.c.writer_rate)]
+        if self.c.write_seconds:
+            args += ["--rate", f"{self.c.messages_per_writer / self.c.write_seconds:.3f}"]
         if die_after:
             args += ["--die-after-acks", str(die_after)]
         return self._spawn("writer", "tests.stress.writer", args, self.work / f"writer{w}.gen{g}.log",
@@ -207,32 +208,16 @@ class Harness:
 
     def acked(self, w: int) -> int:
         """Acknowledged pushes of writer ``w`` so far (its logs, read incrementally)."""
-        total = self.acked_before_gen[w]
-        for p in self.procs:
-            if p.role == "writer" and p.writer == w:
-                total += self._count_acks(p.log)
-        return total
-
-    def _count_acks(self, path: Path) -> int:
-        try:
-            with path.open("rb") as f:
-                f.seek(self._log_offsets.get(path, 0))
-                data = f.read()
-        except FileNotFoundError:
-            return 0
-        complete = data[:data.rfind(b"\n") + 1]
-        self._log_offsets[path] = self._log_offsets.get(path, 0) + len(complete)
-        self._acked_now[path] = self._acked_now.get(path, 0) + complete.count(b"ok ")
-        return self._acked_now[path]
+        return self.acked_before_gen[w] + sum(self.counter.count(p.log, b"ok ") for p in self.procs
+                                              if p.role == "writer" and p.writer == w)
 
     def written(self) -> int:
         return sum(self.acked(w) for w in range(self.c.writers))
 
-    def processed_count(self) -> int | None:
-        try:
-            return self.client[self.db_name]["processed"].estimated_document_count()
-        except PyMongoError:
-            return None
+    def processed(self) -> int:
+        """Messages handled and acked so far, by every consumer there was (their logs)."""
+        return sum(self.counter.count(path, b" ", prefix=b"ack ") for path in self.work.glob("*.log")
+                   if not path.name.startswith("writer"))
 
     def progress(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -241,7 +226,7 @@ class Harness:
         self._last_progress = now
         kills = sum(self.faults.consumer_kills.values())
         print(f"stress[{self.mode}] {now - self.started:6.1f}s {self.phase:<14} written {self.written()}/"
-              f"{self.c.total} processed {self.processed_count()} | consumer kills {kills} writer kills "
+              f"{self.c.total} processed {self.processed()} | consumer kills {kills} writer kills "
               f"{self.faults.writer_kills} restarts {self.faults.server_restarts} cuts {self.faults.proxy_cuts} | "
               f"procs {len(self.procs)}", file=sys.stderr, flush=True)
 
@@ -343,7 +328,7 @@ class Harness:
             self.faults.proxy_cuts += 1
         for _ in restarts:
             self._restart()
-        processed_after_write = self.processed_count() or 0
+        processed_after_write = self.processed()
 
         self.phase = "crash recovery"
         self.progress(force=True)
@@ -371,7 +356,7 @@ class Harness:
             self.progress()
             time.sleep(0.2)
         recovery_s = time.monotonic() - t_recovery
-        processed_after_recovery = self.processed_count() or 0
+        processed_after_recovery = self.processed()
 
         self.phase = "drain"
         self.progress(force=True)
@@ -416,8 +401,7 @@ class Harness:
             raise TimeoutError(f"the stress run did not finish within {self.c.timeout_s:g} s (phase {self.phase})")
 
     def _final_acks(self, p: Proc) -> int:
-        self._count_acks(p.log)
-        return self._acked_now.get(p.log, 0)
+        return self.counter.count(p.log, b"ok ")
 
     def _stderr_tail(self, p: Proc, lines: int = 5) -> str:
         try:
@@ -435,8 +419,8 @@ class Harness:
                                         f.read_text()) for f in sorted(self.work.glob("writer*.gen*.log"))]
         consumer_logs = parse_consumer_logs(f.read_text() for f in self.work.glob("*.log")
                                             if not f.name.startswith("writer"))
-        records = list(db["processed"].find({}, {"w": 1, "g": 1, "s": 1, "mid": 1, "pid": 1, "at": 1,
-                                                 "problem": 1}))
+        records = [{**entry, "_id": f"{doc['_id']}:{i}", "pid": doc["pid"], "at": doc["at"]}
+                   for doc in db["processed"].find() for i, entry in enumerate(doc["m"])]
         result = account(writer_logs, records, consumer_logs, killed_pids=self.killed_pids, dedupe=self.dedupe,
                          max_in_flight_per_kill=self.c.batch)
         buckets = list(db[self.queue].find({}, {"n": 1, "done": 1}))
@@ -511,6 +495,32 @@ class Harness:
             pass
         finally:
             client.close()
+
+
+class LogCounter:
+    """Counts, in growing log files, the lines that start with a token (or the words after a prefix),
+    reading only what was appended since the last call."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[tuple[Path, bytes, bytes], int] = {}
+        self._counts: dict[tuple[Path, bytes, bytes], int] = {}
+
+    def count(self, path: Path, token: bytes, *, prefix: bytes = b"") -> int:
+        key = (path, token, prefix)
+        try:
+            with path.open("rb") as f:
+                f.seek(self._offsets.get(key, 0))
+                data = f.read()
+        except FileNotFoundError:
+            return 0
+        complete = data[:data.rfind(b"\n") + 1]
+        self._offsets[key] = self._offsets.get(key, 0) + len(complete)
+        if prefix:
+            found = sum(line.count(token) for line in complete.split(b"\n") if line.startswith(prefix))
+        else:
+            found = sum(1 for line in complete.split(b"\n") if line.startswith(token))
+        self._counts[key] = self._counts.get(key, 0) + found
+        return self._counts[key]
 
 
 def _host_port(uri: str) -> tuple[str, int]:
