@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pymongo.errors import PyMongoError
+
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
 from bucketq.core import claims
@@ -24,7 +26,7 @@ from bucketq.core.held import FlushPlan, HeldBucket, SlotState, dead_letter_reas
 from bucketq.errors import LeaseLost, MalformedBucket, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions
-from bucketq.store import Store
+from bucketq.store import Store, is_transient
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
@@ -107,9 +109,17 @@ class Consumer:
                 return None
             async with self._claim_lock:
                 message = self._next_message()
-                if message is not None:
+                if message is not None or self._draining:
                     return message
-                claimed = await self._claim()
+                try:
+                    claimed = await self._claim()
+                except PyMongoError as exc:
+                    if not is_transient(exc):
+                        raise
+                    # A claim whose reply was lost leaves its bucket claimed by nobody: it comes back when
+                    # the lease expires, with one more try.
+                    log.warning("claim failed, will retry: %s", exc)
+                    claimed = False
             if claimed:
                 self._wakeup.hit()
                 continue
@@ -331,6 +341,8 @@ class Consumer:
         so that their unserved messages are claimable at once by others, with no tries added."""
         self._draining = True
         self._wakeup.notify()
+        async with self._claim_lock:  # a claim already under way lands in self._holdings, to be released
+            pass
         deadline = time.monotonic() + self._options.drain_timeout
         while any(h.held.outstanding for h in self._holdings if not h.held.lost) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

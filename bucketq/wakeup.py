@@ -31,6 +31,7 @@ class Wakeup:
         self._poll_cap = poll_interval
         self._next_poll = POLL_FIRST_S
         self.streaming = False
+        self._ever_streamed = False
         self._task: asyncio.Task[None] | None = None
 
     def notify(self) -> None:
@@ -51,7 +52,8 @@ class Wakeup:
         self._event.clear()
 
     def start_stream(self, collection: Any, clock: ServerClock, required: bool) -> None:
-        if self._task is None:
+        """Start watching, or start again after a stream that worked was lost (a server restart)."""
+        if self._task is None or (self._task.done() and self._ever_streamed):
             self._task = asyncio.get_running_loop().create_task(self._watch(collection, clock, required),
                                                                 name="bucketq-watch")
 
@@ -73,7 +75,7 @@ class Wakeup:
                 while True:
                     asked = time.monotonic()
                     event = await stream.try_next()
-                    self.streaming = True
+                    self.streaming = self._ever_streamed = True
                     if event is not None:
                         self.notify()
                     elif time.monotonic() - asked < STREAM_QUICK_EMPTY_S:

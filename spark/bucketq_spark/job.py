@@ -89,15 +89,13 @@ class BatchJob:
         df = read_messages(self.spark, self.uri, self.database, self.queue_name, self.payload_schema,
                            token=batch.token, expected_docs=len(batch), read=self.read_options,
                            json_options=self.json_options)
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
-        return df, df.count()
+        return _counted(df.persist(StorageLevel.MEMORY_AND_DISK))
 
     def process(self, messages: DataFrame) -> tuple[DataFrame, int]:
         """The user's result, computed (so its failures surface here) and cached, and its row count."""
         from pyspark import StorageLevel
 
-        out = self.process_fn(messages).persist(StorageLevel.MEMORY_AND_DISK)
-        return out, out.count()
+        return _counted(self.process_fn(messages).persist(StorageLevel.MEMORY_AND_DISK))
 
     def write(self, batch: Batch, out: DataFrame) -> None:
         self.queue.extend(batch)
@@ -215,6 +213,14 @@ class _Step:
                 tasks = None
             if not self._stop.is_set():
                 self.job._emit(self.step, "running", time.perf_counter() - self._start, tasks=tasks, **self.info)
+
+
+def _counted(df: DataFrame) -> tuple[DataFrame, int]:
+    try:
+        return df, df.count()
+    except BaseException:
+        df.unpersist()
+        raise
 
 
 def _first_line(exc: BaseException) -> str:

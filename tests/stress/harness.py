@@ -8,22 +8,23 @@ says so). Every writer and consumer process connects through one ``TcpProxy`` on
 hits all of them; the harness itself watches the server directly.
 
 Phases.
-1. write: writer processes push ``MESSAGES_PER_WRITER`` acknowledged messages each while ``CONSUMERS``
-   steady consumers and ``CRASHERS`` crashing consumers consume. Faults, placed by written progress with
-   the seeded RNG: crashers SIGKILL themselves at a random kill point (after claim, before ack, mid batch,
-   after ack but before the state flush) or are SIGKILLed by the harness at a random moment, and are
-   replaced; writers SIGKILL themselves mid-bucket and are replaced by their next generation; the
-   server is stopped and restarted; the proxy cuts every connection.
-2. crash recovery: no more faults; remaining crashers are SIGKILLed; the steady consumers go on until no
-   bucket is leased by a killed consumer any more (their leases expired and someone else took over).
-3. drain: the steady consumers are stopped with SIGTERM (they flush and release what they hold); one
-   fresh drain consumer empties the queue and exits once the bucket collection is empty.
+1. write: writer processes push ``MESSAGES_PER_WRITER`` acknowledged messages each (paced over
+   ``write_seconds``) while ``CONSUMERS`` steady consumers and ``CRASHERS`` crashing consumers consume.
+   Faults, placed by written progress with the seeded RNG: crashers SIGKILL themselves at a random kill
+   point (after claim, before ack, mid batch, after ack but before the state flush) or are SIGKILLed by
+   the harness at a random moment, and are replaced; writers SIGKILL themselves mid-bucket and are
+   replaced by their next generation; the server is stopped and restarted; the proxy cuts every connection.
+2. drain: no more faults; the crashers still alive are SIGKILLed; the steady consumers empty the queue
+   (backlog, and the buckets of killed consumers once their leases expire); then they are stopped with
+   SIGTERM (they flush and release what they hold) and one fresh drain consumer checks that nothing is
+   left, taking whatever is.
+Crash recovery is measured per consumer kill, in both phases: from the SIGKILL until no bucket is leased
+by the dead consumer any more (every bucket it held was taken over by another one, or finished).
 Then the logs and the ``processed`` collection are compared (``tests.stress.accounting``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -104,6 +105,56 @@ class Faults:
     proxy_cuts: int = 0
 
 
+@dataclass
+class _Victim:
+    killed_at: float
+    messages: int | None = None  # unfinished messages in the buckets it held, when first seen after the kill
+    buckets: int = 0
+
+
+class RecoveryTracker:
+    """How long the buckets of each killed consumer stay out of reach: from the kill until no bucket is
+    leased by it any more (its lease expired and another consumer claimed the bucket)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, _Victim] = {}
+        self.done: list[tuple[int, int, float]] = []  # (messages, buckets, seconds) per kill that held some
+
+    def killed(self, owner: str, at: float) -> None:
+        self.pending[owner] = _Victim(at)
+
+    def poll(self, buckets: Any, now: float) -> None:
+        if not self.pending:
+            return
+        try:
+            rows = list(buckets.aggregate([
+                {"$match": {"lease.owner": {"$in": list(self.pending)}}},
+                {"$group": {"_id": "$lease.owner", "b": {"$sum": 1},
+                            "m": {"$sum": {"$subtract": ["$n", {"$size": {"$ifNull": ["$done", []]}}]}}}},
+            ]))
+        except PyMongoError:
+            return  # the server is restarting: look again later
+        found = {r["_id"]: r for r in rows}
+        for owner, victim in list(self.pending.items()):
+            if owner in found:
+                if victim.messages is None:
+                    victim.messages, victim.buckets = int(found[owner]["m"]), int(found[owner]["b"])
+                continue
+            del self.pending[owner]
+            if victim.messages:
+                self.done.append((victim.messages, victim.buckets, now - victim.killed_at))
+
+    def summary(self, kills: int) -> dict[str, Any]:
+        seconds = [d for _, _, d in self.done]
+        messages = sum(m for m, _, _ in self.done)
+        return {"kills": kills, "kills_holding_buckets": len(self.done), "messages": messages,
+                "buckets": sum(b for _, b, _ in self.done), "seconds": round(sum(seconds), 2),
+                "mean_s": round(sum(seconds) / len(seconds), 2) if seconds else 0.0,
+                "max_s": round(max(seconds), 2) if seconds else 0.0,
+                "per_s": round(messages / sum(seconds), 1) if seconds else 0.0,
+                "not_recovered": len(self.pending)}
+
+
 class Harness:
     def __init__(self, config: Config, *, dedupe: bool, server_uri: str, restart: Any) -> None:
         self.c = config
@@ -119,6 +170,8 @@ class Harness:
         self.finished: list[Proc] = []
         self.killed_pids: set[int] = set()
         self.faults = Faults()
+        self.recovery = RecoveryTracker()
+        self._last_poll = 0.0
         self.errors: list[str] = []
         self.writer_gen = [0] * config.writers
         self.writer_done = [False] * config.writers
@@ -188,6 +241,8 @@ class Harness:
         if proc.popen.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.popen.wait()
+            if proc.role == "crasher":
+                proc.kill_point = "external"
 
     def reap(self) -> list[Proc]:
         """Processes that exited since the last call."""
@@ -197,6 +252,9 @@ class Harness:
             self.finished.append(p)
             if p.popen.returncode == -signal.SIGKILL:
                 self.killed_pids.add(p.pid)
+                if p.role == "crasher":
+                    self.faults.consumer_kills[p.kill_point] += 1
+                    self.recovery.killed(f"{self.host}:{p.pid}", time.monotonic())
         return gone
 
     def stop_all(self) -> None:
@@ -240,8 +298,15 @@ class Harness:
                 self.errors.append(f"harness: {type(exc).__name__}: {exc}")
                 self.stop_all()
                 elapsed = time.monotonic() - self.started
-                return self._report(write_s=elapsed, recovery_s=0.0, drain_s=0.0, total_s=elapsed,
-                                    processed_after_write=0, processed_after_recovery=0)
+                try:
+                    return self._report(write_s=elapsed, drain_s=0.0, drained=0)
+                except Exception as second:
+                    self.errors.append(f"harness: no account: {type(second).__name__}: {second}")
+                    return {"ok": False, "failures": list(self.errors), "dedupe": self.dedupe,
+                            **{k: None for k in ("written", "processed", "lost", "duplicated",
+                                                 "duplicates_allowed", "redelivered_in_flight", "unexpected",
+                                                 "left_behind")},
+                            "throughput": {}, "errors": self.errors}
         finally:
             self.stop_all()
             self.proxy.stop()
@@ -286,28 +351,24 @@ class Harness:
             for p in self.reap():
                 rc = p.popen.returncode
                 if p.role == "writer":
-                    acks = self._final_acks(p)
+                    self.acked_before_gen[p.writer] += self.counter.count(p.log, b"ok ")
                     if rc == 0:
                         self.writer_done[p.writer] = True
-                        self.acked_before_gen[p.writer] += acks
                         continue
                     if rc == -signal.SIGKILL:
                         self.faults.writer_kills += 1
                     else:
                         self.errors.append(f"writer {p.writer}.{p.gen} exited {rc}: {self._stderr_tail(p)}")
-                    self.acked_before_gen[p.writer] += acks
                     self.writer_gen[p.writer] += 1
                     if self.writer_gen[p.writer] > 20:
                         raise RuntimeError(f"writer {p.writer} keeps failing: {self._stderr_tail(p)}")
                     self.spawn_writer(p.writer, die_after(p.writer))
                 elif p.role == "crasher":
-                    if rc == -signal.SIGKILL:
-                        self.faults.consumer_kills[p.kill_point] += 1
-                    else:
+                    if rc != -signal.SIGKILL:
                         self.errors.append(f"crasher {p.pid} ({p.kill_point}) exited {rc}: {self._stderr_tail(p)}")
                     respawn_at.append(now + self.rng.uniform(0.2, 1.0))
-                elif p.role == "consumer":
-                    self.errors.append(f"consumer {p.pid} exited {rc} mid-run: {self._stderr_tail(p)}")
+                else:
+                    self.errors.append(f"{p.role} {p.pid} exited {rc} mid-run: {self._stderr_tail(p)}")
                     self.spawn_consumer(len(self.procs))
             for at in [a for a in respawn_at if a <= now]:
                 respawn_at.remove(at)
@@ -315,52 +376,36 @@ class Harness:
             share = self.written() / c.total
             while cuts and share >= cuts[0]:
                 cuts.pop(0)
-                self.proxy.cut()
-                self.faults.proxy_cuts += 1
+                self._cut()
             if restarts and share >= restarts[0]:
                 restarts.pop(0)
                 self._restart()
-            self.progress()
-            time.sleep(TICK_S)
-        write_s = time.monotonic() - t_write
-        for _ in cuts:  # writers outran a fault's place: still inject it, before the recovery phase
-            self.proxy.cut()
-            self.faults.proxy_cuts += 1
+            self._tick()
+        for _ in cuts:  # the writers outran a fault's place: still inject it, before the drain
+            self._cut()
         for _ in restarts:
             self._restart()
-        processed_after_write = self.processed()
-
-        self.phase = "crash recovery"
-        self.progress(force=True)
-        t_recovery = time.monotonic()
-        for p in [p for p in self.procs if p.role == "crasher"]:
-            self.kill(p)
-            self.faults.consumer_kills["external"] += 1
-        for p in self.reap():
-            if p.role != "crasher":
-                self.errors.append(f"{p.role} {p.pid} exited {p.popen.returncode}: {self._stderr_tail(p)}")
-        owners = [f"{self.host}:{pid}" for pid in self.killed_pids]
-        buckets = self.client[self.db_name][self.queue]
-        recovery_deadline = time.monotonic() + LEASE_S * 5 + 60
-        while True:
-            self._check_deadline(deadline)
-            try:
-                held = buckets.count_documents({"lease.owner": {"$in": owners}})
-            except PyMongoError:
-                held = -1
-            if held == 0:
-                break
-            if time.monotonic() > recovery_deadline:
-                self.errors.append(f"{held} buckets still leased by killed consumers after the recovery phase")
-                break
-            self.progress()
-            time.sleep(0.2)
-        recovery_s = time.monotonic() - t_recovery
-        processed_after_recovery = self.processed()
+        write_s = time.monotonic() - t_write
 
         self.phase = "drain"
         self.progress(force=True)
         t_drain = time.monotonic()
+        processed_before_drain = self.processed()
+        for p in [p for p in self.procs if p.role == "crasher"]:
+            self.kill(p)
+        self.reap()
+        buckets = self.client[self.db_name][self.queue]
+        while True:
+            self._check_deadline(deadline)
+            try:
+                left = buckets.estimated_document_count()
+            except PyMongoError:
+                left = -1
+            if left == 0 or not any(p.role == "consumer" for p in self.procs):
+                break
+            for p in self.reap():
+                self.errors.append(f"{p.role} {p.pid} exited {p.popen.returncode} mid-drain: {self._stderr_tail(p)}")
+            self._tick()
         for p in self.procs:
             p.popen.send_signal(signal.SIGTERM)
         for p in list(self.procs):
@@ -377,18 +422,27 @@ class Harness:
         self.drain_pid = drain.pid
         while drain.popen.poll() is None:
             self._check_deadline(deadline)
-            self.progress()
-            time.sleep(TICK_S)
+            self._tick()
         self.reap()
         if drain.popen.returncode != 0:
             self.errors.append(f"drain consumer exited {drain.popen.returncode}: {self._stderr_tail(drain)}")
         drain_s = time.monotonic() - t_drain
-        total_s = time.monotonic() - t_write
+        self.recovery.poll(buckets, time.monotonic())
         self.phase = "account"
         self.progress(force=True)
-        return self._report(write_s=write_s, recovery_s=recovery_s, drain_s=drain_s, total_s=total_s,
-                            processed_after_write=processed_after_write,
-                            processed_after_recovery=processed_after_recovery)
+        return self._report(write_s=write_s, drain_s=drain_s, drained=self.processed() - processed_before_drain)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_poll >= 0.3:
+            self._last_poll = now
+            self.recovery.poll(self.client[self.db_name][self.queue], now)
+        self.progress()
+        time.sleep(TICK_S)
+
+    def _cut(self) -> None:
+        self.proxy.cut()
+        self.faults.proxy_cuts += 1
 
     def _restart(self) -> None:
         started = time.monotonic()
@@ -400,9 +454,6 @@ class Harness:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the stress run did not finish within {self.c.timeout_s:g} s (phase {self.phase})")
 
-    def _final_acks(self, p: Proc) -> int:
-        return self.counter.count(p.log, b"ok ")
-
     def _stderr_tail(self, p: Proc, lines: int = 5) -> str:
         try:
             text = (self.work / f"{p.log.stem}.stderr").read_text(errors="replace")
@@ -412,8 +463,7 @@ class Harness:
 
     # -- the account -------------------------------------------------------------------------------------
 
-    def _report(self, *, write_s: float, recovery_s: float, drain_s: float, total_s: float,
-                processed_after_write: int, processed_after_recovery: int) -> dict[str, Any]:
+    def _report(self, *, write_s: float, drain_s: float, drained: int) -> dict[str, Any]:
         db = self.client[self.db_name]
         writer_logs = [parse_writer_log(int(f.name[6:].split(".")[0]), int(f.name.split(".gen")[1].split(".")[0]),
                                         f.read_text()) for f in sorted(self.work.glob("writer*.gen*.log"))]
@@ -428,7 +478,6 @@ class Harness:
                 "messages": sum(d.get("n", 0) - len(d.get("done", [])) for d in buckets),
                 "dead_letters": db[f"{self.queue}.dead"].count_documents({}),
                 "quarantined": db[f"{self.queue}.quarantine"].count_documents({})}
-        drained = sum(1 for r in records if r["pid"] == self.drain_pid)
         counts = result.pop("_counts")
         failures = []
         if result["lost"]:
@@ -469,9 +518,9 @@ class Harness:
                        "proxy_cuts": self.faults.proxy_cuts},
             "throughput": {
                 "write": rate(result["written"], write_s),
-                "crash_recovery": rate(processed_after_recovery - processed_after_write, recovery_s),
+                "crash_recovery": self.recovery.summary(sum(self.faults.consumer_kills.values())),
                 "drain": rate(drained, drain_s),
-                "total": rate(result["processed"], total_s),
+                "total": rate(result["processed"], write_s + drain_s),
             },
             "records": len(records),
             "problems": {k: v for k, v in result["problems"].items() if v},
@@ -480,7 +529,8 @@ class Harness:
 
     def cleanup(self) -> None:
         if self.c.keep:
-            print(f"stress[{self.mode}]: kept {self.work} and database {self.db_name}", file=sys.stderr)
+            print(f"stress[{self.mode}]: kept the logs in {self.work}, and the database {self.db_name} "
+                  "(gone with the test server, unless BUCKETQ_MONGODB_URI is set)", file=sys.stderr)
             return
         try:
             self.client_drop()
@@ -570,13 +620,15 @@ def _combine(reports: list[dict[str, Any]]) -> dict[str, Any]:
                                           for r in reports for f in r["failures"]]}
     for key in ("written", "processed", "lost", "duplicated", "duplicates_allowed", "redelivered_in_flight",
                 "unexpected"):
-        total[key] = sum(r[key] for r in reports)
-    total["left_behind"] = {k: sum(r["left_behind"][k] for r in reports) for k in reports[0]["left_behind"]}
-    total["throughput"] = {
-        phase: {"messages": sum(r["throughput"][phase]["messages"] for r in reports),
-                "seconds": round(sum(r["throughput"][phase]["seconds"] for r in reports), 2)}
-        for phase in reports[0]["throughput"]}
-    for t in total["throughput"].values():
-        t["per_s"] = round(t["messages"] / t["seconds"], 1) if t["seconds"] else 0.0
+        total[key] = sum(r[key] or 0 for r in reports)
+    total["left_behind"] = {k: sum((r["left_behind"] or {}).get(k, 0) for r in reports)
+                            for k in ("buckets", "messages", "dead_letters", "quarantined")}
+    total["throughput"] = {}
+    for phase in ("write", "crash_recovery", "drain", "total"):
+        rows = [r["throughput"][phase] for r in reports if phase in r["throughput"]]
+        messages = sum(t["messages"] for t in rows)
+        seconds = round(sum(t["seconds"] for t in rows), 2)
+        total["throughput"][phase] = {"messages": messages, "seconds": seconds,
+                                      "per_s": round(messages / seconds, 1) if seconds else 0.0}
     total["runs"] = {("dedupe" if r["dedupe"] else "no_dedupe"): r for r in reports}
     return total
