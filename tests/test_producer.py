@@ -257,3 +257,20 @@ async def test_motor_database_works_through_the_adapter(mongo_uri, db_name, sync
     await asyncio.sleep(0.1)
     assert sync_db.events.count_documents({}) == 0
     client.close()
+
+
+@pytest.mark.needs("replica_set")
+async def test_majority_write_concern_on_a_replica_set(make_queue, sync_db):
+    q = make_queue(write_concern="majority", bucket_max_wait=0.01)
+    assert q._store.buckets.write_concern.document == {"w": "majority"}
+    await q.push_many(range(10))
+    assert sync_db.events.find_one()["n"] == 10
+
+
+def test_feature_probe_does_not_credit_the_test_server_with_what_it_ignores(mongo_uri, features):
+    from pymongo import MongoClient
+
+    with MongoClient(mongo_uri) as client:
+        real_mongod = "gitVersion" in client.admin.command("buildInfo")
+    if not real_mongod:
+        assert not {"ttl", "partial_indexes", "transactions"} & features
