@@ -130,7 +130,7 @@ def chart(rows: list[dict], server: str, real_mongod: bool, path: Path) -> None:
     count = len(panels) + bool(codec)
     if not count:
         return
-    fig, axes = plt.subplots(1, count, figsize=(5.2 * count, 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, count, figsize=(max(9.0, 5.2 * count), 4.8), squeeze=False)
     for ax, scenario in zip(axes[0], panels):
         mine = [r for r in rows if r["scenario"] == scenario and r.get("write_concern", "1") == "1"]
         cells = sorted({(r["payload_bytes"], r["processes"]) for r in mine})

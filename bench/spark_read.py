@@ -1,10 +1,6 @@
-"""Spark read path: rows/s through the connector from bucket documents vs one document per message.
-
-A hook: bucketq's Spark side is being built separately. ``rows()`` returns skipped rows with the reason
-until both ``pyspark`` and ``bucketq_spark`` (spark/ in this repo) import and ``measure`` below is filled
-in. To wire it: fill a queue (bucketq layout) and a one-document-per-message collection (naive layout) with the
-bench's payloads, read each through the connector into a DataFrame, count the rows, and return
-``rows / seconds`` per layout; the rows then flow into the table, the JSON and the goals like any other.
+"""Spark read path: rows/s through the MongoDB Spark Connector from bucket documents vs one document per
+message, both filled with the same messages (``bucketq_spark.readbench.time_read_paths``).
+Skipped, with the reason, when ``pyspark`` or ``bucketq_spark`` does not import.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ from bench.plan import Job, Settings, skip_row
 from bench.server import Server
 
 LAYOUTS = {"bucketq": "bucket documents", "naive": "one document per message"}
+SPARK_MESSAGES = 50_000
 
 
 def _importable(name: str) -> bool:
@@ -24,23 +21,31 @@ def _importable(name: str) -> bool:
         return False
 
 
-def measure(layout: str, cfg: Settings, server: Server) -> float:
-    """Rows per second read through the Spark connector from ``layout``. Not wired yet."""
-    raise NotImplementedError("bench/spark_read.py: measure() is not wired to bucketq_spark yet")
+def measure(cfg: Settings, server: Server) -> dict:
+    """Both layouts' rows/s from one Spark session: ``{"bucketq": {...}, "naive": {...}, "speedup"}``."""
+    from bucketq_spark.readbench import time_read_paths
+    from bucketq_spark.session import build_session
+
+    spark = build_session()
+    try:
+        return time_read_paths(spark, server.uri, "bucketq_bench_spark", min(cfg.messages, SPARK_MESSAGES),
+                               payload_bytes=cfg.payloads[0])
+    finally:
+        spark.stop()
 
 
 def rows(cfg: Settings, server: Server) -> list[dict]:
     missing = [name for name in ("pyspark", "bucketq_spark") if not _importable(name)]
+    figures = None if missing else measure(cfg, server)
     out = []
     for contender in LAYOUTS:
-        job = Job(contender, "spark_read", cfg.payloads[0], 1, cfg.messages)
-        if missing:
+        job = Job(contender, "spark_read", cfg.payloads[0], 1, min(cfg.messages, SPARK_MESSAGES))
+        if figures is None:
             out.append(skip_row(job, f"skipped: {' and '.join(missing)} not importable"))
             continue
-        try:
-            row = skip_row(job, f"rows/s reading {LAYOUTS[contender]} through the Spark connector")
-            row["msgs_per_s"] = measure(contender, cfg, server)
-        except NotImplementedError as exc:
-            row = skip_row(job, f"skipped: {exc}")
+        row = skip_row(job, f"rows/s reading {LAYOUTS[contender]} through the Spark connector")
+        row["msgs_per_s"] = figures[contender]["rows_per_s"]
+        row["seconds"] = figures[contender]["seconds"]
+        row["documents"] = figures[contender]["docs"]
         out.append(row)
     return out

@@ -17,6 +17,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from pymongo import monitoring
 
@@ -191,5 +192,7 @@ def main(roles: dict[str, Callable[[Ctx], None]]) -> None:
         ctx.emit({"result": ctx.result()})
     except BaseException as exc:  # report, whatever it was, so the orchestrator never waits blind
         traceback.print_exc()
-        ctx.emit({"result": {"error": f"{type(exc).__name__}: {exc}"}})
+        frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f" (at {Path(frame.filename).name}:{frame.lineno})" if frame else ""
+        ctx.emit({"result": {"error": f"{type(exc).__name__}: {exc}{where}"}})
         sys.exit(1)

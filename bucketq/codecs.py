@@ -30,8 +30,10 @@ class JsonCodec:
     text = True
 
     def dump(self, payload: Any) -> str:
-        _reject_non_finite(payload)
-        return orjson.dumps(payload).decode()
+        encoded = orjson.dumps(payload)
+        if b"null" in encoded:  # NaN and ±inf become null: only then is the payload walked to check
+            _reject_non_finite(payload)
+        return encoded.decode()
 
     def load(self, stored: str | bytes) -> Any:
         return orjson.loads(stored)
@@ -57,7 +59,7 @@ class MsgpackCodec:
 
 def _reject_non_finite(value: Any) -> None:
     """orjson encodes NaN and Infinity as null; refuse them instead of storing something else.
-    On the hot path of every push: type identity and ``x - x`` (NaN for NaN and ±inf) keep it cheap."""
+    Type identity and ``x - x`` (NaN for NaN and ±inf) keep the walk cheap."""
     kind = type(value)
     if kind is float:
         if value - value != 0.0:

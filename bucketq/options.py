@@ -39,7 +39,7 @@ class QueueOptions:
     """
 
     bucket_max_size: int = 1024
-    bucket_max_bytes: int = 4 * 1024 * 1024
+    bucket_max_bytes: int = 8 * 1024 * 1024
     bucket_max_wait: float = 0.5
     due_granularity: float = 1.0
     max_buffered_bytes: int = 64 * 1024 * 1024

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from bson import ObjectId
 
@@ -27,9 +27,9 @@ BUCKET_OVERHEAD = 256
 UTC = dt.timezone.utc
 
 
-@dataclass(frozen=True)
-class Slot:
-    """One message as written into a bucket: the encoded payload plus optional per-message fields."""
+class Slot(NamedTuple):
+    """One message as written into a bucket: the encoded payload plus optional per-message fields.
+    (A NamedTuple: one is made per push, and it is the cheapest immutable record to build.)"""
 
     payload: str | bytes
     headers: Mapping[str, Any] | None = None
@@ -41,7 +41,10 @@ class Slot:
 
 def slot_bytes(payload: str | bytes, headers_size: int = 0, key: str | None = None) -> int:
     """An upper bound of the BSON bytes one slot adds to a bucket (array keys are at most 5 digits)."""
-    size = len(payload.encode()) if isinstance(payload, str) else len(payload)
+    if isinstance(payload, str):
+        size = len(payload) if payload.isascii() else len(payload.encode())
+    else:
+        size = len(payload)
     total = size + 16  # type byte, key "65535\0", length, terminator / binary subtype
     if headers_size:
         total += headers_size + 8
