@@ -144,11 +144,6 @@ class Store:
     async def record_keys(self, keys: list[str], now: dt.datetime) -> None:
         await self.insert_copies(self.inbox, [{"_id": k, "at": now} for k in keys])
 
-    async def next_due(self) -> dt.datetime | None:
-        """When the earliest bucket becomes claimable (scheduled messages, running leases)."""
-        doc = await self.buckets.find_one({}, {"due": 1}, sort=[("due", 1)])
-        return doc.get("due") if doc else None
-
     async def aggregate(self, collection: Any, pipeline: list[dict]) -> list[dict]:
         cursor = await collection.aggregate(pipeline)
         return await cursor.to_list(None)

@@ -16,7 +16,6 @@ from typing import Any
 
 from bson import ObjectId
 
-from bucketq.core.format import FORMAT_VERSION
 
 
 def new_token() -> str:
@@ -69,11 +68,3 @@ def release(now: dt.datetime, done: list[int] | None = None, *, due: dt.datetime
     if done:
         update["$addToSet"] = {"done": {"$each": sorted(done)}}
     return update
-
-
-def ready_filter(now: dt.datetime) -> dict:
-    return {"due": {"$lte": now}}
-
-
-def versioned() -> dict:
-    return {"v": FORMAT_VERSION}

@@ -95,10 +95,6 @@ class HeldBucket:
         return None
 
     @property
-    def unserved(self) -> int:
-        return sum(1 for s in self._pending if self.state[s] is SlotState.PENDING)
-
-    @property
     def outstanding(self) -> list[int]:
         """Slots handed out and not yet resolved."""
         return [i for i, s in enumerate(self.state) if s is SlotState.SERVED]
