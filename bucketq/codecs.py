@@ -59,24 +59,17 @@ class MsgpackCodec:
 
 def _reject_non_finite(value: Any) -> None:
     """orjson encodes NaN and Infinity as null; refuse them instead of storing something else.
-    Type identity and ``x - x`` (NaN for NaN and ±inf) keep the walk cheap."""
-    kind = type(value)
-    if kind is float:
-        if value - value != 0.0:
-            raise ValueError(f"{value!r} is not valid JSON")
-        return
-    if kind is not dict and kind is not list and kind is not tuple:
-        return
+    Run only when the encoded text contains ``null``; ``x - x`` is NaN exactly for NaN and ±inf."""
     stack = [value]
     while stack:
         item = stack.pop()
-        for child in item.values() if type(item) is dict else item:
-            kind = type(child)
-            if kind is float:
-                if child - child != 0.0:
-                    raise ValueError(f"{child!r} is not valid JSON")
-            elif kind is dict or kind is list or kind is tuple:
-                stack.append(child)
+        if isinstance(item, float):
+            if item - item != 0.0:
+                raise ValueError(f"{item!r} is not valid JSON")
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 CODECS: dict[str, type] = {"json": JsonCodec, "msgpack": MsgpackCodec}

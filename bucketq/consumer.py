@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo.errors import PyMongoError
+from pymongo import ReturnDocument
+from pymongo.errors import OperationFailure, PyMongoError
 
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
@@ -25,7 +26,7 @@ from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
 from bucketq.core.held import FlushPlan, HeldBucket, SlotState, dead_letter_reason_for_expired
 from bucketq.errors import LeaseLost, MalformedBucket, QueueClosed
 from bucketq.message import Message
-from bucketq.options import QueueOptions
+from bucketq.options import QueueOptions, check_delay, check_timeout
 from bucketq.store import Store, is_transient
 from bucketq.wakeup import Wakeup
 
@@ -99,6 +100,7 @@ class Consumer:
         """The next message, or None when none arrives within ``timeout`` seconds (None: wait forever)."""
         if self._draining:
             raise QueueClosed("the consumer is draining or closed")
+        timeout = check_timeout(timeout)
         self._start()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -134,6 +136,7 @@ class Consumer:
 
     async def consume(self, idle_timeout: float | None = None) -> AsyncIterator[Message]:
         """Messages as they come; ends after ``idle_timeout`` seconds without one, or when draining."""
+        check_timeout(idle_timeout)
         while not self._draining:
             message = await self.reserve(timeout=idle_timeout)
             if message is None:
@@ -162,7 +165,23 @@ class Consumer:
         """Claim one due bucket. Returns whether a bucket was taken (even one that went to quarantine)."""
         now = self._clock.now()
         token = claims.new_token()
-        doc = await self._store.claim(claims.claim(now, self._options.lease, token, self._owner))
+        spec = claims.claim(now, self._options.lease, token, self._owner)
+        try:
+            doc = await self._store.claim(spec)
+        except OperationFailure as exc:
+            if is_transient(exc):
+                raise
+            # A hand-edited bucket whose claim count is not a number fails the $inc and would block every
+            # claim behind it: take it without the $inc and quarantine it.
+            query, update, sort = spec
+            doc = await self._store.buckets.find_one_and_update(
+                {**query, "$or": [{"c": {"$type": "array"}}, {"c": {"$not": {"$type": "number"}}}]},
+                {k: v for k, v in update.items() if k != "$inc"},
+                sort=sort, return_document=ReturnDocument.AFTER)
+            if doc is None:
+                raise
+            await self._quarantine_bucket(doc, token, f"cannot be claimed: {exc}")
+            return True
         if doc is None:
             return False
         try:
@@ -228,11 +247,17 @@ class Consumer:
                 # Stored before ack returns, not at the next flush: once acked, a crash cannot make the
                 # handler run again for this key.
                 await self._keys.record(key)
+                margin = dt.timedelta(seconds=self._options.lease * LEASE_SAFETY)
+                if held.lost or self._clock.now() >= held.lease_until - margin:
+                    if not held.lost:
+                        held.ack(slot)
+                        self._after_resolve(holding)
+                    raise LeaseLost(f"the lease on bucket {held.bucket.id} may have run out before the ack of "
+                                    f"{held.bucket.message_id(slot)} was stored: it may be delivered again")
             held.ack(slot)
         else:
             delay, reason = nack
-            if delay is None:
-                delay = self._backoff.delay(held.tries(slot))
+            delay = self._backoff.delay(held.tries(slot)) if delay is None else check_delay(delay)
             retry_at = self._clock.now() + dt.timedelta(seconds=max(0.0, delay))
             held.nack(slot, retry_at, reason)
         future = None
@@ -299,6 +324,10 @@ class Consumer:
         holding.failed_plan = plan
         applied = await self._execute(plan)
         holding.failed_plan = None
+        # Only an extension the server applied counts: one still in flight (a server restarting) must not
+        # let this consumer serve messages of a bucket someone else may already have claimed.
+        if applied and plan.lease_until is not None and plan.lease_until > held.lease_until:
+            held.lease_until = plan.lease_until
         if not applied:
             held.lost = True
             log.warning("lease on bucket %s lost; its unflushed state was refused", held.bucket.id)

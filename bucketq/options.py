@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -119,3 +120,24 @@ def _describe(types: tuple[type, ...]) -> str:
 def _check(ok: bool, name: str, rule: str) -> None:
     if not ok:
         raise InvalidOption(f"{name} must be {rule}")
+
+
+MAX_DELAY_S = 100 * 365 * 86400.0  # a century: far enough for any schedule, near enough for datetime
+
+
+def check_delay(delay: object) -> float:
+    """A delay in seconds (number or timedelta), finite, from 0 to a century; else ``InvalidOption``."""
+    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
+    if (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
+            or not 0 <= seconds <= MAX_DELAY_S):  # also refuses NaN
+        raise InvalidOption(f"delay must be a number of seconds from 0 to {MAX_DELAY_S:.0f}, got {delay!r}")
+    return float(seconds)
+
+
+def check_timeout(timeout: object) -> float | None:
+    """A wait in seconds: None (forever) or a number, not NaN; negative means do not wait."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout != timeout:
+        raise InvalidOption(f"timeout must be None or a number of seconds, got {timeout!r}")
+    return float(timeout)

@@ -20,7 +20,7 @@ from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket
 from bucketq.core.format import Slot, slot_bytes
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed, WriteFailed
-from bucketq.options import QueueOptions
+from bucketq.options import QueueOptions, check_delay
 from bucketq.store import Store, retrying
 
 BUCKETS_PER_WRITE = 8
@@ -152,8 +152,14 @@ class Producer:
                 headers_size = len(bson.encode(headers))
             except Exception as exc:
                 raise EncodeError(f"headers cannot be stored as BSON: {exc}") from exc
-        if key is not None and not isinstance(key, str):
-            raise InvalidOption(f"key must be a string, got {type(key).__name__}")
+        if key is not None:
+            if not isinstance(key, str):
+                raise InvalidOption(f"key must be a string, got {type(key).__name__}")
+            if not key.isascii():
+                try:
+                    key.encode()
+                except UnicodeEncodeError as exc:
+                    raise EncodeError(f"key is not valid UTF-8 text: {exc}") from None
         size = slot_bytes(stored, headers_size, key)
         if not self._acc.fits(size):
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
@@ -169,9 +175,7 @@ class Producer:
             return at
         if delay is None:
             return None
-        seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0 or seconds != seconds:
-            raise InvalidOption(f"delay must be a non-negative number of seconds, got {delay!r}")
+        seconds = check_delay(delay)
         return self._clock.now() + dt.timedelta(seconds=seconds) if seconds else None
 
     def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, now: dt.datetime) -> None:

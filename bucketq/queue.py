@@ -14,7 +14,7 @@ from bucketq.connection import connect
 from bucketq.consumer import Consumer
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.stats import shape_stats, stats_pipeline
-from bucketq.errors import InvalidOption, MalformedBucket
+from bucketq.errors import InvalidOption, MalformedBucket, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions
 from bucketq.producer import Producer
@@ -61,6 +61,8 @@ class Queue:
 
     async def _ready(self) -> None:
         """Once (and every few minutes for the clock): measure the server clock, create the indexes."""
+        if self._closed:
+            raise QueueClosed("the queue is closed")
         if not self._clock.stale and self._indexed:
             return
         if self._ready_lock is None:
@@ -139,6 +141,8 @@ class Queue:
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
         """The next ``n`` unfinished messages in claim order, without claiming them."""
+        if n <= 0:
+            return []
         await self._ready()
         out: list[dict[str, Any]] = []
         cursor = self._store.buckets.find({}, sort=[("due", 1)], batch_size=4)
@@ -248,10 +252,10 @@ class Queue:
     async def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         try:
             await self.drain()
         finally:
+            self._closed = True
             await self._wakeup.stop()
             await self._connection.close()
 

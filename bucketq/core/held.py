@@ -59,6 +59,7 @@ class FlushPlan:
     quarantine_docs: list[dict] = field(default_factory=list)
     final: tuple[str, dict | None] = ("update", None)
     releases: bool = False
+    lease_until: dt.datetime | None = None  # the expiry this plan's writes set, once the server applied them
 
     @property
     def filter(self) -> dict:
@@ -161,7 +162,8 @@ class HeldBucket:
             plan.final = ("delete", None)
         else:
             plan.final = ("update", claims.extend(now, lease_s, done))
-        self.lease_until = now + dt.timedelta(seconds=lease_s)
+        if not release:
+            plan.lease_until = now + dt.timedelta(seconds=lease_s)
         return plan
 
     def _retry_documents(self, retries: dict[int, _Resolution], now: dt.datetime, granularity: float) -> list[dict]:

@@ -9,8 +9,10 @@ unexpected   records that are not of a message a writer attempted, or whose payl
              plus one message stored twice under two ids (a producer-side duplicate).
 committed    a record whose ``ack()`` returned (the consumer logged ``ack``).
 duplicated   messages committed more than once: processing that completed ``ack()`` was repeated.
-             With dedupe this must be 0. Without dedupe it is allowed when the earlier commits come from
-             consumers that were SIGKILLed (acked, but the ack not yet flushed to the bucket).
+             With dedupe this must be 0. Without dedupe an ack is kept in memory until the next state
+             flush, so it is allowed when every earlier commit comes from a consumer that was SIGKILLed, or
+             whose lease on that bucket ran out before the flush got through (the library warns "lease on
+             bucket B lost; its unflushed state was refused": with a 2 s lease, a server restart can do it).
 redelivered_in_flight
              messages handled more than once where at most one of the handlings was committed: a consumer
              was killed (or lost its lease) between the handler's side effect and ``ack()`` returning. At-least-
@@ -65,6 +67,7 @@ class ConsumerLog:
     committed: set[str] = field(default_factory=set)
     lease_lost: set[str] = field(default_factory=set)
     ack_failed: set[str] = field(default_factory=set)
+    buckets_lost: set[tuple[int, str]] = field(default_factory=set)  # (pid, bucket id): flush refused
 
 
 def parse_consumer_logs(texts: Iterable[str]) -> ConsumerLog:
@@ -80,6 +83,8 @@ def parse_consumer_logs(texts: Iterable[str]) -> ConsumerLog:
                 out.lease_lost.update(parts[1:])
             elif parts[0] == "err":
                 out.ack_failed.add(parts[1])
+            elif parts[0] == "leaselost":
+                out.buckets_lost.add((int(parts[1]), parts[2]))
     return out
 
 
@@ -109,6 +114,7 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
     unacked = attempted - written
 
     duplicated: list[Msg] = []
+    notes: dict[Msg, str] = {}  # what an unexplained duplicate looks like
     unexplained_duplicates: list[Msg] = []
     redelivered: list[Msg] = []
     unexplained_uncommitted: list[str] = []
@@ -124,9 +130,20 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
                 unexplained_uncommitted.append(rid)
         if len(committed) > 1:
             duplicated.append(msg)
-            # Without dedupe, a commit is undone only by its consumer dying before the ack was flushed.
-            if dedupe or not all(r["pid"] in killed_pids for r in committed[:-1]):
+            # Without dedupe, a commit is undone only when its ack never reached the bucket: the consumer
+            # died before the flush, or its lease ran out and the flush was refused.
+            lease_lost = [(r["pid"], str(r["mid"]).split(":")[0]) in consumers.buckets_lost for r in committed[:-1]]
+            if dedupe or not all(r["pid"] in killed_pids or lost for r, lost in zip(committed, lease_lost)):
                 unexplained_duplicates.append(msg)
+                in_time = sorted(rs, key=lambda r: r["at"])
+                if len({r["tries"] for r in committed}) < len(committed):
+                    notes[msg] = ("delivered twice with the same tries: its bucket was stored again after it had "
+                                  "been consumed (a bucket insert retried after its lost reply)")
+                elif any(b["tries"] < a["tries"] for a, b in zip(in_time, in_time[1:])):
+                    notes[msg] = ("handled by a consumer whose lease had run out, after another consumer had "
+                                  "claimed the bucket again (fewer tries, later)")
+                elif dedupe and any(lease_lost):
+                    notes[msg] = "its first consumer had lost the lease: a keyed ack returned after the lease ran out"
         elif len(rs) > 1:
             redelivered.append(msg)
     over_limit = {pid: n for pid, n in uncommitted_by_killed.items() if n > max_in_flight_per_kill}
@@ -138,13 +155,15 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
         "duplicated": len(duplicated),
         "duplicates_allowed": 0 if dedupe else len(duplicated) - len(unexplained_duplicates),
         "redelivered_in_flight": len(redelivered),
+        "leases_lost": len(consumers.buckets_lost),
         "unexpected": len(unexpected_records) + len(stored_twice),
         "unacked_pushes": {"attempted": len(unacked), "survived": len(unacked & processed),
                            "lost": len(unacked - processed)},
         "problems": {
             "lost": [_name(m) for m in sorted(lost)[:20]],
             "unexpected": unexpected_records[:20] + [f"{_name(m)} stored twice" for m in stored_twice[:20]],
-            "unexplained_duplicates": [_name(m) for m in sorted(unexplained_duplicates)[:20]],
+            "unexplained_duplicates": [_name(m) + (f" ({notes[m]})" if m in notes else "")
+                                       for m in sorted(unexplained_duplicates)[:20]],
             "uncommitted_without_kill": unexplained_uncommitted[:20],
             "in_flight_over_limit": {str(k): v for k, v in over_limit.items()},
         },

@@ -11,6 +11,9 @@ the record ``B:i``. The log tells the harness which side effects were *committed
     ack R...      the records R were handled and their ``ack()`` returned
     lost R...     ``ack()`` raised LeaseLost: another consumer will deliver the message again
     err R E       ``ack()`` raised something else (then the message was nacked)
+    leaselost P B the library warned that process P lost its lease on bucket B and its unflushed state
+                  (acks included) was refused: those messages will be delivered again (a lease can run
+                  out under a live consumer while the server restarts)
 
 ``--kill-point`` makes the process SIGKILL itself during its ``--kill-after``-th batch:
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -62,6 +66,18 @@ async def insert_records(collection, records: list[dict], deadline_s: float = 12
         await asyncio.sleep(0.1)
 
 
+class LeaseLossRecorder(logging.Handler):
+    """Writes the library's "lease on bucket B lost" warnings to the log, for the harness's account."""
+
+    def __init__(self, log: LineLog) -> None:
+        super().__init__(logging.WARNING)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, str) and record.msg.startswith("lease on bucket") and record.args:
+            self.log.write(f"leaselost {os.getpid()} {record.args[0]}")
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("uri")
@@ -78,6 +94,7 @@ async def main() -> int:
     args = parser.parse_args()
 
     log = LineLog(args.log)
+    logging.getLogger("bucketq").addHandler(LeaseLossRecorder(log))
     client: AsyncMongoClient = AsyncMongoClient(args.uri, tz_aware=True, serverSelectionTimeoutMS=60_000)
     q = bucketq.Queue(client, name=args.queue, db=args.db,
                       **queue_options(dedupe=args.dedupe, bucket_max_size=100, bucket_max_wait=0.05))

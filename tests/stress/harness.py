@@ -25,6 +25,7 @@ Then the logs and the ``processed`` collection are compared (``tests.stress.acco
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -45,12 +46,13 @@ from pymongo.errors import PyMongoError
 
 from tests.proxy import TcpProxy
 from tests.stress.accounting import account, parse_consumer_logs, parse_writer_log
-from tests.stress.common import LEASE_S, die_with_parent
+from tests.stress.common import die_with_parent
 from tests.stress.consumer import KILL_POINTS
 
 ROOT = Path(__file__).resolve().parents[2]
 TICK_S = 0.1
 PROGRESS_EVERY_S = 2.0
+STALL_S = 90.0  # a phase with no progress for this long is stuck: stop and account for what happened
 
 
 @dataclass
@@ -234,7 +236,7 @@ class Harness:
                            kill_point=point)
 
     def spawn_drain(self) -> Proc:
-        args = [*self._consumer_args(), "--drain", "--deadline", str(max(30.0, LEASE_S * 10))]
+        args = [*self._consumer_args(), "--drain", "--deadline", "120"]
         return self._spawn("drain", "tests.stress.consumer", args, self.work / "drain.log")
 
     def kill(self, proc: Proc) -> None:
@@ -342,8 +344,10 @@ class Harness:
             self.spawn_writer(w, die_after(w))
         respawn_at: list[float] = []
 
+        stall = Stall("write", STALL_S)
         while not all(self.writer_done):
             self._check_deadline(deadline)
+            stall.check(self.written())
             now = time.monotonic()
             for p in self.procs:
                 if p.kill_at is not None and now >= p.kill_at:
@@ -395,6 +399,7 @@ class Harness:
             self.kill(p)
         self.reap()
         buckets = self.client[self.db_name][self.queue]
+        stall = Stall("drain", STALL_S)
         while True:
             self._check_deadline(deadline)
             try:
@@ -402,6 +407,11 @@ class Harness:
             except PyMongoError:
                 left = -1
             if left == 0 or not any(p.role == "consumer" for p in self.procs):
+                break
+            try:
+                stall.check((left, self.processed()))
+            except TimeoutError as exc:  # let the drain consumer and the account say what is stuck
+                self.errors.append(str(exc))
                 break
             for p in self.reap():
                 self.errors.append(f"{p.role} {p.pid} exited {p.popen.returncode} mid-drain: {self._stderr_tail(p)}")
@@ -471,6 +481,11 @@ class Harness:
                                             if not f.name.startswith("writer"))
         records = [{**entry, "_id": f"{doc['_id']}:{i}", "pid": doc["pid"], "at": doc["at"]}
                    for doc in db["processed"].find() for i, entry in enumerate(doc["m"])]
+        if self.c.keep:  # for a post-mortem: the database goes with the test server
+            with (self.work / "processed.jsonl").open("w") as f:
+                for r in records:
+                    f.write(json.dumps(r, default=str) + "\n")
+            (self.work / "killed_pids.json").write_text(json.dumps(sorted(self.killed_pids)))
         result = account(writer_logs, records, consumer_logs, killed_pids=self.killed_pids, dedupe=self.dedupe,
                          max_in_flight_per_kill=self.c.batch)
         buckets = list(db[self.queue].find({}, {"n": 1, "done": 1}))
@@ -507,6 +522,7 @@ class Harness:
             "duplicated": result["duplicated"],
             "duplicates_allowed": result["duplicates_allowed"],
             "redelivered_in_flight": result["redelivered_in_flight"],
+            "leases_lost": result["leases_lost"],
             "unexpected": result["unexpected"],
             "left_behind": left,
             "unacked_pushes": result["unacked_pushes"],
@@ -545,6 +561,23 @@ class Harness:
             pass
         finally:
             client.close()
+
+
+class Stall:
+    """Raises TimeoutError when a progress value has not changed for ``limit_s`` seconds."""
+
+    def __init__(self, what: str, limit_s: float) -> None:
+        self.what = what
+        self.limit_s = limit_s
+        self.value: Any = None
+        self.since = time.monotonic()
+
+    def check(self, value: Any) -> None:
+        now = time.monotonic()
+        if value != self.value:
+            self.value, self.since = value, now
+        elif now - self.since > self.limit_s:
+            raise TimeoutError(f"no progress in the {self.what} phase for {self.limit_s:g} s (at {value})")
 
 
 class LogCounter:

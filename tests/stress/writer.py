@@ -9,14 +9,17 @@ acknowledged (``push`` returned). Its log is the harness's record of what the qu
     fail S   ``push`` of seq S raised (an error of bucketq); it may or may not be stored
     done     every push resolved and the queue was closed
 
-With ``--die-after-acks K`` the process SIGKILLs itself right after logging its K-th acknowledged push, while
-other pushes are still buffered in open buckets or being written: the "producer killed mid-bucket" fault.
+With ``--die-after-acks K`` the process SIGKILLs itself once K pushes were acknowledged, right after handing
+the next chunk of pushes to the queue, at a random moment within about ``bucket_max_wait``: while their bucket
+is still open in memory, or while its insert is on the wire. That is the "producer killed mid-bucket" fault:
+those pushes never returned, so they may be lost; every acknowledged one must survive.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import sys
 
 from pymongo import AsyncMongoClient
@@ -67,8 +70,6 @@ async def main() -> int:
             slots.release()
         log.write(f"ok {seq}")
         acked += 1
-        if acked == args.die_after_acks:
-            die()
 
     async def syncer() -> None:
         while True:
@@ -85,6 +86,8 @@ async def main() -> int:
             room = args.target - acked - len(pending)
             if room <= 0:
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if args.die_after_acks and acked >= args.die_after_acks and pending:
+                    die()  # the last pushes are all in flight: die among them
                 continue
             count = min(CHUNK, room)
             for _ in range(count):
@@ -100,6 +103,10 @@ async def main() -> int:
                 pending.add(task)
                 task.add_done_callback(pending.discard)
                 seq += 1
+            if args.die_after_acks and acked >= args.die_after_acks:
+                await asyncio.sleep(0)  # the chunk's pushes enter the open bucket
+                await asyncio.sleep(random.uniform(0, 1.5 * args.bucket_max_wait))
+                die()
             if failed > args.target:
                 print(f"writer {args.writer}.{args.gen}: {failed} pushes failed, giving up", file=sys.stderr)
                 return 2
