@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo import ReturnDocument
 from pymongo.errors import OperationFailure, PyMongoError
 
 from bucketq.clock import ServerClock
@@ -143,12 +142,15 @@ class Consumer:
                 return
             yield message
 
+    def _lease_ending(self, held: HeldBucket, now: dt.datetime) -> bool:
+        """Whether ``held`` is lost or within the safety margin of its (server-applied) lease expiry."""
+        return held.lost or now >= held.lease_until - dt.timedelta(seconds=self._options.lease * LEASE_SAFETY)
+
     def _next_message(self) -> Message | None:
-        lease_margin = dt.timedelta(seconds=self._options.lease * LEASE_SAFETY)
         now = self._clock.now()
         for holding in self._holdings:
             held = holding.held
-            if held.lost or now >= held.lease_until - lease_margin:
+            if self._lease_ending(held, now):
                 continue
             while (slot := held.next_pending()) is not None:
                 tries = held.tries(slot)
@@ -171,13 +173,7 @@ class Consumer:
         except OperationFailure as exc:
             if is_transient(exc):
                 raise
-            # A hand-edited bucket whose claim count is not a number fails the $inc and would block every
-            # claim behind it: take it without the $inc and quarantine it.
-            query, update, sort = spec
-            doc = await self._store.buckets.find_one_and_update(
-                {**query, "$or": [{"c": {"$type": "array"}}, {"c": {"$not": {"$type": "number"}}}]},
-                {k: v for k, v in update.items() if k != "$inc"},
-                sort=sort, return_document=ReturnDocument.AFTER)
+            doc = await self._store.claim(claims.claim_uncounted(spec))
             if doc is None:
                 raise
             await self._quarantine_bucket(doc, token, f"cannot be claimed: {exc}")
@@ -247,8 +243,7 @@ class Consumer:
                 # Stored before ack returns, not at the next flush: once acked, a crash cannot make the
                 # handler run again for this key.
                 await self._keys.record(key)
-                margin = dt.timedelta(seconds=self._options.lease * LEASE_SAFETY)
-                if held.lost or self._clock.now() >= held.lease_until - margin:
+                if self._lease_ending(held, self._clock.now()):
                     if not held.lost:
                         held.ack(slot)
                         self._after_resolve(holding)

@@ -127,11 +127,11 @@ class Producer:
             return []
         many = _Many(len(prepared))
         limit = self._options.max_buffered_bytes
-        now = self._clock.now()
+        now = self._now()
         for index, (slot, size, due) in enumerate(prepared):
             if self._acc.buffered_bytes + size > limit:
                 await self._wait_for_space(size)
-                now = self._clock.now()
+                now = self._now()
             self._add(slot, size, due, (many, index), now)
         return await many.future
 

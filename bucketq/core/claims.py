@@ -17,7 +17,6 @@ from typing import Any
 from bson import ObjectId
 
 
-
 def new_token() -> str:
     return secrets.token_hex(12)
 
@@ -38,6 +37,15 @@ def claim(now: dt.datetime, lease_s: float, token: str, owner: str) -> tuple[dic
         {"$set": {"due": until, "lease": {"token": token, "owner": owner, "until": until}}, "$inc": {"c": 1}},
         [("due", 1)],
     )
+
+
+def claim_uncounted(spec: tuple[dict, dict, list]) -> tuple[dict, dict, list]:
+    """The claim of ``spec`` for a bucket whose ``c`` is not a number (hand-edited), so the ``$inc`` fails:
+    without the ``$inc``, for such buckets only (an array of numbers matches ``$type: number``, hence the
+    ``$or``). The caller quarantines what it gets; otherwise that bucket would block every claim behind it."""
+    query, update, sort = spec
+    uncountable = {"$or": [{"c": {"$type": "array"}}, {"c": {"$not": {"$type": "number"}}}]}
+    return {**query, **uncountable}, {k: v for k, v in update.items() if k != "$inc"}, sort
 
 
 def fenced(bucket_id: ObjectId, token: str) -> dict:
