@@ -9,20 +9,36 @@ from typing import Any
 from bson import ObjectId
 
 from bucketq.core.format import Slot, as_utc, bucket_document
+from bucketq.errors import InvalidOption
+from bucketq.options import check_delay
 
 REQUEUE_CHUNK = 1000
 
 
 def entry_filter(*, older_than_s: float | None = None, error_contains: str | None = None,
                  ids: list[Any] | None = None, now: dt.datetime, error_field: str) -> dict[str, Any]:
-    """Filter dead letters (``error_field="error"``) or quarantine entries (``"reason"``)."""
+    """Filter dead letters (``error_field="error"``) or quarantine entries (``"reason"``). Bad arguments raise
+    ``InvalidOption`` here, before any query is sent."""
     query: dict[str, Any] = {}
     if older_than_s is not None:
-        query["at"] = {"$lt": now - dt.timedelta(seconds=older_than_s)}
+        try:
+            seconds = check_delay(older_than_s)
+        except InvalidOption as exc:
+            raise InvalidOption(f"older_than: {exc}") from None
+        query["at"] = {"$lt": now - dt.timedelta(seconds=seconds)}
+    if error_contains is not None:
+        if not isinstance(error_contains, str):
+            raise InvalidOption(f"error_contains must be a str, got {type(error_contains).__name__}")
+        try:
+            error_contains.encode("utf-8")  # what the query is sent as
+        except UnicodeEncodeError:
+            raise InvalidOption(f"error_contains is not valid Unicode text: {error_contains!r}") from None
     if error_contains:
         query[error_field] = {"$regex": re.escape(error_contains), "$options": "i"}
     if ids is not None:
-        query["_id"] = {"$in": ids}
+        if not isinstance(ids, (list, tuple)):  # a str is one id, not a list of them
+            raise InvalidOption(f"ids must be a list of entry ids, got {type(ids).__name__}")
+        query["_id"] = {"$in": list(ids)}
     return query
 
 

@@ -12,6 +12,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_named
 from bucketq.connection import connect
 from bucketq.consumer import Consumer
+from bucketq.core.claims import LIVE
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.stats import shape_stats, stats_pipeline
 from bucketq.errors import InvalidOption, MalformedBucket, QueueClosed
@@ -75,6 +76,14 @@ class Queue:
                 await retrying(lambda _: self._store.ensure_indexes(), timeout_s=self.options.write_timeout)
                 self._indexed = True
 
+    async def _read_ready(self) -> None:
+        """What the read methods need: an open queue and a measured clock. Nothing is written: no index and
+        no collection is created, so reads leave a database (and a queue that does not exist) as they were."""
+        if self._closed:
+            raise QueueClosed("the queue is closed")
+        if self._clock.stale:
+            await retrying(lambda _: self._clock.sync(self._connection.database), timeout_s=self.options.write_timeout)
+
     # -- producing -----------------------------------------------------------------------------------------
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
@@ -131,8 +140,8 @@ class Queue:
 
     async def stats(self) -> dict[str, Any]:
         """``ready``, ``scheduled``, ``in_flight``, ``dead``, ``quarantined``, ``buckets``,
-        ``oldest_ready_age_s``: messages by state, counted on the server."""
-        await self._ready()
+        ``oldest_ready_age_s``: messages by state, counted on the server. Writes nothing."""
+        await self._read_ready()
         now = self._clock.now()
         rows = await self._store.aggregate(self._store.buckets, stats_pipeline(now))
         dead = await self._store.dead.count_documents({})
@@ -140,12 +149,12 @@ class Queue:
         return shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
-        """The next ``n`` unfinished messages in claim order, without claiming them."""
+        """The next ``n`` unfinished messages in claim order, without claiming them (nor writing anything)."""
         if n <= 0:
             return []
-        await self._ready()
+        await self._read_ready()
         out: list[dict[str, Any]] = []
-        cursor = self._store.buckets.find({}, sort=[("due", 1)], batch_size=4)
+        cursor = self._store.buckets.find(LIVE, sort=[("due", 1)], batch_size=4)
         async for doc in cursor:
             try:
                 bucket = parse_bucket(doc)
@@ -207,7 +216,7 @@ class Queue:
 
     async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:
-        await self._ready()
+        await self._read_ready()
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.now(),
                                    error_field=field)
         return await collection.find(query, sort=[("at", 1)], limit=limit).to_list(None)

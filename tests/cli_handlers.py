@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
+PASSWORD = "handler-pa55"
+log = logging.getLogger(__name__)
+
 
 async def record(message: Any) -> None:
-    """Append the payload as one JSON line to the file named by ``BUCKETQ_TEST_OUT``."""
+    """Append the payload as one JSON line to the file named by ``BUCKETQ_TEST_OUT``, and log a line naming a
+    URI with a password (which the worker's log output must not show)."""
     with open(os.environ["BUCKETQ_TEST_OUT"], "a") as out:
         out.write(json.dumps(message.payload) + "\n")
+    log.info("handled a message for mongodb://app:%s@db.example/app", PASSWORD)
 
 
 def not_async(message: Any) -> None:

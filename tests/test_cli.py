@@ -20,11 +20,14 @@ from click.testing import CliRunner
 from bucketq import Queue
 from bucketq.cli import cli
 from bucketq.cli.params import parse_duration
+from bucketq.core import claims
+from tests import cli_handlers
 from bucketq.core.stats import STATS_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
 BQ = [sys.executable, "-m", "bucketq.cli"]
 Run = Callable[..., subprocess.CompletedProcess]
+PASSWORD = "pa55-not-to-be-shown"
 
 
 def _env(uri: str | None) -> dict[str, str]:
@@ -141,7 +144,7 @@ def test_push_stdin_then_stats_peek_and_drain(bq: Run, sync_db) -> None:
     row = stats(bq, "events")
     assert row["ready"] == row["in_flight"] == row["scheduled"] == 0
     assert jsonl(ok(bq("peek", "events", "--json")).stdout) == []
-    assert sync_db["events"].count_documents({}) == 0  # finished buckets are deleted
+    assert sync_db["events"].count_documents({"fin": {"$exists": False}}) == 0  # finished: only tombstones left
 
 
 def test_push_arguments_with_delay_are_scheduled(bq: Run) -> None:
@@ -188,6 +191,53 @@ def test_stats_watch_refreshes_until_sigterm(mongo_uri: str, db_name: str, bq: R
     assert [json.loads(line)["ready"] for line in lines] == [1, 1]
 
 
+# -- read commands write nothing ------------------------------------------------------------------------------
+
+def _bucket(payloads: list[str], *, done: list[int] | None = None, age_s: float = 0.0) -> dict:
+    """A due bucket as any producer writes it (docs/FORMAT.md), without going through a ``Queue``."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return {"_id": ObjectId(), "v": 1, "enc": "json", "created": now - dt.timedelta(seconds=age_s), "due": now,
+            "n": len(payloads), "p": payloads, "done": done or [], "c": 0, "lease": None}
+
+
+def _layout(db) -> dict[str, dict]:
+    """Every collection of the database with its indexes."""
+    return {name: db[name].index_information() for name in sorted(db.list_collection_names())}
+
+
+async def test_read_commands_and_methods_write_nothing(bq: Run, sync_db, adb) -> None:
+    # A queue written by another client, so far without indexes or dead-letter collection: a bucket with one of
+    # its two messages done, and a tombstone (a finished bucket), beside an application's own collections.
+    sync_db["events"].insert_many([_bucket(['{"n": 1}', '{"n": 2}'], done=[0], age_s=5),
+                                   {"_id": ObjectId(), **claims.finish(dt.datetime.now(dt.timezone.utc), "a-token")}])
+    sync_db["users"].insert_one({"name": "ann"})
+    sync_db["users"].create_index("name")
+    sync_db.create_collection("empty")
+    before = _layout(sync_db)
+
+    every = json.loads(ok(bq("stats", "--json")).stdout)
+    assert list(every) == ["events"]  # neither users nor empty is taken for a queue
+    assert every["events"]["ready"] == 1 and every["events"]["buckets"] == 1  # the tombstone is not counted
+    assert "users" not in ok(bq("stats")).stdout
+    assert stats(bq, "events")["ready"] == 1
+    assert [p["payload"] for p in jsonl(ok(bq("peek", "events", "--json")).stdout)] == [{"n": 2}]
+    assert "no dead letters match" in ok(bq("dead", "list", "events")).stdout
+    assert "no quarantined entries match" in ok(bq("quarantine", "list", "events")).stdout
+    for command in (["stats", "users"], ["peek", "users"], ["drain", "users"], ["dead", "list", "empty"]):
+        one_line_error(bq(*command), "unknown queue", "holds no buckets; queues: events")
+
+    queue = Queue(adb, name="events")
+    assert (await queue.stats())["ready"] == 1
+    assert [p["payload"] for p in await queue.peek()] == [{"n": 2}]
+    assert await queue.dead_letters() == [] and await queue.quarantined() == []
+    await queue.close()
+    ghost = Queue(adb, name="ghost")
+    assert (await ghost.stats())["buckets"] == 0 and await ghost.peek() == []
+    await ghost.close()
+
+    assert _layout(sync_db) == before  # no collection, no index was made
+
+
 # -- expected errors: one line, non-zero exit, no traceback ----------------------------------------------------
 
 def test_bad_json_on_stdin_stops_at_the_line(bq: Run) -> None:
@@ -222,12 +272,57 @@ def test_uri_option_and_db_option(mongo_uri: str, db_name: str, bq: Run) -> None
     assert stats(bq, "events")["ready"] == 1
 
 
+def _with_password(mongo_uri: str) -> dict[str, str]:
+    """URIs carrying ``PASSWORD``: unreachable, invalid, and valid (the test server then refuses the login)."""
+    host = mongo_uri.split("://", 1)[1].split("/", 1)[0].split("@")[-1]
+    return {"unreachable": f"mongodb://user:{PASSWORD}@127.0.0.1:1/db?connectTimeoutMS=300",
+            "invalid": f"mongodb://user:{PASSWORD}@127.0.0.1:badport/db",
+            "valid": f"mongodb://user:{PASSWORD}@{host}/db"}
+
+
+@pytest.mark.parametrize("kind", ["unreachable", "invalid", "valid"])
+def test_no_output_shows_a_password(bq: Run, mongo_uri: str, kind: str) -> None:
+    uri = _with_password(mongo_uri)[kind]
+    worker = ["worker", "tests.cli_handlers:record", "--queue", "events", "--log-level", "debug"]
+    for command, via_env in ((["stats"], True), (["stats"], False), (["peek", "events"], False),
+                             (["push", "events", "1"], False), (worker, True)):
+        args = [*command, "--connect-timeout", "0.5", *([] if via_env else ["--uri", uri])]
+        result = bq(*args, uri=uri if via_env else None)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert PASSWORD not in result.stdout + result.stderr  # the worker's debug log lines included
+        error = result.stderr.strip().splitlines()[-1]
+        assert error.startswith("Error: "), result.stderr
+        if kind != "valid":  # the message names the URI it could not use, without the password
+            assert "mongodb://user:***@127.0.0.1:" in error
+    # A URI typed where a queue name or a command goes is echoed back in the error, redacted.
+    assert PASSWORD not in one_line_error(bq("peek", uri), "unknown queue 'mongodb://user:***@")
+    typo = bq(uri)
+    assert typo.returncode == 2 and "No such command 'mongodb://user:***@" in typo.stderr
+    assert PASSWORD not in typo.stdout + typo.stderr
+
+
+def test_a_bug_traceback_shows_no_password(monkeypatch: pytest.MonkeyPatch, mongo_uri: str, db_name: str,
+                                          sync_db) -> None:
+    sync_db["events"].insert_one(_bucket(["1"]))
+
+    async def broken_peek(self: Queue, n: int = 10) -> list:
+        raise RuntimeError(f"a bug, with mongodb://user:{PASSWORD}@example.invalid/db in its message")
+
+    monkeypatch.setattr(Queue, "peek", broken_peek)
+    result = CliRunner().invoke(cli, ["peek", "events", "--uri", mongo_uri, "--db", db_name])
+    assert result.exit_code == 1
+    assert "Traceback" in result.stderr and "RuntimeError: a bug, with mongodb://user:***@example.invalid/db" \
+        in result.stderr
+    assert PASSWORD not in result.output + result.stderr
+
+
 def test_unknown_queue_is_an_error_and_creates_nothing(bq: Run, sync_db) -> None:
-    sync_db.create_collection("real")
+    sync_db["real"].insert_one(_bucket(["1"]))
+    sync_db.create_collection("unrelated")
     for command in (["stats", "ghost"], ["peek", "ghost"], ["drain", "ghost"], ["dead", "list", "ghost"],
                     ["dead", "purge", "ghost", "--yes"], ["quarantine", "requeue", "ghost", "--yes"]):
         one_line_error(bq(*command), "unknown queue 'ghost'", "(queues: real)")
-    assert sync_db.list_collection_names() == ["real"]
+    assert sorted(sync_db.list_collection_names()) == ["real", "unrelated"]
 
 
 def test_bad_options_are_usage_errors(bq: Run) -> None:
@@ -330,6 +425,7 @@ def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: s
         proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "worker started" in err and "worker stopped" in err
+    assert "handled a message for mongodb://app:***@db.example/app" in err and cli_handlers.PASSWORD not in err
     assert sorted(json.loads(line)["task"] for line in out.read_text().splitlines()) == list(range(6))
     row = stats(bq, "tasks")
     assert row["ready"] == row["in_flight"] == row["dead"] == 0

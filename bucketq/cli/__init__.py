@@ -6,10 +6,13 @@ messages), ``output`` (JSON and human formats).
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from bucketq.cli.drain import drain
 from bucketq.cli.entries import DEAD, QUARANTINE, group
+from bucketq.cli.errors import log_to_stderr, redacted
 from bucketq.cli.peek import peek
 from bucketq.cli.push import push
 from bucketq.cli.stats import stats
@@ -18,7 +21,19 @@ from bucketq.cli.worker import worker
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+class _Group(click.Group):
+    """The top-level group: parsing and running every command happens within ``redacted``."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with redacted():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with redacted():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              no_args_is_help=True)
 @click.version_option(package_name="bucketq")
 def cli() -> None:
@@ -41,4 +56,5 @@ for command in (stats, peek, push, drain, worker, group(DEAD), group(QUARANTINE)
 
 
 def main() -> None:
+    log_to_stderr("warning")
     cli.main(prog_name="bucketq")

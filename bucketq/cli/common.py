@@ -14,12 +14,13 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from bucketq.cli.errors import CliError, describe
-from bucketq.connection import DEFAULT_DB
+from bucketq.connection import DEFAULT_DB, redact_uri
 from bucketq.queue import Queue
 
 T = TypeVar("T")
 URI_ENV = "BUCKETQ_MONGODB_URI"
 QUEUE_SUFFIXES = (".dead", ".quarantine", ".inbox")
+BUCKET_FIELDS = ("v", "due", "lease")  # in every bucket and every tombstone (docs/FORMAT.md)
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,8 @@ async def database(target: Target) -> AsyncIterator[Any]:
     try:
         client: AsyncMongoClient = AsyncMongoClient(
             target.uri, serverSelectionTimeoutMS=int(target.connect_timeout * 1000), tz_aware=True)
-    except (PyMongoError, ValueError, TypeError) as exc:
-        raise CliError(describe(exc, target.uri) or f"invalid MongoDB URI: {exc}") from None
+    except (PyMongoError, ValueError, TypeError) as exc:  # the URI's syntax or options
+        raise CliError(f"invalid MongoDB URI {redact_uri(target.uri)}: {exc}") from None
     try:
         try:
             await client.admin.command("ping")
@@ -86,19 +87,41 @@ async def database(target: Target) -> AsyncIterator[Any]:
 
 
 async def queue_names(db: Any) -> list[str]:
-    """The queues of a database: collections other than ``*.dead``, ``*.quarantine``, ``*.inbox``, ``system.*``."""
-    names = await db.list_collection_names()
-    return sorted(n for n in names if not n.startswith("system.") and not n.endswith(QUEUE_SUFFIXES))
+    """The queues of a database (see ``_is_queue``), in name order."""
+    collections = await _collections(db)
+    return [n for n in sorted(collections) if await _is_queue(db, n, collections)]
 
 
 async def require_queue(db: Any, name: str) -> None:
-    """Fail unless the queue's bucket collection exists (read commands must not create one)."""
-    names = await db.list_collection_names()
-    if name in names:
+    """Fail unless ``name`` is a queue: read commands must not create one, nor read an unrelated collection."""
+    collections = await _collections(db)
+    if name in collections and await _is_queue(db, name, collections):
         return
-    known = sorted(n for n in names if not n.startswith("system.") and not n.endswith(QUEUE_SUFFIXES))
-    hint = f" (queues: {', '.join(known[:10])}{', …' if len(known) > 10 else ''})" if known else " (it has no queues)"
-    raise CliError(f"unknown queue {name!r} in database {db.name!r}{hint}")
+    known = [n for n in sorted(collections) if await _is_queue(db, n, collections)]
+    hint = f"queues: {', '.join(known[:10])}{', …' if len(known) > 10 else ''}" if known else "it has no queues"
+    if name in collections:
+        hint = f"a collection of that name holds no buckets; {hint}"
+    raise CliError(f"unknown queue {name!r} in database {db.name!r} ({hint})")
+
+
+async def _collections(db: Any) -> set[str]:
+    """The database's collections, without views and ``system.*``."""
+    cursor = await db.list_collections()
+    return {info["name"] async for info in cursor
+            if info.get("type", "collection") == "collection" and not info["name"].startswith("system.")}
+
+
+async def _is_queue(db: Any, name: str, collections: set[str]) -> bool:
+    """Whether collection ``name`` holds a queue's buckets, told without writing and without opening a ``Queue``
+    on it: a ``.dead``, ``.quarantine`` or ``.inbox`` collection beside it (a queue's first write makes them),
+    or else a first document with the fields every bucket and tombstone has. Other collections are never
+    read beyond that one document."""
+    if name.endswith(QUEUE_SUFFIXES):
+        return False
+    if any(name + suffix in collections for suffix in QUEUE_SUFFIXES):
+        return True
+    first = await db[name].find_one({}, dict.fromkeys(BUCKET_FIELDS, 1))
+    return first is not None and all(field in first for field in BUCKET_FIELDS)
 
 
 @asynccontextmanager

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from bucketq.cli.common import Target, connection_options, open_queue, run
-from bucketq.cli.errors import CliError
+from bucketq.cli.errors import CliError, log_to_stderr
 from bucketq.cli.handler import load_handler
 from bucketq.cli.signals import stop_on_signals
 
@@ -38,7 +38,7 @@ def worker(target: Target, handler: str, queue: str, concurrency: int, batch_siz
       bucketq worker myapp.tasks:handle --queue events --concurrency 8
       bucketq worker myapp.tasks:handle_batch --queue events --batch-size 100
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(log_level)
     function = load_handler(handler)
     run(_work(target, function, handler, queue, concurrency, batch_size))
 
