@@ -2,8 +2,11 @@
 
 A batch is up to ``max_buckets`` buckets claimed one by one with the shared claim (``core.claims.claim``) under
 a single token and lease. The caller processes them (e.g. Spark reads ``{"lease.token": token}``), then
-``commit`` deletes them, or ``release`` hands them back after a failure (tries + 1, backoff) and moves a bucket
-that has used up ``max_attempts`` to ``<queue>.quarantine``. Every write after the claim is fenced by the token.
+``commit`` copies the messages it could not decode (``Batch.malformed``) to ``<queue>.quarantine`` and replaces
+the buckets by tombstones (``core.claims.finish``), or ``release`` hands them back after a failure (tries + 1,
+backoff) and moves a bucket that has used up ``max_attempts`` to ``<queue>.quarantine``. Every write after the
+claim is fenced by the token; a write retried after a lost reply counts as applied only if the bucket carries
+this token's mark (``finished_by``, ``released_by``), never merely because the bucket changed or is gone.
 
 Attempts of a bucket: ``max(t) + c`` counting the current claim (a message's tries are ``t[slot] + c - 1``).
 A bucket on its last attempt is claimed alone, so a poisoned bucket cannot take good ones to quarantine with
@@ -20,18 +23,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pymongo import DeleteOne, MongoClient, ReturnDocument, UpdateOne, WriteConcern
+from pymongo import MongoClient, ReplaceOne, ReturnDocument, UpdateOne, WriteConcern
+from pymongo.collection import Collection
 from pymongo.database import Database
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
 from bucketq.clock import ServerClock
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
-from bucketq.core.format import as_utc, parse_bucket, quarantined_bucket
+from bucketq.core.format import StoredBucket, as_utc, parse_bucket, quarantined_bucket, quarantined_message
 from bucketq.errors import InvalidOption, MalformedBucket
 from bucketq.store import RETRY_FIRST_S, RETRY_MAX_S, is_transient
 
 T = TypeVar("T")
+DUPLICATE_KEY = 11000
 
 
 @dataclass
@@ -42,6 +47,8 @@ class Batch:
     lease_until: dt.datetime
     buckets: list[dict[str, Any]] = field(default_factory=list)
     quarantined: list[Any] = field(default_factory=list)  # ids sent to quarantine by the claim itself
+    # (bucket id, slot) -> why: messages the caller could not decode; ``commit`` quarantines them first
+    malformed: dict[tuple[Any, int], str] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[Any]:
@@ -58,21 +65,6 @@ class Batch:
 def attempts(doc: dict[str, Any]) -> int:
     """Attempts at the bucket's messages, the current claim included."""
     return max((t or 0 for t in doc.get("t") or []), default=0) + int(doc.get("c") or 0)
-
-
-class SyncServerClock(ServerClock):
-    def sync_with(self, client: MongoClient) -> None:
-        before = time.time()
-        reply = client.admin.command("isMaster")
-        after = time.time()
-        if isinstance(reply.get("localTime"), dt.datetime):
-            self.offset_s = as_utc(reply["localTime"]).timestamp() - (before + after) / 2
-        self._synced_at = time.monotonic()
-
-    def now_synced(self, client: MongoClient) -> dt.datetime:
-        if self.stale:
-            self.sync_with(client)
-        return self.now()
 
 
 class BatchQueue:
@@ -107,10 +99,13 @@ class BatchQueue:
         self.codecs = frozenset(codecs)
         self.op_timeout_s = op_timeout_s
         self.owner = claims.owner_name()
-        self._clock = SyncServerClock()
+        self._host = self.owner.rsplit(":", 1)[0]
+        self._clock = ServerClock()
 
     def now(self) -> dt.datetime:
-        return self._clock.now_synced(self.database.client)
+        if self._clock.stale:
+            self._clock.sync_blocking(self.database.client)
+        return self._clock.now()
 
     # -- claim ---------------------------------------------------------------------------------------------
 
@@ -120,13 +115,11 @@ class BatchQueue:
             raise InvalidOption("max_buckets must be at least 1")
         batch = Batch(claims.new_token(), self.now() + dt.timedelta(seconds=self.lease))
         while len(batch.buckets) < max_buckets:
-            query, update, sort = claims.claim(self.now(), self.lease, batch.token, self.owner)
-            # Not retried (as in the consumer): a claim whose reply was lost expires with its lease.
-            doc = self.buckets.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
+            doc, reason = self._claim_one(batch.token)
             if doc is None:
                 break
-            batch.lease_until = min(batch.lease_until, as_utc(doc["lease"]["until"]))
-            reason = self._unreadable(doc)
+            if reason is None:
+                reason = self._unreadable(doc)
             if reason is None and attempts(doc) > self.max_attempts:
                 reason = (f"claimed {attempts(doc) - 1} times without a commit or release "
                           "(leases expired: the job died or hung)")
@@ -136,12 +129,35 @@ class BatchQueue:
                 continue
             last_attempt = attempts(doc) >= self.max_attempts
             if last_attempt and batch.buckets:  # the last attempt runs alone: give it back untouched
-                self._fenced_write([UpdateOne(claims.fenced(doc["_id"], batch.token), claims.release(self.now()))])
+                self._fenced_write(batch.token, {doc["_id"]: UpdateOne(claims.fenced(doc["_id"], batch.token),
+                                                                       claims.release(self.now(), batch.token))},
+                                   claims.released_by)
                 break
+            batch.lease_until = min(batch.lease_until, as_utc(doc["lease"]["until"]))
             batch.buckets.append(doc)
             if last_attempt:
                 break
         return batch if batch.buckets or batch.quarantined else None
+
+    def _claim_one(self, token: str) -> tuple[dict[str, Any] | None, str | None]:
+        """One claim under ``token``: (the bucket, None), (None, None) when none is due, or (the bucket, why it
+        must go to quarantine) for a bucket whose ``c`` is not a number (its ``$inc`` fails; as the consumer
+        does, it is claimed without the ``$inc``, or it would block every claim behind it).
+        Not retried (as in the consumer): a claim whose reply was lost expires with its lease."""
+        spec = claims.claim(self.now(), self.lease, token, self.owner)
+        try:
+            return self._find_and_claim(spec), None
+        except OperationFailure as exc:
+            if is_transient(exc):
+                raise
+            doc = self._find_and_claim(claims.claim_uncounted(spec))
+            if doc is None:
+                raise
+            return doc, f"cannot be claimed: {exc}"
+
+    def _find_and_claim(self, spec: tuple[dict, dict, list]) -> dict[str, Any] | None:
+        query, update, sort = spec
+        return self.buckets.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
 
     def _unreadable(self, doc: dict[str, Any]) -> str | None:
         try:
@@ -157,23 +173,30 @@ class BatchQueue:
     def extend(self, batch: Batch) -> int:
         """Push the lease out by ``lease`` seconds; returns how many buckets are still held."""
         now = self.now()
-        held = self._fenced_write([UpdateOne(claims.fenced(i, batch.token), claims.extend(now, self.lease))
-                                   for i in batch.ids])
+        held = self._fenced_write(batch.token, {i: UpdateOne(claims.fenced(i, batch.token),
+                                                             claims.extend(now, self.lease)) for i in batch.ids},
+                                  claims.fenced)
         batch.lease_until = now + dt.timedelta(seconds=self.lease)
-        return held
+        return len(held)
 
     def commit(self, batch: Batch) -> int:
-        """Delete the batch's buckets (fenced: a bucket whose lease was taken over is left alone). Returns how
-        many were deleted by this call."""
-        return self._fenced_write([DeleteOne(claims.fenced(i, batch.token)) for i in batch.ids])
+        """End the batch: first the messages in ``batch.malformed`` are copied to quarantine (idempotent by
+        message id), then every bucket is replaced by a tombstone (fenced: a bucket whose lease was taken over
+        is left alone). Returns how many buckets this batch finished."""
+        self._quarantine_messages(batch)
+        now = self.now()
+        return len(self._fenced_write(batch.token, {i: ReplaceOne(claims.fenced(i, batch.token),
+                                                                  claims.finish(now, batch.token))
+                                                    for i in batch.ids}, claims.finished_by))
 
     def release(self, batch: Batch, error: BaseException | str) -> dict[str, list[Any]]:
         """After a failed batch: buckets with attempts left are due again after the backoff, tries + 1;
-        the others go to quarantine with ``error``. Returns the ids ``{"released": [...], "quarantined": [...]}``."""
+        the others go to quarantine with ``error``. Returns the ids ``{"released": [...], "quarantined": [...]}``
+        (``released``: the buckets this batch's release applied to; one whose lease was lost is in neither)."""
         reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         now = self.now()
         out: dict[str, list[Any]] = {"released": [], "quarantined": []}
-        ops = []
+        ops = {}
         for doc in batch.buckets:
             tried = attempts(doc)
             if tried >= self.max_attempts:
@@ -181,44 +204,80 @@ class BatchQueue:
                 out["quarantined"].append(doc["_id"])
             else:
                 due = now + dt.timedelta(seconds=max(0.0, self.backoff.delay(tried - 1)))
-                ops.append(UpdateOne(claims.fenced(doc["_id"], batch.token),
-                                     claims.release(now, due=due, count_claim=True)))
-                out["released"].append(doc["_id"])
-        self._fenced_write(ops)
+                ops[doc["_id"]] = UpdateOne(claims.fenced(doc["_id"], batch.token),
+                                            claims.release(now, batch.token, due=due, count_claim=True))
+        out["released"] = self._fenced_write(batch.token, ops, claims.released_by)
         return out
 
     def _quarantine(self, doc: dict[str, Any], token: str, reason: str) -> None:
-        """The copy first (idempotent by ``_id``), then the fenced delete: as the consumer does."""
-        entry = quarantined_bucket(doc, reason=reason[:4000], at=self.now(), host=self.owner.rsplit(":", 1)[0],
-                                   pid=os.getpid())
+        """The copy first (idempotent by ``_id``), then the fenced finish: as the consumer does."""
+        entry = quarantined_bucket(doc, reason=reason[:4000], at=self.now(), host=self._host, pid=os.getpid())
         entry["doc"].pop("lease", None)
+        self._insert_new(self.quarantine, [entry])
+        self._fenced_write(token, {doc["_id"]: ReplaceOne(claims.fenced(doc["_id"], token),
+                                                          claims.finish(self.now(), token))}, claims.finished_by)
 
-        def copy() -> None:
+    def _quarantine_messages(self, batch: Batch) -> None:
+        """Copy each message of ``batch.malformed`` to quarantine (``kind: "message"``, its payload as stored)."""
+        if not batch.malformed:
+            return
+        at = self.now()
+        parsed: dict[Any, StoredBucket] = {}
+        held = {doc["_id"]: doc for doc in batch.buckets}
+        entries = []
+        for (bucket_id, slot), reason in batch.malformed.items():
+            if bucket_id not in parsed:
+                parsed[bucket_id] = parse_bucket(held[bucket_id])
+            entries.append(quarantined_message(parsed[bucket_id], slot, reason=reason[:4000], at=at, host=self._host,
+                                               pid=os.getpid()))
+        self._insert_new(self.quarantine, entries)
+
+    def _insert_new(self, collection: Collection, docs: list[dict[str, Any]]) -> None:
+        """Insert documents whose ``_id`` makes them idempotent: one already there (an earlier attempt got
+        through, its reply lost) is what this insert would have stored."""
+        def insert(retry: bool) -> None:
             try:
-                self.quarantine.insert_one(entry)
-            except DuplicateKeyError:
-                pass  # an earlier attempt got through
+                collection.insert_many(docs, ordered=False)
+            except BulkWriteError as exc:
+                if any(e.get("code") != DUPLICATE_KEY for e in exc.details.get("writeErrors", [])):
+                    raise
+                if exc.details.get("writeConcernErrors"):
+                    raise
 
-        self._retrying(copy)
-        self._fenced_write([DeleteOne(claims.fenced(doc["_id"], token))])
+        self._retrying(insert)
 
-    def _fenced_write(self, ops: list[Any]) -> int:
-        """Run fenced per-bucket writes; returns how many matched. A retry after an ambiguous error may count
-        less (a release cleared the token, a delete removed the bucket): nothing is applied twice."""
-        if not ops:
-            return 0
-        result = self._retrying(lambda: self.buckets.bulk_write(ops, ordered=False))
-        return result.deleted_count if isinstance(ops[0], DeleteOne) else result.matched_count
+    def _fenced_write(self, token: str, writes: dict[Any, Any], proof: Callable[[Any, str], dict]) -> list[Any]:
+        """Run fenced per-bucket writes (bucket id -> ``UpdateOne``/``ReplaceOne``); return the ids of the buckets
+        this token's writes were applied to. When some write matched nothing, or after an ambiguous error (the
+        first attempt may have been applied and its reply lost, so that the retry matches nothing: a release or
+        finish clears the token), ``proof(id, token)`` asks the bucket itself: only this token's own mark
+        counts, not a bucket that someone else changed or finished."""
+        if not writes:
+            return []
+        ops = list(writes.values())
 
-    def _retrying(self, op: Callable[[], T]) -> T:
+        def run(retry: bool) -> list[Any]:
+            result = self.buckets.bulk_write(ops, ordered=False)
+            if not retry and result.matched_count == len(ops):
+                return list(writes)
+            marked = {d["_id"] for d in self.buckets.find({"$or": [proof(i, token) for i in writes]}, {"_id": 1})}
+            return [i for i in writes if i in marked]
+
+        return self._retrying(run)
+
+    def _retrying(self, op: Callable[[bool], T]) -> T:
+        """Run ``op(retry)`` until it succeeds, retrying transient errors with backoff for up to ``op_timeout_s``;
+        ``retry`` tells it that an earlier attempt may already have been applied."""
         deadline = time.monotonic() + self.op_timeout_s
         delay = RETRY_FIRST_S
+        retry = False
         while True:
             try:
-                return op()
+                return op(retry)
             except PyMongoError as exc:
                 if not is_transient(exc) or time.monotonic() + delay > deadline:
                     raise
+            retry = True
             time.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(RETRY_MAX_S, delay * 2)
 

@@ -2,7 +2,8 @@
 
 Events (JSON payloads, codec "json"): ``{"account": "acct-17", "amount": 12.5, "seq": 123, "ts": 1716980000.25}``
 (``ts``: Unix seconds, float; ``seq``: the producer's sequence number). Payloads are decoded with
-``EVENT_SCHEMA``; a missing or mistyped field reads as null.
+``EVENT_SCHEMA``; a missing field reads as null, and a payload that does not parse with it (a mistyped field,
+invalid JSON) goes to the queue's quarantine instead of the totals.
 
 Each batch writes *partial* totals per (bucket_id, account) to ``out_dir`` partitioned by ``bucket_id``
 (dynamic partition overwrite: a re-run of a bucket replaces its partials, never adds to them). The totals per
@@ -53,7 +54,8 @@ def run_example_job(uri: str, db: str, queue: str, out_dir: str | Path, *, spark
 
     Without ``spark`` a session is built (``build_session()``) and stopped at the end. ``progress`` gets the
     events of ``BatchJob`` (``bucketq_spark.job.format_progress`` renders one as a line).
-    Returns ``{"batches", "buckets", "rows", "out_rows", "committed", "quarantined", "failed_batches", "errors",
+    Returns ``{"batches", "buckets", "rows", "malformed" (messages quarantined as unparsable), "out_rows",
+    "committed", "quarantined", "failed_batches", "errors",
     "seconds": {"session", "claim", "read", "process", "write", "commit", "rollup", "total"}, "rows_per_s"
     (rows over the five steps' seconds),
     "accounts": [{"account", "count", "amount"}, ...] (everything in ``out_dir``, sorted), "out_dir"}``.
@@ -87,6 +89,7 @@ def run_example_job(uri: str, db: str, queue: str, out_dir: str | Path, *, spark
             "batches": len(results),
             "buckets": sum(r.buckets for r in results),
             "rows": rows,
+            "malformed": sum(r.malformed for r in results),
             "out_rows": sum(r.out_rows for r in results),
             "committed": sum(r.committed for r in results),
             "quarantined": sum(len(r.quarantined) for r in results),

@@ -7,12 +7,14 @@
 
 1. claim (driver): up to ``max_buckets`` due buckets under one token and lease (``bucketq.batch.BatchQueue``,
    the consumer's claim); 2. read: the connector reads the buckets matching ``{"lease.token": token}`` and
-   Spark explodes them into one row per message (``bucketq_spark.reader``), cached; 3. process: the user's
-   ``process(df) -> df``, materialized and cached; 4. write: the lease is extended, then the result goes to an
-   idempotent sink (``bucketq_spark.sinks``); 5. commit: fenced delete of the buckets. A failure in 2-4 releases
-   the buckets (tries + 1, backoff) or, after ``max_attempts``, moves them to ``<queue>.quarantine``. A job that
-   dies between 4 and 5 leaves its buckets leased; after the lease runs out the next run claims them again
-   and rewrites the same rows: the sink keeps one copy.
+   Spark explodes them into one row per message (``bucketq_spark.reader``), cached; payloads that do not parse
+   with ``payload_schema`` are noted for quarantine (or, with ``malformed="fail"``, fail the batch);
+   3. process: the user's ``process(df) -> df`` over the other messages, materialized and cached; 4. write: the
+   lease is extended, then the result goes to an idempotent sink (``bucketq_spark.sinks``); 5. commit: the
+   malformed messages are copied to ``<queue>.quarantine`` (raw payload kept), then the buckets are replaced by
+   tombstones (fenced). A failure in 2-4 releases the buckets (tries + 1, backoff) or, after ``max_attempts``,
+   moves them to ``<queue>.quarantine``. A job that dies between 4 and 5 leaves its buckets leased; after the
+   lease runs out the next run claims them again and rewrites the same rows: the sink keeps one copy.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bson import ObjectId
+
 from bucketq.batch import Batch, BatchQueue
 from bucketq.core.backoff import Backoff
+from bucketq.errors import BucketqError, InvalidOption
 
-from bucketq_spark.reader import ReadOptions, read_messages
+from bucketq_spark.reader import ReadOptions, decode_options, payload_struct, read_messages
 from bucketq_spark.sinks import Sink
 
 if TYPE_CHECKING:
@@ -34,16 +39,23 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 STEPS = ("claim", "read", "process", "write", "commit")
+MALFORMED_CHOICES = ("quarantine", "fail")
 Progress = Callable[[dict[str, Any]], Any]
+
+
+class MalformedPayloads(BucketqError, ValueError):
+    """With ``malformed="fail"``: some payloads of the batch do not parse with ``payload_schema``."""
 
 
 @dataclass
 class BatchResult:
-    """What one cycle did. ``error`` is set when read, process, write or commit failed."""
+    """What one cycle did. ``error`` is set when read, process, write or commit failed. ``rows`` counts every
+    message read, ``malformed`` those of them that went to quarantine instead of ``process``."""
 
     token: str
     buckets: int = 0
     rows: int = 0
+    malformed: int = 0
     out_rows: int = 0
     committed: int = 0
     released: list[Any] = field(default_factory=list)
@@ -55,6 +67,13 @@ class BatchResult:
 class BatchJob:
     """Runs ``process`` over the messages of queue ``queue`` in batches of up to ``max_buckets`` buckets.
 
+    ``malformed``: what to do with messages whose payload does not parse with ``payload_schema`` (see
+    ``bucketq_spark.reader``): ``"quarantine"`` (default) copies each to ``<queue>.quarantine`` (``kind:
+    "message"``, raw payload kept) when the batch commits, and ``process`` never sees them; ``"fail"`` fails
+    the batch (``MalformedPayloads``): it is released, and after ``max_attempts`` its buckets go to quarantine
+    whole. ``payload_schema`` must be a struct; ``json_options`` may not set ``mode`` nor
+    ``columnNameOfCorruptRecord`` (``InvalidOption``).
+
     ``progress(event)`` gets dicts ``{"batch", "step", "state": "start"|"running"|"done", "elapsed_s",
     "tasks": (done, total) | None, ...}``: "running" every ``progress_interval`` s while Spark works.
     """
@@ -63,7 +82,14 @@ class BatchJob:
                  payload_schema: str | StructType, process: Callable[[DataFrame], DataFrame], sink: Sink,
                  max_buckets: int = 100, lease: float = 300.0, max_attempts: int = 5, backoff: Backoff | None = None,
                  read: ReadOptions | None = None, json_options: Mapping[str, str] | None = None,
-                 progress: Progress | None = None, progress_interval: float = 0.5) -> None:
+                 malformed: str = "quarantine", progress: Progress | None = None,
+                 progress_interval: float = 0.5) -> None:
+        if malformed not in MALFORMED_CHOICES:
+            raise InvalidOption(f"malformed must be one of {', '.join(MALFORMED_CHOICES)}, got {malformed!r}")
+        decode_options(json_options)
+        self.malformed = malformed
+        self.malformed_reason = ("payload does not parse with the Spark job's payload_schema "
+                                 f"{payload_struct(payload_schema).simpleString()}")
         self.spark = spark
         self.uri, self.database, self.queue_name = uri, database, queue
         self.payload_schema = payload_schema
@@ -83,19 +109,39 @@ class BatchJob:
         return self.queue.claim(self.max_buckets)
 
     def read(self, batch: Batch) -> tuple[DataFrame, int]:
-        """The batch's messages, cached, and their number."""
+        """The batch's messages, cached, and their number, malformed ones included. Those are noted in
+        ``batch.malformed`` for ``commit`` to quarantine, or, with ``malformed="fail"``, raise
+        ``MalformedPayloads``."""
         from pyspark import StorageLevel
 
         df = read_messages(self.spark, self.uri, self.database, self.queue_name, self.payload_schema,
                            token=batch.token, expected_docs=len(batch), read=self.read_options,
-                           json_options=self.json_options)
-        return _counted(df.persist(StorageLevel.MEMORY_AND_DISK))
+                           json_options=self.json_options).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts = {row.malformed: row["count"] for row in df.groupBy("malformed").count().collect()}
+            if counts.get(True):
+                self._note_malformed(batch, df, counts[True], sum(counts.values()))
+        except BaseException:
+            df.unpersist()
+            raise
+        return df, sum(counts.values())
+
+    def _note_malformed(self, batch: Batch, messages: DataFrame, bad: int, total: int) -> None:
+        malformed = messages.where("malformed").select("bucket_id", "slot", "message_id")
+        if self.malformed == "fail":
+            first = malformed.first()
+            raise MalformedPayloads(f"{bad} of {total} payload(s) do not parse with payload_schema "
+                                    f"(first: message {first.message_id})")
+        batch.malformed.update({(ObjectId(row.bucket_id), row.slot): self.malformed_reason
+                                for row in malformed.collect()})
 
     def process(self, messages: DataFrame) -> tuple[DataFrame, int]:
-        """The user's result, computed (so its failures surface here) and cached, and its row count."""
+        """The user's result over the messages that parsed (``malformed`` false, the column dropped), computed
+        (so its failures surface here) and cached, and its row count."""
         from pyspark import StorageLevel
 
-        return _counted(self.process_fn(messages).persist(StorageLevel.MEMORY_AND_DISK))
+        wellformed = messages.where("NOT malformed").drop("malformed")
+        return _counted(self.process_fn(wellformed).persist(StorageLevel.MEMORY_AND_DISK))
 
     def write(self, batch: Batch, out: DataFrame) -> None:
         self.queue.extend(batch)
@@ -122,6 +168,7 @@ class BatchJob:
             with self._step("read", buckets=len(batch), messages=batch.messages) as t:
                 messages, result.rows = self.read(batch)
                 cached.append(messages)
+                result.malformed = len(batch.malformed)
             result.seconds["read"] = t.seconds
             with self._step("process", rows=result.rows) as t:
                 out, result.out_rows = self.process(messages)
@@ -141,10 +188,10 @@ class BatchJob:
             for df in cached:
                 df.unpersist()
         try:
-            with self._step("commit", buckets=len(batch)) as t:
+            with self._step("commit", buckets=len(batch), malformed=len(batch.malformed)) as t:
                 result.committed = self.commit(batch)
             result.seconds["commit"] = t.seconds
-        except Exception as exc:  # written but not deleted: the lease runs out and a re-run rewrites the same rows
+        except Exception as exc:  # written but not finished: the lease runs out and a re-run rewrites the same rows
             result.error = f"commit failed: {type(exc).__name__}: {_first_line(exc)}"
         return result
 
@@ -244,7 +291,7 @@ def format_progress(event: dict[str, Any]) -> str:
         text += f" {event['elapsed_s']:.1f}s"
     if event.get("tasks"):
         text += " (tasks {}/{})".format(*event["tasks"])
-    for key in ("buckets", "messages", "rows", "out_rows", "released", "quarantined"):
+    for key in ("buckets", "messages", "rows", "malformed", "out_rows", "released", "quarantined"):
         if key in event:
             text += f" {key}={event[key]}"
     return text

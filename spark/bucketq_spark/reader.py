@@ -10,6 +10,13 @@ The message columns (``MESSAGE_COLUMNS``), in this order:
     key          STRING     dedupe key or null
     headers      STRING     the headers document as JSON, or null
     payload      STRUCT     ``from_json(p[slot], payload_schema)``: the schema is the caller's, never inferred
+    malformed    BOOLEAN    the payload does not parse with the schema; ``payload`` is then partial or null
+
+``malformed`` is Spark's own verdict (``from_json`` in PERMISSIVE mode with a corrupt-record column, or a null
+result): invalid JSON, a value of the wrong type for its field (``"amount": "x"`` for a DOUBLE, ``1.5`` for a
+LONG), a top-level value that is not an object (``42``, ``[...]``, ``null``), an empty string. A missing field
+is not malformed (it reads as null), nor is an extra one, nor text after the first JSON value (Spark ignores it).
+The batch job quarantines malformed messages instead of handing them to ``process`` (``BatchJob(malformed=...)``).
 
 Slots listed in ``done`` (finished by an async consumer before a crash) are skipped. Only ``enc = "json"``
 buckets can be decoded here: the batch claim quarantines the others (``BatchQueue(codecs=("json",))``).
@@ -22,6 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bucketq.core import claims
+from bucketq.errors import InvalidOption
+
 from bucketq_spark.session import PAGINATE_INTO_PARTITIONS, SINGLE_PARTITION
 
 if TYPE_CHECKING:
@@ -33,7 +43,11 @@ BUCKET_SCHEMA = (
     "k ARRAY<STRING>, t ARRAY<LONG>, o ARRAY<STRING>, e ARRAY<TIMESTAMP>"
 )
 BUCKET_FIELDS = ("_id", "created", "c", "p", "done", "h", "k", "t", "o", "e")
-MESSAGE_COLUMNS = ("bucket_id", "slot", "message_id", "tries", "enqueued_at", "key", "headers", "payload")
+MESSAGE_COLUMNS = ("bucket_id", "slot", "message_id", "tries", "enqueued_at", "key", "headers", "payload", "malformed")
+# from_json's corrupt-record field, added to the caller's schema for the decode and dropped from ``payload``
+CORRUPT_FIELD = "_bucketq_corrupt_record"
+# from_json options the reader sets itself: malformed payloads must be seen, never turned into an exception
+RESERVED_JSON_OPTIONS = ("mode", "columnNameOfCorruptRecord")
 
 
 @dataclass(frozen=True)
@@ -67,9 +81,9 @@ class ReadOptions:
 def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, token: str | None = None,
                  pipeline: list[dict[str, Any]] | None = None, expected_docs: int | None = None,
                  read: ReadOptions | None = None) -> DataFrame:
-    """The bucket documents of ``queue`` (all of them, or those leased under ``token``) as rows of
+    """The bucket documents of ``queue`` (all live ones, or those leased under ``token``) as rows of
     ``BUCKET_SCHEMA``. ``pipeline`` stages run after the token match, before the projection."""
-    stages: list[dict[str, Any]] = [{"$match": {"lease.token": token}}] if token is not None else []
+    stages: list[dict[str, Any]] = [{"$match": {"lease.token": token} if token is not None else claims.LIVE}]
     stages += list(pipeline or [])
     stages.append({"$project": {f: 1 for f in BUCKET_FIELDS}})
     options = (read or ReadOptions()).reader_options(expected_docs, spark.sparkContext.defaultParallelism)
@@ -85,14 +99,45 @@ def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, to
     )
 
 
+def payload_struct(payload_schema: str | StructType) -> StructType:
+    """The payload schema as a ``StructType`` (a DDL string is parsed by Spark: a session must be active).
+    Raises ``InvalidOption`` for anything but a struct, or one using the reader's ``CORRUPT_FIELD``."""
+    from pyspark.sql.types import DataType, StructType
+
+    try:
+        schema = DataType.fromDDL(payload_schema) if isinstance(payload_schema, str) else payload_schema
+    except Exception as exc:  # Spark's ParseException, whose message names the position
+        raise InvalidOption(f"payload_schema {payload_schema!r} does not parse: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(schema, StructType):
+        raise InvalidOption(f"payload_schema must be a struct (fields of a JSON object), got {schema!r}")
+    if CORRUPT_FIELD in schema.fieldNames():
+        raise InvalidOption(f"payload_schema may not have a field named {CORRUPT_FIELD!r} (the reader's own)")
+    return schema
+
+
+def decode_options(json_options: Mapping[str, str] | None) -> dict[str, str]:
+    """``from_json`` options: the caller's, then PERMISSIVE mode with ``CORRUPT_FIELD``. Raises ``InvalidOption``
+    if the caller sets one of ``RESERVED_JSON_OPTIONS`` (Spark's option names ignore case)."""
+    options = {k: str(v) for k, v in (json_options or {}).items()}
+    reserved = sorted(k for k in options if k.lower() in {r.lower() for r in RESERVED_JSON_OPTIONS})
+    if reserved:
+        raise InvalidOption(f"json_options may not set {', '.join(reserved)}: malformed payloads are flagged in "
+                            "the 'malformed' column (the batch job's malformed= chooses quarantine or failure)")
+    return {**options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_FIELD}
+
+
 def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
                      json_options: Mapping[str, str] | None = None) -> DataFrame:
     """One row per unfinished message of ``buckets`` (rows of ``BUCKET_SCHEMA``), columns ``MESSAGE_COLUMNS``."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
 
+    schema = payload_struct(payload_schema)
+    with_corrupt = StructType([*schema.fields, StructField(CORRUPT_FIELD, StringType())])
+    options = decode_options(json_options)
     exploded = buckets.select("*", F.posexplode("p").alias("slot", "raw"))
     slot = F.col("slot")
-    return exploded.where(~F.coalesce(F.array_contains("done", slot.cast("long")), F.lit(False))).select(
+    messages = exploded.where(~F.coalesce(F.array_contains("done", slot.cast("long")), F.lit(False))).select(
         F.col("_id").alias("bucket_id"),
         slot,
         F.coalesce(F.get("o", slot), F.concat_ws(":", "_id", slot.cast("string"))).alias("message_id"),
@@ -100,7 +145,14 @@ def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
         F.coalesce(F.get("e", slot), F.col("created")).alias("enqueued_at"),
         F.get("k", slot).alias("key"),
         F.get("h", slot).alias("headers"),
-        F.from_json("raw", payload_schema, dict(json_options or {})).alias("payload"),
+        F.col("raw"),
+        F.from_json("raw", with_corrupt, options).alias("decoded"),
+    )
+    decoded = F.col("decoded")
+    return messages.select(
+        *MESSAGE_COLUMNS[:-2],
+        decoded.dropFields(CORRUPT_FIELD).alias("payload"),
+        (F.col("raw").isNotNull() & (decoded.isNull() | decoded[CORRUPT_FIELD].isNotNull())).alias("malformed"),
     )
 
 

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     print(file=sys.stderr)
     steps = ", ".join(f"{k} {v:.2f}s" for k, v in result["seconds"].items())
     print(f"{result['batches']} batch(es), {result['buckets']} buckets, {result['rows']} rows "
-          f"({result['rows_per_s']:,.0f} rows/s); {steps}")
+          f"({result['rows_per_s']:,.0f} rows/s, {result['malformed']} malformed: quarantined); {steps}")
     for err in result["errors"]:
         print(f"failed batch: {err}")
     for row in result["accounts"]:

@@ -1,13 +1,19 @@
 """The Spark batch cycle on local[2] against the test server: claim -> read -> process -> write -> commit,
-release on failure, no duplicates after a crash between write and commit, quarantine of a poisoned bucket."""
+release on failure, no duplicates after a crash between write and commit, quarantine of a poisoned bucket and
+of single payloads that do not parse with the job's schema."""
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import time
 from collections import defaultdict
 
 import pytest
+from bson import ObjectId
 
+from bucketq import InvalidOption
+from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 
 pytestmark = pytest.mark.spark
@@ -66,7 +72,7 @@ async def test_example_job_full_cycle(spark, make_queue, mongo_uri, db_name, syn
         expected[e["account"]][1] += e["amount"]
     assert [(a["account"], a["count"]) for a in result["accounts"]] == [(k, v[0]) for k, v in sorted(expected.items())]
     assert all(a["amount"] == pytest.approx(expected[a["account"]][1]) for a in result["accounts"])
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents(claims.LIVE) == 0
     assert len(list((tmp_path / "totals").glob("bucket_id=*"))) == 12
     done_steps = {(e["batch"], e["step"]) for e in seen if e["state"] == "done"}
     assert {(1, s) for s in ("claim", "read", "process", "write", "commit")} <= done_steps
@@ -88,7 +94,7 @@ async def test_mongo_sink_rewrite_keeps_one_copy(spark, make_queue, mongo_uri, d
     assert n == 200 and sync_db.out.count_documents({}) == 200
     doc = sync_db.out.find_one({"seq": 7})
     assert doc["_id"] == doc["message_id"] == f"{doc['bucket_id']}:{doc['slot']}" and doc["tries"] == 0
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents(claims.LIVE) == 0
 
 
 async def test_failure_in_process_releases_then_retry_succeeds(spark, make_queue, mongo_uri, db_name, sync_db,
@@ -116,7 +122,7 @@ async def test_failure_in_process_releases_then_retry_succeeds(spark, make_queue
     df = sink.read(spark)
     _assert_exactly_once(df, range(200))
     assert {r.tries for r in df.select("tries").distinct().collect()} == {1}  # one failed attempt before
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents(claims.LIVE) == 0
 
 
 async def test_crash_between_write_and_commit_leaves_no_duplicates(spark, make_queue, mongo_uri, db_name, sync_db,
@@ -143,7 +149,7 @@ async def test_crash_between_write_and_commit_leaves_no_duplicates(spark, make_q
     _assert_exactly_once(df, range(400))
     retried = {r.bucket_id for r in df.where("tries = 1").select("bucket_id").distinct().collect()}
     assert retried == crashed_ids
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents(claims.LIVE) == 0
 
 
 async def test_poisoned_bucket_ends_in_quarantine(spark, make_queue, mongo_uri, db_name, sync_db, tmp_path) -> None:
@@ -170,7 +176,7 @@ async def test_poisoned_bucket_ends_in_quarantine(spark, make_queue, mongo_uri, 
     assert len(entries) == 1 and "poisoned" in entries[0]["reason"] and "failed 2 attempt(s)" in entries[0]["reason"]
     assert entries[0]["doc"]["p"][23].find('"seq":123') >= 0
     _assert_exactly_once(sink.read(spark), [i for i in range(200) if not 100 <= i < 150])
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents(claims.LIVE) == 0
 
 
 def test_readbench(spark, mongo_uri, db_name, sync_db) -> None:
@@ -181,3 +187,88 @@ def test_readbench(spark, mongo_uri, db_name, sync_db) -> None:
     assert out["bucketq"]["rows"] == out["naive"]["rows"] == 2000
     assert out["bucketq"]["rows_per_s"] > 0 and out["naive"]["rows_per_s"] > 0 and out["speedup"] > 0
     assert "readbench" not in sync_db.list_collection_names()
+
+
+async def test_malformed_payload_goes_to_quarantine_raw_and_the_rest_to_the_sink(spark, make_queue, mongo_uri,
+                                                                                 db_name, sync_db, tmp_path) -> None:
+    from bucketq_spark.sinks import ParquetSink
+
+    events = _events(0, 200)
+    events[77]["amount"] = "12,50 EUR"  # valid JSON, but not a DOUBLE: from_json alone would give amount = null
+    await _push(make_queue, events)  # 4 buckets; the second holds seq 77 at slot 27
+    stored = {d["_id"]: d["p"] for d in sync_db.events.find()}
+    sink = ParquetSink(str(tmp_path / "rows"))
+
+    with _job(spark, mongo_uri, db_name, sink) as job:
+        results = job.run()
+
+    entries = list(sync_db["events.quarantine"].find())
+    assert len(entries) == 1, "the malformed payload vanished"
+    entry = entries[0]
+    bucket_id, slot = entry["origin"]["bucket"], entry["origin"]["slot"]
+    assert (entry["_id"], entry["kind"], entry["enc"], slot) == (f"{bucket_id}:{slot}", "message", "json", 27)
+    assert entry["p"] == stored[bucket_id][slot] and '"12,50 EUR"' in entry["p"]  # the raw text, as stored
+    assert "payload_schema" in entry["reason"] and "amount:double" in entry["reason"]
+    assert entry["pid"] == os.getpid() and entry["host"] and isinstance(entry["at"], dt.datetime)
+    _assert_exactly_once(sink.read(spark), [i for i in range(200) if i != 77])
+    assert [(r.error, r.buckets, r.rows, r.malformed, r.committed) for r in results] == [(None, 4, 200, 1, 4)]
+    assert sync_db.events.count_documents(claims.LIVE) == 0
+
+
+async def test_malformed_fail_fails_the_batch_until_its_bucket_is_quarantined_whole(spark, make_queue, mongo_uri,
+                                                                                    db_name, sync_db,
+                                                                                    tmp_path) -> None:
+    from bucketq_spark.sinks import ParquetSink
+
+    events = _events(0, 50)
+    events[3]["seq"] = 3.5  # not a LONG
+    await _push(make_queue, events)
+    sink = ParquetSink(str(tmp_path / "rows"))
+
+    with _job(spark, mongo_uri, db_name, sink, malformed="fail", max_attempts=2) as job:
+        results = job.run()
+
+    assert [(len(r.released), len(r.quarantined), r.committed) for r in results] == [(1, 0, 0), (0, 1, 0)]
+    assert all(r.error.startswith("MalformedPayloads: 1 of 50 payload(s) do not parse with payload_schema")
+               for r in results)
+    (entry,) = sync_db["events.quarantine"].find()
+    assert entry["kind"] == "bucket" and '"seq":3.5' in entry["doc"]["p"][3] and "MalformedPayloads" in entry["reason"]
+    assert not (tmp_path / "rows").exists() and sync_db.events.count_documents(claims.LIVE) == 0
+
+
+def test_reader_flags_exactly_the_payloads_that_do_not_parse(spark, mongo_uri, db_name, sync_db) -> None:
+    from bucketq_spark.reader import read_messages
+
+    verdicts = {  # payload -> malformed?
+        '{"account":"a","amount":1.5,"seq":1,"ts":2.0}': False,
+        "{}": False,  # missing fields read as null
+        '{"account":"a","extra":[1]}': False,  # extra fields are ignored
+        '{"account":"a","amount":"x"}': True, '{"seq":1.5}': True, '{"amount":true}': True,
+        "{bad": True, "42": True, '"text"': True, "null": True, '[{"account":"b"}]': True, "": True,
+    }
+    payloads = list(verdicts)
+    now = dt.datetime.now(dt.timezone.utc)
+    sync_db.events.insert_many([
+        {"_id": ObjectId(), "v": 1, "enc": "json", "created": now, "due": now, "n": len(payloads) + 1,
+         "p": [*payloads, "{also bad}"], "done": [len(payloads)], "c": 1, "lease": None},
+        {"_id": ObjectId(), **claims.finish(now, "t")},  # a tombstone: not read
+    ])
+
+    df = read_messages(spark, mongo_uri, db_name, "events", SCHEMA)
+    rows = sorted(df.select("slot", "malformed", "payload").collect())
+
+    assert [(payloads[r.slot], r.malformed) for r in rows] == list(verdicts.items())  # the done slot skipped
+    assert df.schema["payload"].dataType.fieldNames() == ["account", "amount", "seq", "ts"]
+    assert rows[0].payload.asDict() == {"account": "a", "amount": 1.5, "seq": 1, "ts": 2.0}
+
+
+@pytest.mark.parametrize("bad", [{"payload_schema": "ARRAY<STRING>"}, {"payload_schema": "account STRNG"},
+                                 {"json_options": {"MODE": "FAILFAST"}}, {"malformed": "skip"}])
+def test_batch_job_rejects_options_that_would_hide_malformed_payloads(spark, mongo_uri, db_name, tmp_path,
+                                                                      bad) -> None:
+    from bucketq_spark.job import BatchJob
+    from bucketq_spark.sinks import ParquetSink
+
+    kw = {"payload_schema": SCHEMA, "process": _rows, "sink": ParquetSink(str(tmp_path)), **bad}
+    with pytest.raises(InvalidOption):
+        BatchJob(spark, mongo_uri, db_name, "events", **kw)

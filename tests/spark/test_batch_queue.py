@@ -1,13 +1,18 @@
-"""``bucketq.batch.BatchQueue``, the driver side of the Spark batch cycle (pymongo only, no Spark)."""
+"""``bucketq.batch.BatchQueue``, the driver side of the Spark batch cycle (pymongo only, no Spark): claims,
+tombstones, quarantine, and fenced writes whose reply is lost (injected) and retried."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from bson import ObjectId
+from pymongo.errors import AutoReconnect
 
 from bucketq.batch import BatchQueue
+from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 
 PAST = dt.datetime(2020, 1, 1)
@@ -31,6 +36,33 @@ def _expire_leases(sync_db) -> None:
     sync_db.events.update_many({"lease": {"$ne": None}}, {"$set": {"due": PAST}})
 
 
+def _lose_first_reply(collection: Any, method: str, *, applied: bool = True,
+                      meanwhile: Callable[[], Any] | None = None) -> list[int]:
+    """Make the first call of ``collection.<method>`` lose its reply: it is applied (or not), ``meanwhile`` runs
+    (another client acting before the retry), then it raises ``AutoReconnect``. Returns the list of calls."""
+    real = getattr(collection, method)
+    calls: list[int] = []
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 1:
+            return real(*args, **kwargs)
+        if applied:
+            real(*args, **kwargs)
+        if meanwhile is not None:
+            meanwhile()
+        raise AutoReconnect("connection closed (injected: the reply was lost)")
+
+    setattr(collection, method, wrapper)
+    return calls
+
+
+def _raw_bucket(**fields: Any) -> dict:
+    doc = {"_id": ObjectId(), "v": 1, "enc": "json", "created": PAST, "due": PAST, "n": 2, "p": ['{"i": 1}', "{bad"],
+           "done": [], "c": 0, "lease": None}
+    return {**doc, **fields}
+
+
 async def test_claim_commit_and_fencing(make_queue, sync_db, bq) -> None:
     await _fill(make_queue)
     batch = bq.claim(3)
@@ -45,9 +77,13 @@ async def test_claim_commit_and_fencing(make_queue, sync_db, bq) -> None:
     _expire_leases(sync_db)
     takeover = bq.claim(10)  # the three expired leases of `batch` and the one of `rest`
     assert len(takeover) == 4
-    assert bq.commit(batch) == 0  # fenced: the old token deletes nothing
+    assert bq.commit(batch) == 0  # fenced: the old token finishes nothing
     assert bq.commit(takeover) == 4
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents(claims.LIVE) == 0
+    tombstones = list(sync_db.events.find({"fin.token": takeover.token}))
+    assert len(tombstones) == 4 and all("p" not in d and d["due"] == claims.TOMBSTONE_DUE.replace(tzinfo=None)
+                                        for d in tombstones)
+    assert bq.claim(10) is None  # tombstones are never claimed
 
 
 async def test_release_backoff_then_quarantine_after_max_attempts(make_queue, sync_db, bq) -> None:
@@ -74,7 +110,8 @@ async def test_release_backoff_then_quarantine_after_max_attempts(make_queue, sy
 
     second = bq.claim(10)
     assert len(second) == 1 and bq.commit(second) == 1
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents(claims.LIVE) == 0
+    assert sync_db.events.count_documents({"fin.token": first.token}) == 1  # quarantine left a tombstone too
 
 
 async def test_claim_quarantines_unreadable_and_expired_too_often(make_queue, sync_db, bq) -> None:
@@ -89,4 +126,103 @@ async def test_claim_quarantines_unreadable_and_expired_too_often(make_queue, sy
     assert any("codec 'msgpack'" in r for r in reasons)
     assert any("format version 99" in r for r in reasons)
     assert any("claimed 3 times without a commit or release" in r for r in reasons)
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents(claims.LIVE) == 0
+
+
+async def test_claim_quarantines_a_bucket_with_a_non_numeric_claim_count(make_queue, sync_db, bq) -> None:
+    bad = _raw_bucket(c="x")  # hand-edited: the claim's $inc fails on it
+    sync_db.events.insert_one(bad)
+    await _fill(make_queue, n=20)
+
+    batch = bq.claim(10)
+
+    assert batch.quarantined == [bad["_id"]] and len(batch) == 2
+    entry = sync_db["events.quarantine"].find_one()
+    assert entry["_id"] == bad["_id"] and entry["kind"] == "bucket" and entry["doc"]["c"] == "x"
+    assert entry["reason"].startswith("cannot be claimed:") and "lease" not in entry["doc"]
+    assert sync_db.events.find_one({"_id": bad["_id"]})["fin"]["token"] == batch.token
+    assert bq.commit(batch) == 2 and bq.claim(10) is None
+
+
+async def test_commit_retried_after_a_lost_reply_counts_its_own_tombstones(make_queue, sync_db, bq) -> None:
+    await _fill(make_queue, n=30)
+    batch = bq.claim(10)
+    calls = _lose_first_reply(bq.buckets, "bulk_write")
+
+    assert bq.commit(batch) == 3  # the retry matches nothing: the tombstones say this token finished them
+    assert len(calls) == 2
+    assert all(sync_db.events.find_one(claims.finished_by(i, batch.token)) for i in batch.ids)
+
+
+async def test_release_retried_after_a_lost_reply(make_queue, sync_db, bq) -> None:
+    await _fill(make_queue, n=20)
+    batch = bq.claim(10)
+    calls = _lose_first_reply(bq.buckets, "bulk_write")
+
+    out = bq.release(batch, "boom")
+
+    assert sorted(out["released"]) == sorted(batch.ids) and len(calls) == 2
+    docs = list(sync_db.events.find())
+    assert all(d["lease"] is None and d["c"] == 1 and d["released"] == batch.token for d in docs)
+
+
+@pytest.mark.parametrize("step, others_write", [
+    ("commit", lambda coll, i, now: coll.replace_one({"_id": i}, claims.finish(now, "other"))),
+    ("release", lambda coll, i, now: coll.update_one({"_id": i}, claims.release(now, "other"))),
+])
+async def test_retry_after_a_lost_reply_does_not_count_someone_elses_write(make_queue, sync_db, bq, step,
+                                                                           others_write) -> None:
+    await _fill(make_queue, n=10)
+    batch = bq.claim(10)
+    (bucket_id,) = batch.ids
+
+    def taken_over() -> None:  # the lease ran out; another job claimed the bucket and finished or released it
+        others_write(sync_db.events, bucket_id, dt.datetime.now(dt.timezone.utc))
+
+    calls = _lose_first_reply(bq.buckets, "bulk_write", applied=False, meanwhile=taken_over)
+    applied = bq.commit(batch) if step == "commit" else len(bq.release(batch, "boom")["released"])
+    assert applied == 0 and len(calls) == 2  # the bucket changed, but not by this batch's hand
+    assert sync_db["events.quarantine"].count_documents({}) == 0
+
+
+async def test_extend_retried_after_a_lost_reply_counts_what_is_still_held(make_queue, sync_db, bq) -> None:
+    await _fill(make_queue, n=20)
+    batch = bq.claim(10)
+    lost = batch.ids[0]
+
+    def one_taken_over() -> None:
+        sync_db.events.update_one({"_id": lost}, {"$set": {"lease.token": "other"}})
+
+    calls = _lose_first_reply(bq.buckets, "bulk_write", meanwhile=one_taken_over)
+    assert bq.extend(batch) == 1 and len(calls) == 2
+
+
+async def test_commit_quarantines_malformed_messages_first_even_after_a_lost_reply(make_queue, sync_db,
+                                                                                   bq) -> None:
+    bucket = _raw_bucket(h=[None, {"src": "x"}], k=[None, "key-1"])
+    sync_db.events.insert_one(bucket)
+    batch = bq.claim(10)
+    batch.malformed[(bucket["_id"], 1)] = "does not parse"
+    calls = _lose_first_reply(bq.quarantine, "insert_many")
+
+    assert bq.commit(batch) == 1 and len(calls) == 2  # the retried insert finds its entry there: no error
+    (entry,) = sync_db["events.quarantine"].find()
+    assert entry["_id"] == f"{bucket['_id']}:1" and entry["kind"] == "message" and entry["reason"] == "does not parse"
+    assert (entry["p"], entry["enc"], entry["h"], entry["k"]) == ("{bad", "json", {"src": "x"}, "key-1")
+    assert entry["origin"] == {"bucket": bucket["_id"], "slot": 1} and entry["pid"] > 0 and entry["host"]
+    assert sync_db.events.find_one({"_id": bucket["_id"]})["fin"]["token"] == batch.token
+
+
+async def test_commit_that_cannot_quarantine_finishes_nothing(make_queue, sync_db, bq) -> None:
+    bucket = _raw_bucket()
+    sync_db.events.insert_one(bucket)
+    batch = bq.claim(10)
+    batch.malformed[(bucket["_id"], 1)] = "does not parse"
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError("insert refused (injected)")
+
+    bq.quarantine.insert_many = refused
+    with pytest.raises(PermissionError):
+        bq.commit(batch)
+    assert sync_db.events.find_one({"_id": bucket["_id"]})["lease"]["token"] == batch.token  # still held, intact
