@@ -1,7 +1,8 @@
 """The ``bucketq`` command line: inspect, feed, drain and work queues. ``bucketq --help`` lists the commands.
 
-One module per command; shared pieces: ``common`` (options, connection, running), ``errors`` (one-line
-messages), ``output`` (JSON and human formats).
+One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``entries`` (dead, quarantine),
+``worker``. Shared pieces: ``common`` (options, connection, finding queues, running, one-line redacted errors,
+signals), ``params`` (durations), ``output`` (JSON and human formats).
 """
 
 from __future__ import annotations
@@ -10,12 +11,10 @@ from typing import Any
 
 import click
 
-from bucketq.cli.drain import drain
+from bucketq.cli.common import log_to_stderr, redacted
 from bucketq.cli.entries import DEAD, QUARANTINE, group
-from bucketq.cli.errors import log_to_stderr, redacted
-from bucketq.cli.peek import peek
 from bucketq.cli.push import push
-from bucketq.cli.stats import stats
+from bucketq.cli.queues import drain, peek, stats
 from bucketq.cli.worker import worker
 
 __all__ = ["cli", "main"]

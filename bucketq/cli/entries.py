@@ -1,4 +1,5 @@
-"""``bucketq dead`` and ``bucketq quarantine``: list, requeue and purge, filtered by age, error text or id."""
+"""``bucketq dead`` and ``bucketq quarantine``: list, requeue and purge, filtered by age, error text or id; and
+the entries as plain dicts (for JSON) and as a table."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ import click
 from bson import ObjectId
 
 from bucketq.admin import entry_filter
-from bucketq.cli.common import Target, connection_options, open_queue, run
-from bucketq.cli.entry_view import entry_table, entry_view
-from bucketq.cli.errors import CliError
-from bucketq.cli.output import console, to_json
+from bucketq.cli.common import CliError, Target, connection_options, open_queue, run
+from bucketq.cli.output import console, preview, relative, table, to_json
 from bucketq.cli.params import DURATION
+from bucketq.codecs import codec_named
 
 
 @dataclass(frozen=True)
@@ -133,3 +133,44 @@ def _ids(ids: tuple[str, ...]) -> list[Any] | None:
     if not ids:
         return None
     return [v for i in ids for v in ([ObjectId(i), i] if ObjectId.is_valid(i) else [i])]
+
+
+# -- views ---------------------------------------------------------------------------------------------------
+
+def entry_view(entry: dict[str, Any]) -> dict[str, Any]:
+    """A dead letter (``error``) or quarantine entry (``reason``, ``kind``) with its payload decoded."""
+    view: dict[str, Any] = {"id": entry["_id"]}
+    for field in ("kind", "at", "tries", "error", "reason", "enqueued_at"):
+        if field in entry:
+            view[field] = entry[field]
+    for field, name in (("h", "headers"), ("k", "key")):
+        if entry.get(field) is not None:
+            view[name] = entry[field]
+    if entry.get("kind") == "bucket":
+        doc = entry.get("doc") or {}
+        view["messages"] = len(doc.get("p") or [])
+    elif "p" in entry:
+        try:
+            view["payload"] = codec_named(entry.get("enc", "json")).load(entry["p"])
+        except Exception as exc:
+            view["undecodable"] = f"{type(exc).__name__}: {exc}"
+    return view
+
+
+def entry_table(views: list[dict[str, Any]], reason: str) -> Any:
+    from rich.markup import escape
+    now = dt.datetime.now(dt.timezone.utc)
+    quarantine = reason == "reason"
+    grid = table()
+    for column in ("id", "at", "kind" if quarantine else "tries", reason, "payload"):
+        grid.add_column(column, no_wrap=column in ("id", "at"))
+    for v in views:
+        if "payload" in v:
+            payload = escape(preview(v["payload"], 120))
+        elif "messages" in v:
+            payload = f"(whole bucket, {v['messages']} messages)"
+        else:
+            payload = f"[red]{escape(v.get('undecodable', '-'))}[/]"
+        grid.add_row(str(v["id"]), relative(v.get("at"), now), str(v.get("kind" if quarantine else "tries", "-")),
+                      escape(str(v.get(reason, ""))), payload)
+    return grid

@@ -1,25 +1,24 @@
-"""``bucketq push``: JSON payloads from arguments or stdin lines into a queue, with progress and a summary."""
+"""``bucketq push``: JSON payloads from arguments or stdin lines into a queue, pipelined, with progress and a
+summary. Stdin is read without blocking the event loop, so bucket writes go on while input is awaited."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 import click
 import orjson
 
-from bucketq.cli.common import Target, connection_options, open_queue, run
-from bucketq.cli.errors import CliError
-from bucketq.cli.lines import read_lines
+from bucketq.cli.common import CliError, Target, connection_options, open_queue, run
 from bucketq.cli.params import DURATION
-from bucketq.cli.progress import PushProgress
-from bucketq.cli.pusher import Pusher
-from bucketq.errors import EncodeError, InvalidOption, PayloadTooLarge
-
+from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, WriteFailed
+from bucketq.queue import Queue
 
 class BadInput(Exception):
     def __init__(self, where: str, reason: str) -> None:
@@ -123,3 +122,114 @@ def _stdin_size() -> int | None:
     except (AttributeError, OSError, ValueError):
         return None
     return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+# -- pipelined pushing ---------------------------------------------------------------------------------------
+
+WINDOW = 8192  # pending pushes before waiting for the oldest; several buckets' worth
+
+
+class Pusher:
+    """Many pushes in flight at once, in order, with a bounded window of pending ids."""
+
+    def __init__(self, queue: Queue, *, delay: float | None = None) -> None:
+        self._queue = queue
+        self._delay = delay
+        self._pending: deque[asyncio.Future[str]] = deque()
+        self.stored = 0
+        self.failed = 0
+        self.first_error: BaseException | None = None
+
+    async def push(self, payload: Any) -> None:
+        """Buffer one payload (``EncodeError``/``PayloadTooLarge`` raise here); waits only to bound the window."""
+        while True:
+            try:
+                future = self._queue.push_nowait(payload, delay=self._delay)
+                break
+            except BufferFull:
+                if not self._pending:
+                    future = asyncio.ensure_future(self._queue.push(payload, delay=self._delay))
+                    break
+                await self._settle(self._pending.popleft())
+        self._pending.append(future)
+        while len(self._pending) > WINDOW:
+            await self._settle(self._pending.popleft())
+
+    async def finish(self) -> None:
+        """Write what is buffered and wait for every push."""
+        await self._queue.flush()
+        while self._pending:
+            await self._settle(self._pending.popleft())
+
+    async def _settle(self, future: asyncio.Future[str]) -> None:
+        try:
+            await future
+            self.stored += 1
+        except WriteFailed as exc:
+            self.failed += 1
+            self.first_error = self.first_error or exc
+
+
+# -- stdin ---------------------------------------------------------------------------------------------------
+
+CHUNK = 1 << 16
+
+
+async def read_lines(fd: int) -> AsyncIterator[tuple[bytes, int]]:
+    """Yield ``(line, bytes consumed so far)`` for each line of ``fd``, the last one even without a newline."""
+    buffer = bytearray()
+    consumed = 0
+    while chunk := await asyncio.to_thread(os.read, fd, CHUNK):
+        buffer += chunk
+        end = buffer.rfind(b"\n")
+        if end < 0:
+            continue
+        complete, buffer = bytes(buffer[:end]), buffer[end + 1:]
+        for line in complete.split(b"\n"):
+            consumed += len(line) + 1
+            yield line, consumed
+    if buffer:
+        yield bytes(buffer), consumed + len(buffer)
+
+
+# -- progress bar --------------------------------------------------------------------------------------------
+
+SHOW_AFTER = 1000
+UPDATE_EVERY = 256
+
+
+class PushProgress:
+    """A progress bar on stderr for large pushes: shown on a terminal once the input passes ``SHOW_AFTER`` lines."""
+
+    def __init__(self, enabled: bool | None, total_bytes: int | None) -> None:
+        """``enabled``: True/False forces it; None shows it on a terminal for large inputs. ``total_bytes``
+        (stdin is a regular file) gives a percentage; otherwise the bar pulses."""
+        self._enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._show_after = SHOW_AFTER if enabled is None else 0
+        self._total = total_bytes or None
+        self._bar: Any = None
+        self._task: Any = None
+
+    def update(self, messages: int, consumed: int, *, force: bool = False) -> None:
+        if not self._enabled or (messages % UPDATE_EVERY and not force):
+            return
+        if self._bar is None:
+            if messages < self._show_after:
+                return
+            self._start()
+        self._bar.update(self._task, completed=consumed if self._total else messages,
+                         description=f"{messages:,} messages")
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def _start(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("pushing {task.description}"), BarColumn(), TaskProgressColumn(),
+                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self._task = self._bar.add_task("", total=self._total)
+        self._bar.start()

@@ -1,17 +1,18 @@
-"""``bucketq worker``: run a ``bucketq.Worker`` over a handler until SIGTERM or Ctrl-C, then stop gracefully."""
+"""``bucketq worker``: run a ``bucketq.Worker`` over a handler until SIGTERM or Ctrl-C, then stop gracefully.
+``MODULE:HANDLER`` is loaded with the current directory importable (like uvicorn)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+import sys
 import time
 from typing import Any
 
 import click
 
-from bucketq.cli.common import Target, connection_options, open_queue, run
-from bucketq.cli.errors import CliError, log_to_stderr
-from bucketq.cli.handler import load_handler
-from bucketq.cli.signals import stop_on_signals
+from bucketq.cli.common import CliError, Target, connection_options, log_to_stderr, open_queue, run, stop_on_signals
 
 
 @click.command()
@@ -59,3 +60,25 @@ async def _work(target: Target, function: Any, spec: str, name: str, concurrency
             await work.run()
         log.info("worker stopped after %.1fs: %s handled, %s failed", time.monotonic() - started,
                  getattr(work, "handled", "?"), getattr(work, "failed", "?"))
+
+
+def load_handler(spec: str) -> Any:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"handler {spec!r} must look like MODULE:HANDLER, e.g. myapp.tasks:handle")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module itself failed: say so in one line (the user's bug, not ours)
+        raise CliError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CliError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(target):
+        raise CliError(f"{spec} is a {type(target).__name__}, not a function")
+    return target

@@ -1,0 +1,249 @@
+"""``bucketq stats``, ``peek`` and ``drain``: message counts per state (once, as JSON, or refreshed live), the
+next messages in claim order without claiming them, and consuming messages for debugging."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from bucketq.cli.common import (
+    Target,
+    connection_options,
+    database,
+    open_queue,
+    queue_names,
+    require_queue,
+    run,
+    stop_on_signals,
+)
+from bucketq.cli.output import age, console, preview, relative, table, to_json
+from bucketq.core.stats import STATS_KEYS
+from bucketq.message import Message
+from bucketq.queue import Queue
+
+# -- stats ---------------------------------------------------------------------------------------------------
+
+COLUMNS = {"ready": "ready", "scheduled": "scheduled", "in_flight": "in flight", "dead": "dead",
+           "quarantined": "quarantined", "buckets": "buckets", "oldest_ready_age_s": "oldest"}
+
+
+@click.command()
+@click.argument("queue", required=False)
+@click.option("--watch", "-w", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, metavar="SECONDS",
+              help="Refresh period of --watch.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON with the keys of Queue.stats() (a mapping by queue name when QUEUE is omitted); "
+                   "one line per refresh with --watch.")
+@connection_options
+def stats(target: Target, queue: str | None, watch: bool, interval: float, as_json: bool) -> None:
+    """Show message counts of QUEUE, or of every queue in the database.
+
+    Counts ready, scheduled (delayed or backing off), in-flight (claimed) messages, dead letters and
+    quarantined entries, the number of buckets, and the age of the oldest ready message.
+
+    \b
+    Examples:
+      bucketq stats events
+      bucketq stats --watch
+      bucketq stats events --json
+    """
+    run(_stats(target, queue, watch, interval, as_json))
+
+
+async def _stats(target: Target, name: str | None, watch: bool, interval: float, as_json: bool) -> None:
+    out = console()
+    async with database(target) as db:
+        if name is not None:
+            await require_queue(db, name)
+        queues: dict[str, Queue] = {}
+        stop = asyncio.Event()
+        try:
+            with contextlib.ExitStack() as stack:
+                live = None
+                if watch:
+                    stack.enter_context(stop_on_signals(stop.set))
+                    if not as_json and out.is_terminal:
+                        live = stack.enter_context(_live(out))
+                while not stop.is_set():
+                    for n in [name] if name else await queue_names(db):
+                        queues.setdefault(n, Queue(db, name=n))
+                    rows = {n: await q.stats() for n, q in sorted(queues.items())}
+                    _show(out, live, rows, single=name is not None, as_json=as_json, db=db.name)
+                    if not watch:
+                        break
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), interval)
+        finally:
+            for q in queues.values():
+                await q.close()
+
+
+def _live(out: Any) -> Any:
+    from rich.live import Live
+
+    return Live(console=out, auto_refresh=False)
+
+
+def _show(out: Any, live: Any, rows: dict[str, dict[str, Any]], *, single: bool, as_json: bool, db: str) -> None:
+    if as_json:
+        click.echo(to_json(next(iter(rows.values())) if single else rows))
+        return
+    grid = _stats_table(rows, db)
+    if live is not None:
+        live.update(grid, refresh=True)
+    elif not rows:
+        out.print(f"no queues in database {db!r}")
+    else:
+        out.print(grid)
+
+
+def _stats_table(rows: dict[str, dict[str, Any]], db: str) -> Any:
+    grid = table(title=f"{db} · {dt.datetime.now().strftime('%H:%M:%S')}", title_justify="left")
+    grid.add_column("queue")
+    for key in STATS_KEYS:
+        grid.add_column(COLUMNS[key], justify="right")
+    for name, row in rows.items():
+        cells = [f"{row[k]:,}" for k in STATS_KEYS[:-1]]
+        grid.add_row(name, *cells, age(row["oldest_ready_age_s"]) if row["ready"] else "-")
+    return grid
+
+
+# -- peek ----------------------------------------------------------------------------------------------------
+
+@click.command()
+@click.argument("queue")
+@click.option("-n", "count", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
+              help="How many messages to show.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line: id, due, tries and payload (or undecodable / malformed).")
+@connection_options
+def peek(target: Target, queue: str, count: int, as_json: bool) -> None:
+    """Show the next N messages of QUEUE in claim order, without claiming them.
+
+    Messages in flight are included (they come back if their consumer fails); nothing changes on the server.
+
+    \b
+    Examples:
+      bucketq peek events
+      bucketq peek events -n 100 --json | jq .payload
+    """
+    run(_peek(target, queue, count, as_json))
+
+
+async def _peek(target: Target, name: str, count: int, as_json: bool) -> None:
+    async with open_queue(target, name) as queue:
+        entries = await queue.peek(count)
+    if as_json:
+        for entry in entries:
+            click.echo(to_json(entry))
+        return
+    out = console()
+    if not entries:
+        out.print(f"queue {name!r} has no messages")
+        return
+    out.print(_peek_table(entries))
+
+
+def _peek_table(entries: list[dict[str, Any]]) -> Any:
+    from rich.markup import escape
+    now = dt.datetime.now(dt.timezone.utc)
+    grid = table()
+    for column, justify in (("id", "left"), ("due", "left"), ("tries", "right"), ("payload", "left")):
+        grid.add_column(column, justify=justify, no_wrap=column != "payload")  # type: ignore[arg-type]
+    for e in entries:
+        if "malformed" in e:
+            grid.add_row(str(e.get("bucket")), "-", "-", f"[red]malformed bucket: {escape(e['malformed'])}[/]")
+            continue
+        payload = escape(preview(e["payload"], 200)) if "payload" in e else f"[red]{escape(e['undecodable'])}[/]"
+        grid.add_row(e["id"], relative(e.get("due"), now), str(e["tries"]), payload)
+    return grid
+
+
+# -- drain ---------------------------------------------------------------------------------------------------
+
+STOP_CHECK_S = 0.25
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--discard", is_flag=True, help="Acknowledge messages without printing them.")
+@click.option("--meta", is_flag=True,
+              help="Print {id, tries, enqueued_at, headers, key, payload} instead of the bare payload.")
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Stop after N messages.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0), default=1.0, show_default=True, metavar="SECONDS",
+              help="Stop when no message arrives for this long.")
+@click.option("--follow", "-f", is_flag=True, help="Keep waiting for new messages until Ctrl-C or SIGTERM.")
+@connection_options
+def drain(target: Target, queue: str, discard: bool, meta: bool, limit: int | None, idle_timeout: float,
+          follow: bool) -> None:
+    """Consume ready messages of QUEUE and print each as one JSON line (or discard them).
+
+    Each message is acknowledged after it is printed, so it is gone from the queue. Without --meta, a
+    line is the bare payload, which `bucketq push` reads back. Delayed messages that are not due yet stay
+    in the queue. A count goes to stderr at the end.
+
+    \b
+    Examples:
+      bucketq drain events --limit 10
+      bucketq drain events --meta | jq .
+      bucketq drain events --discard
+      bucketq drain events --follow
+    """
+    run(_drain(target, queue, discard=discard, meta=meta, limit=limit, idle=None if follow else idle_timeout))
+
+
+async def _drain(target: Target, name: str, *, discard: bool, meta: bool, limit: int | None,
+                 idle: float | None) -> None:
+    started = time.monotonic()
+    count = 0
+    stop = asyncio.Event()
+    async with open_queue(target, name) as queue:
+        with stop_on_signals(stop.set):
+            while (limit is None or count < limit) and not stop.is_set():
+                message = await _next(queue, idle, stop)
+                if message is None:
+                    break
+                if not discard and not _print(message, meta):
+                    await message.nack(0, error="bucketq drain: stdout closed before the message was printed")
+                    break
+                await message.ack()
+                count += 1
+    click.echo(f"{'discarded' if discard else 'drained'} {count:,} message(s) from {name!r} "
+               f"in {time.monotonic() - started:.2f}s", err=True)
+
+
+async def _next(queue: Any, idle: float | None, stop: asyncio.Event) -> Message | None:
+    """The next message, or None after ``idle`` seconds without one or once a stop signal came. Waits in short
+    slices rather than cancelling a reserve, which could leave a just-claimed bucket leased."""
+    deadline = None if idle is None else time.monotonic() + idle
+    while not stop.is_set():
+        wait = STOP_CHECK_S if deadline is None else max(0.0, min(STOP_CHECK_S, deadline - time.monotonic()))
+        message = await queue.reserve(wait)
+        if message is not None:
+            return message
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+    return None
+
+
+def _print(message: Message, meta: bool) -> bool:
+    """Write the message to stdout; False when stdout is gone (the message is then not acknowledged)."""
+    value: Any = message.payload
+    if meta:
+        value = {"id": message.id, "tries": message.tries, "enqueued_at": message.enqueued_at,
+                 "headers": message.headers, "key": message.key, "payload": message.payload}
+    try:
+        sys.stdout.write(to_json(value) + "\n")
+        sys.stdout.flush()
+        return True
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return False
