@@ -1,7 +1,9 @@
 """The write path: buffered pushes become bucket documents, each push resolved once its bucket is stored.
 
-Runs the sans-I/O ``Accumulator``; adds the event loop around it: a linger timer, up to
-``max_in_flight_writes`` concurrent writers, per-push futures and backpressure on ``max_buffered_bytes``.
+Runs the sans-I/O ``Accumulator`` and carries out its group-commit decisions on the event loop: it asks which
+buckets to write once each burst of pushes is buffered, whenever a write ends, and at the ``bucket_max_wait``
+deadline (a timer); it runs up to ``max_in_flight_writes`` concurrent writers, and applies backpressure on
+``max_buffered_bytes``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import bson
+from bson.raw_bson import RawBSONDocument
 
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
-from bucketq.core.accumulator import Accumulator, SealedBucket
+from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
 from bucketq.core.format import Slot, slot_bytes
-from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed, WriteFailed
+from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.store import Store, retrying
 
@@ -27,7 +30,7 @@ BUCKETS_PER_WRITE = 8
 
 
 class _Many:
-    """The waiter of one ``push_many`` call: one future for all its messages, not one each."""
+    """What one ``push_many`` call awaits: one future for all its messages, not one each."""
 
     __slots__ = ("ids", "left", "future")
 
@@ -37,26 +40,27 @@ class _Many:
         self.future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
 
 
-Waiter = asyncio.Future | tuple  # a push's future, or (_Many, index) for a message of push_many
+class _Part:
+    """The waiter of message ``index`` of a ``push_many`` call: settles its share of the call's future."""
 
+    __slots__ = ("many", "index")
 
-def _resolve(waiter: Waiter, message_id: str, failure: BaseException | None) -> None:
-    if type(waiter) is tuple:
-        many, index = waiter
-        if many.future.done():
-            return
-        if failure is not None:
-            many.future.set_exception(failure)
-            return
-        many.ids[index] = message_id
+    def __init__(self, many: _Many, index: int) -> None:
+        self.many = many
+        self.index = index
+
+    def done(self) -> bool:
+        return self.many.future.done()
+
+    def set_result(self, message_id: str) -> None:
+        many = self.many
+        many.ids[self.index] = message_id
         many.left -= 1
         if not many.left:
             many.future.set_result(many.ids)
-    elif not waiter.done():
-        if failure is None:
-            waiter.set_result(message_id)
-        else:
-            waiter.set_exception(failure)
+
+    def set_exception(self, failure: BaseException) -> None:
+        self.many.future.set_exception(failure)
 
 
 class Producer:
@@ -74,9 +78,11 @@ class Producer:
                                 codec=codec.name)
         self._sealed: deque[SealedBucket] = deque()
         self._writers: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._space: asyncio.Condition | None = None
-        self._opened: asyncio.Event | None = None
-        self._linger: asyncio.Task[None] | None = None
+        self._commit_soon = False  # a _commit is scheduled for the end of the current burst of pushes
+        self._linger: asyncio.TimerHandle | None = None  # _commit at the bucket_max_wait deadline
+        self._linger_at: float | None = None
         self._closed = False
         self._now_at = -1.0
         self._now_cached = clock.now()
@@ -132,7 +138,7 @@ class Producer:
             if self._acc.buffered_bytes + size > limit:
                 await self._wait_for_space(size)
                 now = self._now()
-            self._add(slot, size, due, (many, index), now)
+            self._add(slot, size, due, _Part(many, index), now)
         return await many.future
 
     def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
@@ -144,14 +150,15 @@ class Producer:
         except Exception as exc:
             raise EncodeError(f"cannot encode {type(payload).__name__} payload with the {self._codec.name} codec: "
                               f"{exc}") from exc
-        headers_size = 0
+        snapshot = None  # encoded now: what the caller does with its dict afterwards changes nothing stored
         if headers is not None:
             if not isinstance(headers, Mapping):
                 raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
-            try:
-                headers_size = len(bson.encode(headers))
-            except Exception as exc:
-                raise EncodeError(f"headers cannot be stored as BSON: {exc}") from exc
+            if headers:
+                try:
+                    snapshot = RawBSONDocument(bson.encode(headers))
+                except Exception as exc:
+                    raise EncodeError(f"headers cannot be stored as BSON: {exc}") from exc
         if key is not None:
             if not isinstance(key, str):
                 raise InvalidOption(f"key must be a string, got {type(key).__name__}")
@@ -160,11 +167,11 @@ class Producer:
                     key.encode()
                 except UnicodeEncodeError as exc:
                     raise EncodeError(f"key is not valid UTF-8 text: {exc}") from None
-        size = slot_bytes(stored, headers_size, key)
+        size = slot_bytes(stored, len(snapshot.raw) if snapshot is not None else 0, key)
         if not self._acc.fits(size):
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
-        return Slot(stored, headers or None, key), size, self._due(delay, at)
+        return Slot(stored, snapshot, key), size, self._due(delay, at)
 
     def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
         if delay is not None and at is not None:
@@ -179,10 +186,13 @@ class Producer:
         return self._clock.now() + dt.timedelta(seconds=seconds) if seconds else None
 
     def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, now: dt.datetime) -> None:
-        if self._linger is None:
-            self._start(asyncio.get_running_loop())
         sealed = self._acc.add(slot, size, waiter, due=due, now_wall=now, now_mono=time.monotonic())
-        self._opened.set()  # type: ignore[union-attr]
+        if not self._commit_soon:
+            # Not now: after the pushes already queued on the loop, so that a burst shares one bucket.
+            self._commit_soon = True
+            if self._loop is None:
+                self._start()
+            self._loop.call_soon(self._commit)  # type: ignore[union-attr]
         if sealed:
             self._sealed.extend(sealed)
             self._kick_writers()
@@ -197,28 +207,33 @@ class Producer:
 
     # -- writing -------------------------------------------------------------------------------------------
 
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._linger is None:
-            self._space = asyncio.Condition()
-            self._opened = asyncio.Event()
-            self._linger = loop.create_task(self._linger_loop(), name="bucketq-linger")
+    def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._space = asyncio.Condition()
 
-    async def _linger_loop(self) -> None:
-        """Seal buckets that have waited ``bucket_max_wait`` since their first message."""
-        assert self._opened is not None
-        while True:
-            deadline = self._acc.next_deadline()
-            if deadline is None:
-                self._opened.clear()
-                await self._opened.wait()
-                continue
-            wait = deadline - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            expired = self._acc.expired(self._clock.now(), time.monotonic())
-            if expired:
-                self._sealed.extend(expired)
-                self._kick_writers()
+    def _commit(self) -> None:
+        """Write what the accumulator says is due now, and keep the linger timer on its next deadline."""
+        self._commit_soon = False
+        sealed = self._acc.ready(self._clock.now(), time.monotonic())
+        if sealed:
+            self._sealed.extend(sealed)
+            self._kick_writers()
+        deadline = self._acc.next_deadline()
+        if deadline != self._linger_at:
+            self._stop_linger()
+            if deadline is not None:
+                self._linger = self._loop.call_later(max(0.0, deadline - time.monotonic()),  # type: ignore[union-attr]
+                                                     self._on_linger)
+                self._linger_at = deadline
+
+    def _on_linger(self) -> None:
+        self._linger = self._linger_at = None
+        self._commit()
+
+    def _stop_linger(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+        self._linger = self._linger_at = None
 
     def _kick_writers(self) -> None:
         while self._sealed and len(self._writers) < self._options.max_in_flight_writes:
@@ -229,6 +244,7 @@ class Producer:
 
     def _writer_done(self, task: asyncio.Task[None]) -> None:
         self._writers.discard(task)
+        self._commit()  # what filled up while this write was in flight goes now
         self._kick_writers()
 
     async def _write(self, batch: list[SealedBucket]) -> None:
@@ -250,14 +266,7 @@ class Producer:
         except Exception as exc:
             failed = {b.id: exc for b in batch}
         for bucket in batch:
-            error = failed.get(bucket.id)
-            failure = None
-            if error is not None:
-                failure = WriteFailed(f"bucket {bucket.id} was not stored: {error}")
-                failure.__cause__ = error
-            prefix = str(bucket.id)
-            for slot, waiter in enumerate(bucket.waiters):
-                _resolve(waiter, f"{prefix}:{slot}", failure)
+            bucket.resolve(failed.get(bucket.id))
             self._acc.written(bucket)
         if len(failed) < len(batch) and self._on_written is not None:
             self._on_written()
@@ -276,10 +285,9 @@ class Producer:
             await asyncio.gather(*list(self._writers), return_exceptions=True)
 
     async def drain(self) -> None:
-        """Stop taking pushes, then flush everything."""
+        """Stop taking pushes, then flush everything. The linger timer stops even when the flush fails."""
         self._closed = True
-        await self.flush()
-        if self._linger is not None:
-            self._linger.cancel()
-            await asyncio.gather(self._linger, return_exceptions=True)
-            self._linger = None
+        try:
+            await self.flush()
+        finally:
+            self._stop_linger()

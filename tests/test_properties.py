@@ -1,20 +1,21 @@
-"""Property tests of the sans-I/O core: the accumulator, the held-bucket state machine and the codecs."""
+"""Property tests of the sans-I/O core: the accumulator and the codecs (the consume state machine: test_held.py)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import math
 
 import pytest
+from bson import ObjectId
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from bucketq.codecs import JsonCodec, MsgpackCodec
-from bucketq.core.accumulator import Accumulator
+from bucketq.core.accumulator import Accumulator, SealedBucket
 from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document, parse_bucket, slot_bytes
-from bucketq.core.held import HeldBucket, SlotState
-from bucketq.errors import AlreadyResolved
+from bucketq.errors import WriteFailed
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -37,7 +38,7 @@ def test_accumulator_places_every_message_once_within_limits(items, max_size, ma
         full = acc.add(Slot(payload), slot_bytes(payload), None, due=due, now_wall=now, now_mono=clock)
         sealed += full
         clock += gap
-        sealed += acc.expired(T0 + dt.timedelta(seconds=clock), clock)
+        sealed += acc.ready(T0 + dt.timedelta(seconds=clock), clock)
     sealed += acc.seal_all(T0 + dt.timedelta(seconds=clock))
     seen = [p[:6] for b in sealed for p in b.document["p"]]
     assert sorted(seen) == sorted(dues), "a message was lost or placed twice"
@@ -52,118 +53,117 @@ def test_accumulator_places_every_message_once_within_limits(items, max_size, ma
             assert all(d is not None for d in own), "an immediate message waited in a delayed bucket"
             assert all(0 <= (doc["due"] - d).total_seconds() <= granularity + 1e-3 for d in own)
         acc.written(bucket)
-    assert acc.buffered_bytes == 0
+    assert acc.buffered_bytes == 0 and acc.in_flight == 0
 
 
-def _bucket(n: int, claims: int = 1, tries: list[int] | None = None) -> HeldBucket:
-    slots = [Slot(f'"{i}"', tries=(tries or [0] * n)[i]) for i in range(n)]
-    doc = bucket_document(__import__("bson").ObjectId(), slots, codec="json", created=T0, due=T0)
-    doc["c"] = claims
-    return HeldBucket(parse_bucket(doc), "token", T0 + dt.timedelta(seconds=30), max_attempts=3)
+class GroupCommitMachine(RuleBasedStateMachine):
+    """A shell that obeys the accumulator (asks ``ready`` after each burst of pushes, when a write ends and
+    at ``next_deadline``), with writes ending in any order: an open bucket is written at once when no write is
+    in flight, waits while writes are in flight unless it is full, and never waits past ``max_wait``."""
 
-
-class HeldBucketMachine(RuleBasedStateMachine):
-    """Serve, ack, nack and flush in any order: every slot ends in exactly one final state, plans carry each
-    resolution once, and the bucket is deleted exactly when every slot is resolved."""
+    MAX_WAIT = 0.5
+    MAX_SIZE = 5
+    MAX_BYTES = 6000
 
     def __init__(self) -> None:
         super().__init__()
-        self.next_bucket()
+        self.acc = Accumulator(max_size=self.MAX_SIZE, max_bytes=self.MAX_BYTES, max_wait=self.MAX_WAIT,
+                               granularity=1.0, codec="json")
+        self.clock = 0.0
+        self.added_at: dict[str, float] = {}
+        self.placed: list[str] = []
+        self.writes: list[SealedBucket] = []  # sealed and not yet written: the writes in flight
 
-    @precondition(lambda self: self.deleted)
-    @rule()
-    def next_bucket(self) -> None:
-        self.held = _bucket(8)
-        self.served: list[int] = []
-        self.planned: dict[int, SlotState] = {}
-        self.deleted = False
-        self.now = T0
-        self.retry_at: dict[int, dt.datetime] = {}
+    def wall(self) -> dt.datetime:
+        return T0 + dt.timedelta(seconds=self.clock)
 
-    @precondition(lambda self: not self.deleted)
-    @rule()
-    def serve(self) -> None:
-        slot = self.held.next_pending()
-        if slot is not None:
-            assert slot not in self.served
-            self.served.append(slot)
+    def waited(self, bucket: SealedBucket) -> float:
+        return self.clock - min(self.added_at[p[:6]] for p in bucket.document["p"])
 
-    @precondition(lambda self: not self.deleted)
-    @rule(data=st.data())
-    def ack(self, data: st.DataObject) -> None:
-        if self.served:
-            slot = data.draw(st.sampled_from(self.served))
-            if self.held.state[slot] is SlotState.SERVED:
-                self.held.ack(slot)
-            else:
-                with pytest.raises(AlreadyResolved):
-                    self.held.ack(slot)
+    def sealed(self, buckets: list[SealedBucket]) -> None:
+        for bucket in buckets:
+            assert self.waited(bucket) <= self.MAX_WAIT + 1e-9, "a message waited past max_wait"
+            self.placed += [p[:6] for p in bucket.document["p"]]
+        self.writes += buckets
 
-    @precondition(lambda self: not self.deleted)
-    @rule(data=st.data(), delay=st.floats(0, 100))
-    def nack(self, data: st.DataObject, delay: float) -> None:
-        candidates = [s for s in self.served if self.held.state[s] is SlotState.SERVED]
-        if candidates:
-            slot = data.draw(st.sampled_from(candidates))
-            retry_at = self.now + dt.timedelta(seconds=delay)
-            outcome = self.held.nack(slot, retry_at, "err")
-            assert outcome in (SlotState.RETRY, SlotState.DEAD)
-            self.retry_at[slot] = retry_at
+    def commit(self) -> None:
+        idle = not self.writes
+        ready = self.acc.ready(self.wall(), self.clock)
+        assert idle or all(self.waited(b) >= self.MAX_WAIT - 1e-9 for b in ready), \
+            "a bucket was written before max_wait while another write was in flight"
+        self.sealed(ready)
+        deadline = self.acc.next_deadline()
+        if idle:
+            assert deadline is None, "a bucket stayed open with no write in flight"
+        else:
+            assert deadline is None or deadline > self.clock, "a bucket past max_wait stayed open"
 
-    @precondition(lambda self: not self.deleted)
-    @rule(seconds=st.floats(0, 5))
-    def flush(self, seconds: float) -> None:
-        self.now += dt.timedelta(seconds=seconds)
-        plan = self.held.plan(self.now, 30, granularity=1.0)
-        assert not set(plan.slots) & set(self.planned), "a resolution was planned twice"
-        self.planned.update(plan.slots)
-        retried = sum(d["n"] for d in plan.retry_docs)
-        assert retried == sum(1 for s in plan.slots.values() if s is SlotState.RETRY)
-        assert len(plan.dead_docs) == sum(1 for s in plan.slots.values() if s is SlotState.DEAD)
-        for doc in plan.retry_docs:
-            assert all(t == 1 for t in doc["t"])
-            own = [self.retry_at[int(origin.split(":")[1])] for origin in doc["o"]]
-            assert max(own) == doc["due"], "a retry bucket is due later than the latest of its own messages"
-            assert all((doc["due"] - d).total_seconds() <= 1.0 for d in own), "held back beyond the granularity"
-        if plan.retry_docs or plan.dead_docs:
-            assert plan.guard is not None, "copies must be preceded by a fenced lease check"
-        self.deleted = plan.final[0] == "delete"
-        assert self.deleted == self.held.finished
+    def advance(self, seconds: float) -> None:
+        """Let time pass; the shell's timer fires at each deadline on the way."""
+        target = self.clock + seconds
+        while (deadline := self.acc.next_deadline()) is not None and deadline <= target:
+            self.clock = max(self.clock, deadline)
+            self.commit()
+        self.clock = target
+
+    @rule(length=st.integers(1, 2500), delay=st.one_of(st.none(), st.floats(0.001, 5)), gap=st.floats(0, 0.3),
+          burst=st.integers(1, 7))
+    def push(self, length: int, delay: float | None, gap: float, burst: int) -> None:
+        """A burst of pushes within one turn of the event loop, then the shell's commit."""
+        self.advance(gap)
+        for _ in range(burst):
+            name = f"{len(self.added_at):06d}"
+            payload = name + "x" * length
+            self.added_at[name] = self.clock
+            due = self.wall() + dt.timedelta(seconds=delay) if delay else None
+            size = slot_bytes(payload)
+            full = self.acc.add(Slot(payload), size, None, due=due, now_wall=self.wall(), now_mono=self.clock)
+            assert all(b.document["n"] == self.MAX_SIZE or b.size_bytes + size > self.MAX_BYTES
+                       or b.size_bytes >= self.MAX_BYTES for b in full), "add sealed a bucket that was not full"
+            self.sealed(full)
+        self.commit()
+
+    @precondition(lambda self: self.writes)
+    @rule(data=st.data(), took=st.floats(0, 1))
+    def write_ends(self, data: st.DataObject, took: float) -> None:
+        self.advance(took)
+        bucket = self.writes.pop(data.draw(st.integers(0, len(self.writes) - 1)))
+        self.acc.written(bucket)
+        self.commit()
 
     @invariant()
-    def finished_means_every_slot_resolved(self) -> None:
-        resolved = sum(1 for s in self.held.state if s not in (SlotState.PENDING, SlotState.SERVED))
-        assert self.held.finished == (resolved == 8)
+    def in_flight_counts_the_unwritten_buckets(self) -> None:
+        assert self.acc.in_flight == len(self.writes)
+
+    def teardown(self) -> None:
+        self.sealed(self.acc.seal_all(self.wall()))
+        for bucket in self.writes:
+            self.acc.written(bucket)
+        assert sorted(self.placed) == sorted(self.added_at), "a message was lost or placed twice"
+        assert self.acc.buffered_bytes == 0 and self.acc.in_flight == 0
 
 
-TestHeldBucketMachine = HeldBucketMachine.TestCase
-TestHeldBucketMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestGroupCommit = GroupCommitMachine.TestCase
+TestGroupCommit.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
 
 
-@given(st.integers(0, 5), st.integers(1, 5))
-def test_tries_count_lease_expiries_and_base_tries(base, claims):
-    held = _bucket(2, claims=claims, tries=[base, 0])
-    assert held.tries(0) == base + claims - 1
-    assert held.tries(1) == claims - 1
-
-
-def test_nack_on_the_last_attempt_dead_letters():
-    held = _bucket(1, claims=3)  # third delivery of a bucket whose leases expired twice; max_attempts=3
-    held.next_pending()
-    assert held.nack(0, T0, "boom") is SlotState.DEAD
-    plan = held.plan(T0, 30, granularity=1.0)
-    assert plan.dead_docs[0]["tries"] == 3 and plan.dead_docs[0]["error"] == "boom"
-    assert plan.final == ("delete", None)
-
-
-def test_release_plan_gives_back_the_claim():
-    held = _bucket(3)
-    held.next_pending()
-    held.ack(0)
-    plan = held.plan(T0, 30, granularity=1.0, release=True)
-    kind, update = plan.final
-    assert kind == "update" and update["$inc"] == {"c": -1} and update["$set"]["lease"] is None
-    assert update["$addToSet"] == {"done": {"$each": [0]}}
+@given(st.integers(1, 30), st.sets(st.integers(0, 29)), st.booleans())
+def test_sealed_bucket_resolves_each_waiter_once_with_a_failure_of_its_own(n, cancelled, fails):
+    doc = bucket_document(ObjectId(), [Slot(f'"{i}"') for i in range(n)], codec="json", created=T0, due=T0)
+    waiters = [concurrent.futures.Future() for _ in range(n)]
+    for i in cancelled & set(range(n)):
+        waiters[i].cancel()
+    error = ConnectionError("refused") if fails else None
+    bucket = SealedBucket(doc, list(waiters), 0, immediate=True)
+    bucket.resolve(error)
+    bucket.resolve(ConnectionError("a second outcome changes nothing"))
+    live = [(i, w) for i, w in enumerate(waiters) if i not in cancelled]
+    if fails:
+        failures = [w.exception() for _, w in live]
+        assert all(isinstance(f, WriteFailed) and f.__cause__ is error for f in failures)
+        assert len({id(f) for f in failures}) == len(failures), "waiters share one failure object"
+    else:
+        assert [w.result() for _, w in live] == [f"{doc['_id']}:{i}" for i, _ in live]
 
 
 json_values = st.recursive(

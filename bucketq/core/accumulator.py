@@ -1,7 +1,9 @@
-"""The producer's accumulator: groups pushed messages into buckets by due window, count, bytes and age.
+"""The producer's accumulator: groups pushed messages into buckets by due window, count, bytes and age,
+and decides when an open bucket is written (group commit).
 
-Pure state: the caller passes the clock readings in, attaches an opaque ``waiter`` to each message (a future,
-in the async shell), and writes the ``SealedBucket``s this returns. Modelled on aiokafka's record accumulator.
+Pure state: the caller passes the clock readings in, attaches a future-like ``waiter`` to each message, writes
+the ``SealedBucket``s this returns and reports each write's end with ``written``. Modelled on aiokafka's record
+accumulator and message batch.
 """
 
 from __future__ import annotations
@@ -9,28 +11,56 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from bson import ObjectId
 
 from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document
+from bucketq.errors import WriteFailed
 
 # Key of the bucket for messages due at once; delayed messages are keyed by their due window's index.
 NOW = -1
 
 
+class Waiter(Protocol):
+    """What waits for one pushed message: an ``asyncio.Future`` or anything with the same three methods."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, message_id: str) -> None: ...
+
+    def set_exception(self, failure: BaseException) -> None: ...
+
+
 @dataclass
 class SealedBucket:
-    """A bucket ready to be written: its document and the waiters of the pushes it holds."""
+    """A bucket ready to be written: its document and the waiters of the pushes it holds, which it resolves."""
 
     document: dict[str, Any]
-    waiters: list[Any]
+    waiters: list[Waiter]
     size_bytes: int
     immediate: bool  # due at once: the writer stamps ``due`` when it writes the bucket
 
     @property
     def id(self) -> ObjectId:
         return self.document["_id"]
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        """Settle each waiter still waiting, once: with its message id when the bucket is stored, else with a
+        ``WriteFailed`` of its own caused by ``error`` (an exception object shared by several awaiting callers
+        would gather all their tracebacks and chained contexts)."""
+        waiters, self.waiters = self.waiters, []
+        prefix = str(self.id)  # message ids are "<bucket id>:<slot>" (format.message_id), built in one pass
+        if error is None:
+            for slot, waiter in enumerate(waiters):
+                if not waiter.done():
+                    waiter.set_result(f"{prefix}:{slot}")
+            return
+        for waiter in waiters:
+            if not waiter.done():
+                failure = WriteFailed(f"bucket {prefix} was not stored: {error}")
+                failure.__cause__ = error
+                waiter.set_exception(failure)
 
 
 @dataclass
@@ -39,13 +69,20 @@ class _OpenBucket:
     opened_at: float  # monotonic seconds
     created: dt.datetime
     slots: list[Slot] = field(default_factory=list)
-    waiters: list[Any] = field(default_factory=list)
+    waiters: list[Waiter] = field(default_factory=list)
     size_bytes: int = BUCKET_OVERHEAD
     latest_due: dt.datetime | None = None
 
 
 class Accumulator:
-    """Open buckets keyed by due window. ``add`` returns the buckets that the message made full."""
+    """Open buckets keyed by due window. ``add`` returns the buckets that the message made full; ``ready``
+    the ones to write now.
+
+    Group commit: an open bucket is written as soon as no write is in flight, so a lone push costs one round
+    trip; while writes are in flight it fills up, and goes when they end (``written``), when it is full, or
+    after ``max_wait``, whichever comes first. Busy, buckets fill while earlier ones are stored; idle, nothing
+    waits.
+    """
 
     def __init__(self, *, max_size: int, max_bytes: int, max_wait: float, granularity: float, codec: str) -> None:
         self.max_size = max_size
@@ -55,6 +92,7 @@ class Accumulator:
         self.codec = codec
         self._open: dict[int, _OpenBucket] = {}
         self.buffered_bytes = 0
+        self.in_flight = 0  # buckets sealed and not yet reported ``written``
 
     def fits(self, slot_size: int) -> bool:
         """Whether a message of ``slot_size`` bytes fits in an empty bucket."""
@@ -64,7 +102,7 @@ class Accumulator:
         self,
         slot: Slot,
         slot_size: int,
-        waiter: Any,
+        waiter: Waiter,
         *,
         due: dt.datetime | None,
         now_wall: dt.datetime,
@@ -89,22 +127,31 @@ class Accumulator:
             sealed.append(self._seal(key, now_wall))
         return sealed
 
-    def expired(self, now_wall: dt.datetime, now_mono: float) -> list[SealedBucket]:
-        """Seal every bucket open for ``max_wait`` or longer."""
-        keys = [k for k, b in self._open.items() if now_mono - b.opened_at >= self.max_wait]
+    def ready(self, now_wall: dt.datetime, now_mono: float) -> list[SealedBucket]:
+        """Seal the open buckets to write now: all of them when no write is in flight, else those open for
+        ``max_wait`` or longer. The caller asks once its current burst of ``add``s is done (so that a burst
+        shares buckets), whenever a write ends, and at ``next_deadline``."""
+        if self.in_flight:
+            # The same sum as next_deadline's, so that a timer set for a deadline finds it due when it fires.
+            keys = [k for k, b in self._open.items() if b.opened_at + self.max_wait <= now_mono]
+        else:
+            keys = list(self._open)
         return [self._seal(k, now_wall) for k in keys]
 
     def seal_all(self, now_wall: dt.datetime) -> list[SealedBucket]:
         return [self._seal(k, now_wall) for k in list(self._open)]
 
     def next_deadline(self) -> float | None:
-        """Monotonic time at which the oldest open bucket must be sealed, or None when none is open."""
+        """Monotonic time at which the oldest open bucket must be sealed even if writes are still in flight,
+        or None when none is open."""
         if not self._open:
             return None
         return min(b.opened_at for b in self._open.values()) + self.max_wait
 
     def written(self, sealed: SealedBucket) -> None:
-        """Release the buffer space of a bucket whose write finished (stored or failed for good)."""
+        """A bucket's write finished (stored or failed for good): one write fewer in flight, and its buffer
+        space released."""
+        self.in_flight -= 1
         self.buffered_bytes -= sealed.size_bytes - BUCKET_OVERHEAD
 
     def _seal(self, key: int, now_wall: dt.datetime) -> SealedBucket:
@@ -113,4 +160,5 @@ class Accumulator:
         # which is at most one window (granularity) after any member's own due time.
         due = now_wall if key == NOW else bucket.latest_due
         document = bucket_document(bucket.id, bucket.slots, codec=self.codec, created=bucket.created, due=due)
+        self.in_flight += 1
         return SealedBucket(document, bucket.waiters, bucket.size_bytes, immediate=key == NOW)
