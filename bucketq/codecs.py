@@ -11,6 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from bucketq.errors import MalformedBucket
+
 
 @runtime_checkable
 class Codec(Protocol):
@@ -22,17 +24,26 @@ class Codec(Protocol):
     def load(self, stored: str | bytes) -> Any: ...
 
 
+class CodecUnavailable(MalformedBucket):
+    """No codec of that name here: unknown, or its extra is not installed. A consumer quarantines a bucket
+    that names one (a ``MalformedBucket``); a queue built with one raises ``InvalidOption``."""
+
+
 class JsonCodec:
     """JSON through orjson, stored as UTF-8 text. The default: fastest to encode and Spark reads it with
-    ``from_json``. Rejects NaN/Infinity (orjson writes them as null, which would silently change data)."""
+    ``from_json``. Takes only what it gives back: dicts with str keys, lists, tuples (given back as lists),
+    str, int, float, bool and None, subclasses included (given back as the base type). orjson would write
+    datetimes, UUIDs, enums and dataclasses as strings or dicts, and NaN/Infinity as null: those are refused."""
 
     name = "json"
     text = True
 
     def dump(self, payload: Any) -> str:
-        encoded = orjson.dumps(payload)
-        if b"null" in encoded:  # NaN and ±inf become null: only then is the payload walked to check
-            _reject_non_finite(payload)
+        encoded = orjson.dumps(payload, option=_JSON_OPTIONS)
+        # UUIDs and enums cannot be kept from orjson; they, NaN (as null) and tuples (as lists) decode to
+        # something unequal. The decode and compare run in C; only then is the payload walked, to tell.
+        if orjson.loads(encoded) != payload:
+            _check_json_native(payload)
         return encoded.decode()
 
     def load(self, stored: str | bytes) -> Any:
@@ -40,26 +51,40 @@ class JsonCodec:
 
 
 class MsgpackCodec:
-    """MessagePack, stored as BSON binary. Needs the ``msgpack`` extra."""
+    """MessagePack, stored as BSON binary. Needs the ``msgpack`` extra. Refuses what it could not decode
+    (tuple dict keys come back as lists, which cannot be keys), so that only that push fails."""
 
     name = "msgpack"
     text = False
 
     def __init__(self) -> None:
-        import msgpack
-
+        try:
+            import msgpack
+        except ImportError:
+            raise CodecUnavailable("the msgpack codec needs the msgpack extra: pip install 'bucketq[msgpack]'") \
+                from None
         self._msgpack = msgpack
 
     def dump(self, payload: Any) -> bytes:
-        return self._msgpack.packb(payload, use_bin_type=True)
+        packed = self._msgpack.packb(payload, use_bin_type=True)
+        try:
+            self.load(packed)  # what every consumer will do
+        except Exception as exc:
+            raise ValueError(f"it would not decode ({exc}): a tuple dict key, for one, comes back as a list") \
+                from exc
+        return packed
 
     def load(self, stored: str | bytes) -> Any:
         return self._msgpack.unpackb(stored, raw=False, strict_map_key=False)
 
 
-def _reject_non_finite(value: Any) -> None:
-    """orjson encodes NaN and Infinity as null; refuse them instead of storing something else.
-    Run only when the encoded text contains ``null``; ``x - x`` is NaN exactly for NaN and ±inf."""
+# Datetimes and dataclasses are refused (there is no ``default``) instead of becoming strings and dicts.
+_JSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _check_json_native(value: Any) -> None:
+    """Raise unless ``value`` holds only what JSON gives back (dict keys: orjson already refused non-str ones).
+    ``x - x`` is NaN exactly for NaN and ±inf, which orjson writes as null."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -70,16 +95,19 @@ def _reject_non_finite(value: Any) -> None:
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
+        elif not isinstance(item, (str, int)) and item is not None:  # an enum, a UUID: not given back
+            raise TypeError(f"{type(item).__name__} is not a JSON type: it would come back as something else")
 
 
 CODECS: dict[str, type] = {"json": JsonCodec, "msgpack": MsgpackCodec}
 
 
 def codec_named(name: str) -> Codec:
+    """A built-in codec; ``CodecUnavailable`` when there is none of that name or its extra is missing."""
     try:
         return CODECS[name]()
     except KeyError:
-        raise ValueError(f"unknown codec {name!r}; known: {', '.join(sorted(CODECS))}") from None
+        raise CodecUnavailable(f"unknown codec {name!r}; known: {', '.join(sorted(CODECS))}") from None
 
 
 def codec_for(name: str, preferred: Codec) -> Codec:

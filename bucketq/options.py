@@ -23,7 +23,8 @@ class QueueOptions:
         max_buffered_bytes: bytes buffered or being written before ``push`` waits (backpressure).
         max_in_flight_writes: concurrent bucket writes.
         write_timeout: seconds a bucket write may keep retrying before its pushes fail.
-        write_concern: ``w`` value, e.g. 1 or "majority"; None keeps the client's default.
+        write_concern: ``w`` value: an int from 1 to 50, "majority" or a tag set name; None keeps the
+            client's default. Unacknowledged writes (``w=0``) are refused: a push could not know it was stored.
     Consumer:
         lease: seconds a claimed bucket stays reserved without being extended.
         state_flush_period: seconds between flushes of ack/nack state (also extends leases).
@@ -32,11 +33,14 @@ class QueueOptions:
             ``min(retry_max, retry_base * retry_factor**tries)`` scaled by ``1 ± retry_jitter``.
         malformed: "quarantine" moves a bucket with any undecodable message to quarantine whole;
             "skip" quarantines only the bad messages and serves the rest.
-        quarantine_retention, inbox_retention: seconds before quarantine entries / dedupe keys are purged.
+        quarantine_retention, inbox_retention: seconds before quarantine entries / dedupe keys are purged;
+            None keeps them forever.
         dedupe: skip messages whose ``key`` was already acknowledged (keys kept in an inbox collection).
         poll_interval: longest wait between claim attempts when no change stream wakes the consumer.
         change_streams: use change streams for wake-ups; None detects support at run time.
         drain_timeout: seconds ``drain()`` waits for in-flight handlers.
+        tombstone_retention: seconds a finished bucket's tombstone is kept, so that an insert of it retried
+            late (its first reply was lost) cannot store it again; must exceed every producer's write_timeout.
     """
 
     bucket_max_size: int = 1024
@@ -55,12 +59,13 @@ class QueueOptions:
     retry_max: float = 300.0
     retry_jitter: float = 0.2
     malformed: Literal["quarantine", "skip"] = "quarantine"
-    quarantine_retention: float = 14 * 86400.0
-    inbox_retention: float = 7 * 86400.0
+    quarantine_retention: float | None = 14 * 86400.0
+    inbox_retention: float | None = 7 * 86400.0
     dedupe: bool = False
     poll_interval: float = 0.1
     change_streams: bool | None = None
     drain_timeout: float = 10.0
+    tombstone_retention: float = 600.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -76,20 +81,27 @@ class QueueOptions:
         _check(self.max_buffered_bytes >= self.bucket_max_bytes, "max_buffered_bytes",
                f"at least bucket_max_bytes ({self.bucket_max_bytes})")
         _check(1 <= self.max_in_flight_writes <= 64, "max_in_flight_writes", "between 1 and 64")
-        _check(self.write_timeout > 0, "write_timeout", "positive")
-        _check(self.write_concern is None or isinstance(self.write_concern, (int, str)), "write_concern",
-               "an int, a string such as 'majority', or None")
+        _check(0 < self.write_timeout <= MAX_DELAY_S, "write_timeout", f"positive, at most {MAX_DELAY_S:.0f} seconds")
+        _check(self.write_concern is None or _acknowledged(self.write_concern), "write_concern",
+               f"None (the client's default), an int from 1 to {MAX_W}, 'majority' or a tag set name "
+               f"(bucketq needs acknowledged writes), got {self.write_concern!r}")
         _check(1 <= self.lease <= 86400, "lease", "between 1 and 86400 seconds")
         _check(0.01 <= self.state_flush_period <= self.lease / 3, "state_flush_period",
                f"between 0.01 s and a third of the lease ({self.lease / 3:g} s)")
         _check(self.max_attempts >= 1, "max_attempts", "at least 1")
-        _check(self.retry_base >= 0 and self.retry_factor >= 1 and self.retry_max >= self.retry_base,
-               "retry_base/retry_factor/retry_max", "retry_base >= 0, retry_factor >= 1, retry_max >= retry_base")
+        _check(0 <= self.retry_base <= self.retry_max <= MAX_DELAY_S and self.retry_factor >= 1,
+               "retry_base/retry_factor/retry_max",
+               f"0 <= retry_base <= retry_max <= {MAX_DELAY_S:.0f} seconds and retry_factor >= 1")
         _check(0 <= self.retry_jitter < 1, "retry_jitter", "in [0, 1)")
         _check(self.malformed in ("quarantine", "skip"), "malformed", "'quarantine' or 'skip'")
-        _check(self.quarantine_retention > 0 and self.inbox_retention > 0, "retention", "positive")
+        for name in ("quarantine_retention", "inbox_retention"):
+            value = getattr(self, name)
+            _check(value is None or 0 < value <= MAX_DELAY_S, name,
+                   f"None (keep forever) or positive, at most {MAX_DELAY_S:.0f} seconds")
         _check(0.005 <= self.poll_interval <= 60, "poll_interval", "between 0.005 and 60 seconds")
         _check(self.drain_timeout >= 0, "drain_timeout", "zero or more")
+        _check(self.write_timeout < self.tombstone_retention <= MAX_DELAY_S, "tombstone_retention",
+               f"more than write_timeout ({self.write_timeout:g} s), at most {MAX_DELAY_S:.0f} seconds")
 
 
 _INT = (int,)
@@ -98,10 +110,11 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "bucket_max_size": _INT, "bucket_max_bytes": _INT, "max_buffered_bytes": _INT, "max_in_flight_writes": _INT,
     "max_attempts": _INT, "bucket_max_wait": _NUM, "due_granularity": _NUM, "write_timeout": _NUM, "lease": _NUM,
     "state_flush_period": _NUM, "retry_base": _NUM, "retry_factor": _NUM, "retry_max": _NUM, "retry_jitter": _NUM,
-    "quarantine_retention": _NUM, "inbox_retention": _NUM, "poll_interval": _NUM, "drain_timeout": _NUM,
-    "dedupe": (bool,), "change_streams": (bool,),
+    "quarantine_retention": _NUM, "inbox_retention": _NUM, "tombstone_retention": _NUM, "poll_interval": _NUM,
+    "drain_timeout": _NUM, "dedupe": (bool,), "change_streams": (bool,),
 }
-_NULLABLE = {"change_streams"}
+_NULLABLE = {"change_streams", "quarantine_retention", "inbox_retention"}
+MAX_W = 50  # members a replica set can have: a larger w is never satisfied
 
 
 def _type_ok(value: object, expected: tuple[type, ...], nullable: bool) -> bool:
@@ -120,6 +133,59 @@ def _describe(types: tuple[type, ...]) -> str:
 def _check(ok: bool, name: str, rule: str) -> None:
     if not ok:
         raise InvalidOption(f"{name} must be {rule}")
+
+
+def _acknowledged(w: object) -> bool:
+    """A ``w`` that the server acknowledges: 0 and below (and True, which is 1 only to Python) are not."""
+    if isinstance(w, bool):
+        return False
+    if isinstance(w, int):
+        return 1 <= w <= MAX_W
+    return isinstance(w, str) and w != "" and _is_utf8(w)
+
+
+def _is_utf8(text: str) -> bool:
+    """False for text with lone surrogates, which cannot be sent to the server."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# The collections of queue ``Q`` besides ``Q`` itself (dead letters, quarantine, dedupe inbox): one place, so that
+# the store names them and the name check refuses a queue named like another queue's side collection.
+SIDE_COLLECTION_SUFFIXES = (".dead", ".quarantine", ".inbox")
+MAX_NAMESPACE_BYTES = 255  # MongoDB's limit on "<db>.<collection>" (unsharded collections)
+MAX_DB_NAME_BYTES = 63
+_DB_NAME_BAD_CHARS = frozenset('/\\. "$*<>:|?\0')  # refused by MongoDB on Windows (a superset of Linux's)
+
+
+def check_names(name: object, db: object) -> None:
+    """Refuse, with ``InvalidOption``, a queue name or database name (None: not known yet, checked later)
+    that MongoDB would refuse for any of the queue's collections, or that collides with another queue's."""
+    if not isinstance(name, str) or not name:
+        raise InvalidOption(f"name must be a non-empty string, got {name!r}")
+    problem = (
+        "it is not valid Unicode text (lone surrogates)" if not _is_utf8(name) else
+        "it holds '$' or NUL" if "$" in name or "\0" in name else
+        "MongoDB reserves system.* collection names" if name == "system" or name.startswith("system.") else
+        "a dot-separated part of it is empty" if "" in name.split(".") else
+        f"it is a side collection of queue {name.rsplit('.', 1)[0]!r} (they end in "
+        f"{', '.join(SIDE_COLLECTION_SUFFIXES)})" if name.endswith(SIDE_COLLECTION_SUFFIXES) else None)
+    if problem:
+        raise InvalidOption(f"{name!r} is not a valid queue name: {problem}")
+    if db is None:
+        return
+    if not isinstance(db, str) or not db:
+        raise InvalidOption(f"db must be a non-empty string, got {db!r}")
+    if not _DB_NAME_BAD_CHARS.isdisjoint(db) or not _is_utf8(db) or len(db.encode()) > MAX_DB_NAME_BYTES:
+        raise InvalidOption(f"{db!r} is not a valid database name: at most {MAX_DB_NAME_BYTES} bytes of valid "
+                            f"Unicode text without any of {''.join(sorted(_DB_NAME_BAD_CHARS))!r}")
+    longest = f"{db}.{name}{max(SIDE_COLLECTION_SUFFIXES, key=len)}"
+    if len(longest.encode()) > MAX_NAMESPACE_BYTES:
+        raise InvalidOption(f"queue name {name!r} is too long: its collection {longest!r} takes "
+                            f"{len(longest.encode())} bytes in UTF-8, MongoDB allows {MAX_NAMESPACE_BYTES}")
 
 
 MAX_DELAY_S = 100 * 365 * 86400.0  # a century: far enough for any schedule, near enough for datetime

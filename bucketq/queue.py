@@ -17,7 +17,7 @@ from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.stats import shape_stats, stats_pipeline
 from bucketq.errors import InvalidOption, MalformedBucket, QueueClosed
 from bucketq.message import Message
-from bucketq.options import QueueOptions
+from bucketq.options import QueueOptions, check_names
 from bucketq.producer import Producer
 from bucketq.store import Store, retrying
 from bucketq.wakeup import Wakeup
@@ -36,7 +36,7 @@ class Queue:
 
     def __init__(self, target: Any, *, name: str, db: str | None = None, codec: str | Codec = "json",
                  **options: Any) -> None:
-        _check_name(name)
+        check_names(name, db)  # before connect(): pymongo's errors for a bad db are not InvalidOption
         unknown = set(options) - set(QueueOptions.__dataclass_fields__)
         if unknown:
             raise InvalidOption(f"unknown option(s): {', '.join(sorted(unknown))}")
@@ -44,6 +44,7 @@ class Queue:
         self.codec = _codec(codec)
         self.name = name
         self._connection = connect(target, db)
+        _check_database(self._connection.database, name, self.options.write_concern)
         self._store = Store(self._connection.database, name, write_concern=self.options.write_concern,
                             op_timeout_s=self.options.write_timeout)
         self._clock = ServerClock()
@@ -276,11 +277,14 @@ class Queue:
         await self.close()
 
 
-def _check_name(name: Any) -> None:
-    if not isinstance(name, str) or not name or len(name) > 100:
-        raise InvalidOption("name must be a non-empty string of at most 100 characters")
-    if "$" in name or "\0" in name or name.startswith("system.") or name.startswith("."):
-        raise InvalidOption(f"{name!r} is not a valid collection name")
+def _check_database(database: Any, name: str, write_concern: int | str | None) -> None:
+    """What only the database handle tells: its name when the URI or the client chose it (it counts in the
+    namespace length), and whether the client's write concern, kept when ``write_concern`` is None, is
+    acknowledged."""
+    check_names(name, database.name)
+    if write_concern is None and not database.write_concern.acknowledged:
+        raise InvalidOption("the client's write concern is unacknowledged (w=0), and bucketq needs acknowledged "
+                            "writes: pass write_concern=1 or 'majority'")
 
 
 def _codec(codec: str | Codec) -> Codec:
