@@ -8,8 +8,8 @@ from typing import Any
 
 from bson import ObjectId
 
-from bucketq.core.format import Slot, as_utc, bucket_document
-from bucketq.errors import InvalidOption
+from bucketq.core.format import Slot, as_utc, bucket_documents, parse_bucket
+from bucketq.errors import InvalidOption, MalformedBucket
 from bucketq.options import check_delay
 
 REQUEUE_CHUNK = 1000
@@ -42,16 +42,32 @@ def entry_filter(*, older_than_s: float | None = None, error_contains: str | Non
     return query
 
 
-def requeued_bucket(entries: list[dict[str, Any]], *, now: dt.datetime) -> dict[str, Any]:
-    """One fresh bucket holding the messages of dead-letter or message-quarantine entries, tries reset,
-    ids kept. All entries must share a codec (the caller groups them)."""
-    slots = [Slot(payload=e["p"], headers=e.get("h"), key=e.get("k"), tries=0, origin=str(e["_id"]),
-                  enqueued_at=as_utc(e["enqueued_at"]) if e.get("enqueued_at") else None) for e in entries]
-    return bucket_document(ObjectId(), slots, codec=entries[0]["enc"], created=now, due=now)
+def requeued_buckets(entries: list[dict[str, Any]], *, now: dt.datetime) -> list[dict[str, Any]]:
+    """Fresh buckets holding dead-letter or quarantine entries, claimable now. Messages keep their ids and
+    get their tries reset; they are grouped by codec and split so that no bucket exceeds the size limits."""
+    docs = [doc for e in entries if e.get("kind") == "bucket" for doc in requeued_original(e, now=now)]
+    by_codec: dict[str, list[Slot]] = {}
+    for e in entries:
+        if e.get("kind") != "bucket":
+            enqueued = as_utc(e["enqueued_at"]) if e.get("enqueued_at") else None
+            by_codec.setdefault(e["enc"], []).append(
+                Slot(payload=e["p"], headers=e.get("h"), key=e.get("k"), tries=0, origin=str(e["_id"]),
+                     enqueued_at=enqueued))
+    for codec, slots in by_codec.items():
+        docs += bucket_documents(slots, codec=codec, created=now, due=now)
+    return docs
 
 
-def requeued_original(entry: dict[str, Any], *, now: dt.datetime) -> dict[str, Any]:
-    """A quarantined whole bucket put back as it was, claimable now and unclaimed."""
+def requeued_original(entry: dict[str, Any], *, now: dt.datetime) -> list[dict[str, Any]]:
+    """A quarantined whole bucket put back, claimable now and unclaimed, under a new ``_id``: its old one is
+    taken by the tombstone its quarantine left. A well-formed one is rebuilt from its unfinished messages,
+    which keep their ids and tries (split if the per-slot ids make it too large); a malformed one goes back
+    as it was, to be quarantined again unless it was mended."""
     doc = dict(entry["doc"])
-    doc.update(due=now, lease=None, c=0)
-    return doc
+    try:
+        bucket = parse_bucket(doc)
+    except MalformedBucket:
+        doc.update(_id=ObjectId(), due=now, lease=None, c=0)
+        return [doc]
+    slots = [bucket.slot(i, tries=bucket.base_tries[i]) for i in range(bucket.size) if i not in bucket.done]
+    return bucket_documents(slots, codec=bucket.codec, created=now, due=now)

@@ -1,8 +1,10 @@
 """The server's clock, as seen from this host.
 
-Due times and leases are compared against ``now()``, which is this host's UTC clock corrected by the offset
-to the server's clock measured from ``isMaster.localTime`` (error: half a round trip plus 1 ms). All hosts
-thus agree on time within a few milliseconds even when their own clocks are skewed; see docs/FORMAT.md.
+Due times and leases are compared against ``now()``: the server's ``isMaster.localTime`` measured at the
+last sync (error: half a round trip plus 1 ms), advanced by this host's *monotonic* clock since then. The
+host's wall clock is never read, so an NTP step or a manual change of it cannot make fresh leases look
+expired (or eternal); all hosts agree on time within a few milliseconds even when their own clocks are
+skewed. See docs/FORMAT.md.
 """
 
 from __future__ import annotations
@@ -16,25 +18,44 @@ from bucketq.core.format import UTC, as_utc
 RESYNC_EVERY_S = 300.0
 
 
+def anchor(sent_mono: float, received_mono: float, server_time: Any) -> tuple[float, float] | None:
+    """``(server seconds since the epoch, monotonic seconds)`` at the same instant, from one round trip sent
+    and received at the given monotonic times; None when the reply carries no server time."""
+    if not isinstance(server_time, dt.datetime):
+        return None
+    return as_utc(server_time).timestamp(), (sent_mono + received_mono) / 2
+
+
 class ServerClock:
     def __init__(self) -> None:
-        self.offset_s = 0.0
+        # Until the first sync: this host's wall clock, read once, then advanced monotonically.
+        self._server_s = time.time()
+        self._mono_s = time.monotonic()
         self._synced_at: float | None = None
 
     def now(self) -> dt.datetime:
+        seconds = self._server_s + (time.monotonic() - self._mono_s)
         # BSON dates have millisecond precision: truncate here so what we compare is what is stored.
-        return dt.datetime.fromtimestamp(int((time.time() + self.offset_s) * 1000) / 1000, UTC)
+        return dt.datetime.fromtimestamp(int(seconds * 1000) / 1000, UTC)
 
     @property
     def stale(self) -> bool:
         return self._synced_at is None or time.monotonic() - self._synced_at > RESYNC_EVERY_S
 
     async def sync(self, database: Any) -> None:
-        """Measure the offset to the server clock with one ``isMaster`` round trip."""
-        before = time.time()
+        """Measure the server clock with one ``isMaster`` round trip (async clients)."""
+        sent = time.monotonic()
         reply = await database.client.admin.command("isMaster")
-        after = time.time()
-        server = reply.get("localTime")
-        if isinstance(server, dt.datetime):
-            self.offset_s = as_utc(server).timestamp() - (before + after) / 2
+        self._take(sent, time.monotonic(), reply)
+
+    def sync_blocking(self, client: Any) -> None:
+        """The same for a synchronous ``MongoClient`` (the Spark driver's shell)."""
+        sent = time.monotonic()
+        reply = client.admin.command("isMaster")
+        self._take(sent, time.monotonic(), reply)
+
+    def _take(self, sent: float, received: float, reply: Any) -> None:
+        point = anchor(sent, received, reply.get("localTime"))
+        if point is not None:
+            self._server_s, self._mono_s = point
         self._synced_at = time.monotonic()

@@ -3,6 +3,7 @@ database) into a database handle, and remember whether bucketq owns (and must cl
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,28 @@ class Connection:
             await self.owned_client.close()
 
 
+# userinfo in a mongodb:// or mongodb+srv:// URI: everything between the scheme and the last "@" before the hosts
+_USERINFO = re.compile(r"(mongodb(?:\+srv)?://)([^@/?#\s]*(?:@[^@/?#\s]*)*)@", re.IGNORECASE)
+_SECRET_OPTIONS = re.compile(r"((?:password|authMechanismProperties|tlsCertificateKeyFilePassword)=)[^&\s'\"]*",
+                             re.IGNORECASE)
+
+
+def redact_uri(text: str) -> str:
+    """``text`` with the credentials of every MongoDB URI in it replaced by ``***``: for error messages, log
+    lines and CLI output. The user name is kept (it helps to tell accounts apart), the password is not."""
+    def userinfo(match: re.Match[str]) -> str:
+        user = match.group(2).split(":", 1)[0]
+        return f"{match.group(1)}{user}:***@" if ":" in match.group(2) else f"{match.group(1)}{user}@"
+
+    return _SECRET_OPTIONS.sub(r"\1***", _USERINFO.sub(userinfo, text))
+
+
 def connect(target: Any, db: str | None = None) -> Connection:
     if isinstance(target, str):
         try:
             parsed = parse_uri(target)
         except Exception as exc:  # pymongo raises InvalidURI / ConfigurationError / ValueError
-            raise InvalidOption(f"invalid MongoDB URI {target!r}: {exc}") from None
+            raise InvalidOption(f"invalid MongoDB URI {redact_uri(target)!r}: {redact_uri(str(exc))}") from None
         client: AsyncMongoClient = AsyncMongoClient(target, tz_aware=True, connect=False)
         return Connection(client[db or parsed.get("database") or DEFAULT_DB], owned_client=client)
     if isinstance(target, AsyncMongoClient):

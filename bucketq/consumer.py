@@ -7,6 +7,7 @@ time, a periodic flusher that writes resolutions and extends leases, wake-ups, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -22,7 +23,7 @@ from bucketq.codecs import Codec, codec_for
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
-from bucketq.core.held import FlushPlan, HeldBucket, SlotState, dead_letter_reason_for_expired
+from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
 from bucketq.errors import LeaseLost, MalformedBucket, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
@@ -31,19 +32,15 @@ from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
 
-# Stop serving a bucket this share of its lease before the lease runs out, in case no extension got through.
-LEASE_SAFETY = 0.1
-
-
 @dataclass
 class Holding:
-    """A claimed bucket with its decoded payloads and the flush state around it."""
+    """A claimed bucket's state machine with its decoded payloads and the tasks and futures around it."""
 
     held: HeldBucket
     payloads: list[Any]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    failed_plan: FlushPlan | None = None
     waiters: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    flushing: asyncio.Task[None] | None = None  # the periodic flush under way, if any
 
 
 class KeyRecorder:
@@ -84,6 +81,7 @@ class Consumer:
         self._clock = clock
         self._wakeup = wakeup
         self._backoff = Backoff(options.retry_base, options.retry_factor, options.retry_max, options.retry_jitter)
+        self._policy = Policy(options.lease, options.max_attempts, options.due_granularity)
         self._holdings: list[Holding] = []
         self._claim_lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
@@ -142,25 +140,19 @@ class Consumer:
                 return
             yield message
 
-    def _lease_ending(self, held: HeldBucket, now: dt.datetime) -> bool:
-        """Whether ``held`` is lost or within the safety margin of its (server-applied) lease expiry."""
-        return held.lost or now >= held.lease_until - dt.timedelta(seconds=self._options.lease * LEASE_SAFETY)
-
     def _next_message(self) -> Message | None:
         now = self._clock.now()
         for holding in self._holdings:
             held = holding.held
-            if self._lease_ending(held, now):
+            slot = held.serve(now)
+            if slot is None:
+                if held.finished:  # the last slots were dead-lettered unserved
+                    self._spawn(self._flush_logged(holding))
                 continue
-            while (slot := held.next_pending()) is not None:
-                tries = held.tries(slot)
-                if tries >= self._options.max_attempts:
-                    held.dead(slot, dead_letter_reason_for_expired(tries))
-                    self._after_resolve(holding)
-                    continue
-                bucket = held.bucket
-                return Message(holding.payloads[slot], bucket.message_id(slot), tries, bucket.headers[slot] or {},
-                               bucket.enqueued_at(slot), bucket.keys[slot], self, holding, slot)
+            bucket = held.bucket
+            return Message(holding.payloads[slot], bucket.message_id(slot), held.tries(slot),
+                           bucket.headers[slot] or {}, bucket.enqueued_at(slot), bucket.keys[slot], self, holding,
+                           slot)
         return None
 
     async def _claim(self) -> bool:
@@ -191,8 +183,7 @@ class Consumer:
             first = ", ".join(f"slot {s}: {reason}" for s, reason in list(bad.items())[:3])
             await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
             return True
-        held = HeldBucket(bucket, token, now + dt.timedelta(seconds=self._options.lease),
-                          max_attempts=self._options.max_attempts)
+        held = HeldBucket(bucket, token, self._policy.lease_from(now), self._policy)
         holding = Holding(held, payloads)
         for slot, reason in bad.items():
             held.quarantine(slot, f"undecodable: {reason}")
@@ -224,27 +215,26 @@ class Consumer:
 
     async def _quarantine_bucket(self, doc: dict, token: str, reason: str) -> None:
         log.warning("bucket %s quarantined: %s", doc.get("_id"), reason)
-        entry = quarantined_bucket(doc, reason=reason, at=self._clock.now(), host=self._owner.split(":")[0],
-                                   pid=os.getpid())
+        now = self._clock.now()
+        entry = quarantined_bucket(doc, reason=reason, at=now, host=self._owner.split(":")[0], pid=os.getpid())
         entry["doc"].pop("lease", None)
-        await self._store.delete_bucket_into_quarantine(entry, claims.fenced(doc["_id"], token))
+        await self._store.quarantine_bucket(entry, claims.fenced(doc["_id"], token), claims.finish(now, token),
+                                            claims.finished_by(doc["_id"], token))
 
     # -- resolving -----------------------------------------------------------------------------------------
 
     async def resolve(self, holding: Holding, slot: int, nack: tuple[float | None, str] | None, *,
                       wait: bool) -> None:
         held = holding.held
-        if held.lost:
-            raise LeaseLost(f"the lease on bucket {held.bucket.id} was lost; message {held.bucket.message_id(slot)} "
-                            "will be delivered again")
+        held.check_held(slot)
         if nack is None:
             key = held.bucket.keys[slot]
             if self._options.dedupe and key is not None:
                 # Stored before ack returns, not at the next flush: once acked, a crash cannot make the
                 # handler run again for this key.
                 await self._keys.record(key)
-                if self._lease_ending(held, self._clock.now()):
-                    if not held.lost:
+                if held.lease_ending(self._clock.now()):
+                    with contextlib.suppress(LeaseLost):  # written if a flush still lands under this lease
                         held.ack(slot)
                         self._after_resolve(holding)
                     raise LeaseLost(f"the lease on bucket {held.bucket.id} may have run out before the ack of "
@@ -274,59 +264,47 @@ class Consumer:
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-flush")
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _flush_loop(self) -> None:
+        """Every ``state_flush_period``, start a flush for each held bucket that needs one and has none under
+        way. Each bucket's flush is a task of its own: one write retrying for a long time (a server
+        restarting) holds back only its own bucket, never the lease extensions of the others."""
         while True:
             await asyncio.sleep(self._options.state_flush_period)
-            await self.flush()
-
-    async def flush(self) -> None:
-        """Write every held bucket's new resolutions, and extend leases that are past half their time."""
-        half = dt.timedelta(seconds=self._options.lease / 2)
-        now = self._clock.now()
-        for holding in list(self._holdings):
-            held = holding.held
-            if held.dirty or held.finished or holding.failed_plan or held.lease_until - now < half:
-                await self._flush_logged(holding)
+            now = self._clock.now()
+            for holding in list(self._holdings):
+                if holding.held.needs_flush(now) and (holding.flushing is None or holding.flushing.done()):
+                    holding.flushing = self._spawn(self._flush_logged(holding))
 
     async def _flush_logged(self, holding: Holding) -> None:
         try:
             await self._flush(holding)
-        except Exception:
-            log.exception("state flush of bucket %s failed; will retry", holding.held.bucket.id)
+        except Exception as exc:
+            log.warning("state flush of bucket %s failed; will retry: %s", holding.held.bucket.id, exc)
 
     async def _flush(self, holding: Holding, *, release: bool = False) -> None:
+        """Write the bucket's pending plan (a failed one first, as it was). A release, or a bucket with every
+        slot resolved, goes on until the write that ends the bucket is applied or refused."""
         held = holding.held
         async with holding.lock:
-            if held.lost or holding not in self._holdings:
-                return
-            plan = holding.failed_plan
-            if plan is None or release:
-                if plan is not None:  # write the failed plan's resolutions first
-                    await self._run(holding, plan)
-                    if held.lost:
-                        return
-                plan = held.plan(self._clock.now(), self._options.lease, granularity=self._options.due_granularity,
-                                 release=release, host=self._owner, pid=os.getpid())
-            await self._run(holding, plan)
+            while not held.ended and holding in self._holdings:
+                plan = held.take_plan(self._clock.now(), release=release, host=self._owner, pid=os.getpid())
+                await self._run(holding, plan)
+                if not (release or held.finished):
+                    return
 
     async def _run(self, holding: Holding, plan: FlushPlan) -> None:
         held = holding.held
-        holding.failed_plan = plan
-        applied = await self._execute(plan)
-        holding.failed_plan = None
-        # Only an extension the server applied counts: one still in flight (a server restarting) must not
-        # let this consumer serve messages of a bucket someone else may already have claimed.
-        if applied and plan.lease_until is not None and plan.lease_until > held.lease_until:
-            held.lease_until = plan.lease_until
+        applied = await self._execute(plan)  # raises: the plan stays pending, to be retried as it is
+        held.outcome(plan, applied)
         if not applied:
-            held.lost = True
             log.warning("lease on bucket %s lost; its unflushed state was refused", held.bucket.id)
-        if plan.retry_docs and applied:
+        elif plan.retry_docs:
             due = min(d["due"] for d in plan.retry_docs)
             at = time.monotonic() + max(0.0, (due - self._clock.now()).total_seconds())
             self._next_local_due = at if self._next_local_due is None else min(self._next_local_due, at)
@@ -337,7 +315,7 @@ class Consumer:
                     future.set_result(None)
                 else:
                     future.set_exception(LeaseLost(f"the lease on bucket {held.bucket.id} was lost before the flush"))
-        if not applied or plan.releases or plan.final[0] == "delete":
+        if held.ended:
             self._holdings.remove(holding)
             for future in holding.waiters.values():
                 if not future.done():
@@ -346,39 +324,44 @@ class Consumer:
     async def _execute(self, plan: FlushPlan) -> bool:
         """Run a flush plan's writes in order; False when the lease turned out to be lost."""
         store = self._store
-        if plan.guard is not None:
-            if not await store.update_fenced(plan.filter, plan.guard):
-                return False
+        if plan.guard is not None and not await store.update_fenced(plan.filter, plan.guard):
+            return False
         for collection, docs in ((store.buckets, plan.retry_docs), (store.dead, plan.dead_docs),
                                  (store.quarantine, plan.quarantine_docs)):
             if docs:
                 await store.insert_copies(collection, docs)
-        kind, update = plan.final
-        if kind == "delete":
-            return await store.delete_fenced(plan.filter)
-        return await store.update_fenced(plan.filter, update)
+        if plan.kind == "finish":
+            assert plan.mine is not None
+            return await store.finish_fenced(plan.filter, plan.final, plan.mine)
+        return await store.update_fenced(plan.filter, plan.final, mine=plan.mine)
 
     # -- shutting down -------------------------------------------------------------------------------------
 
     async def drain(self) -> None:
         """Stop claiming, wait (up to ``drain_timeout``) for served messages, flush, and release held buckets
-        so that their unserved messages are claimable at once by others, with no tries added."""
+        so that their unserved messages are claimable at once by others, with no tries added. Background
+        tasks stop even when a write fails (the server is unreachable)."""
         self._draining = True
         self._wakeup.notify()
-        async with self._claim_lock:  # a claim already under way lands in self._holdings, to be released
-            pass
-        deadline = time.monotonic() + self._options.drain_timeout
-        while any(h.held.outstanding for h in self._holdings if not h.held.lost) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        now = self._clock.now()
-        for holding in list(self._holdings):
-            held = holding.held
-            for slot in held.outstanding:  # handlers that did not finish in time: retried, with a try counted
-                held.nack(slot, now, "not resolved before the consumer drained")
-            await self._flush(holding, release=not held.finished)
-        if self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        try:
+            async with self._claim_lock:  # a claim already under way lands in self._holdings, to be released
+                pass
+            deadline = time.monotonic() + self._options.drain_timeout
+            while any(h.held.outstanding for h in self._holdings if not h.held.ended) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            now = self._clock.now()
+            for holding in list(self._holdings):
+                held = holding.held
+                if held.ended:
+                    continue
+                # handlers that did not finish in time: retried, with a try counted
+                held.give_back(now, "not resolved before the consumer drained")
+                await self._flush(holding, release=not held.finished)
+            if self._background:
+                await asyncio.gather(*list(self._background), return_exceptions=True)
+        finally:
+            tasks = [*self._background, *([self._flusher] if self._flusher else [])]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self._flusher = None

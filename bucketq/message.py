@@ -27,6 +27,11 @@ class Message:
         self._holding = holding
         self._slot = slot
 
+    @property
+    def resolved(self) -> bool:
+        """Whether ``ack`` or ``nack`` was called (or a drain gave the message back)."""
+        return self._holding.held.resolved(self._slot)
+
     async def ack(self, *, wait: bool = False) -> None:
         """Mark the message done. It is written at the next state flush (``state_flush_period``) or when its
         bucket is finished; ``wait=True`` waits for that write. Raises ``LeaseLost`` if this consumer no

@@ -12,7 +12,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_named
 from bucketq.connection import connect
 from bucketq.consumer import Consumer
-from bucketq.core.claims import LIVE
+from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.stats import shape_stats, stats_pipeline
 from bucketq.errors import InvalidOption, MalformedBucket, QueueClosed
@@ -207,13 +207,16 @@ class Queue:
         return await self._purge(self._store.quarantine, "reason", ids, older_than, error_contains)
 
     async def purge_expired(self) -> dict[str, int]:
-        """Apply the retention options: quarantine entries and dedupe keys older than them are deleted."""
+        """Apply the retention options: quarantine entries, dedupe keys and finished buckets' tombstones older
+        than them are deleted (a retention of None keeps them forever)."""
         now = self._clock.now()
-        quarantine = await self._store.quarantine.delete_many(
-            {"at": {"$lt": now - dt.timedelta(seconds=self.options.quarantine_retention)}})
-        inbox = await self._store.inbox.delete_many(
-            {"at": {"$lt": now - dt.timedelta(seconds=self.options.inbox_retention)}})
-        return {"quarantined": quarantine.deleted_count, "inbox": inbox.deleted_count}
+        counts = {}
+        for key, collection, retention in (("quarantined", self._store.quarantine, self.options.quarantine_retention),
+                                           ("inbox", self._store.inbox, self.options.inbox_retention)):
+            counts[key] = 0 if retention is None else (await collection.delete_many(
+                {"at": {"$lt": now - dt.timedelta(seconds=retention)}})).deleted_count
+        counts["tombstones"] = await self._store.reap_tombstones(reap(now, self.options.tombstone_retention))
+        return counts
 
     async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:
@@ -237,13 +240,7 @@ class Queue:
                                    now=self._clock.now(), error_field=field)
         total = 0
         while batch := await collection.find(query, limit=admin.REQUEUE_CHUNK).to_list(None):
-            now = self._clock.now()
-            docs = [admin.requeued_original(e, now=now) for e in batch if e.get("kind") == "bucket"]
-            by_codec: dict[str, list[dict[str, Any]]] = {}
-            for entry in batch:
-                if entry.get("kind") != "bucket":
-                    by_codec.setdefault(entry["enc"], []).append(entry)
-            docs += [admin.requeued_bucket(group, now=now) for group in by_codec.values()]
+            docs = admin.requeued_buckets(batch, now=self._clock.now())
             await self._store.insert_copies(self._store.buckets, docs)
             await collection.delete_many({"_id": {"$in": [e["_id"] for e in batch]}})
             total += len(batch)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from bson.codec_options import DatetimeConversion
 from pymongo import ReturnDocument, WriteConcern
 from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
 
@@ -50,7 +51,11 @@ async def retrying(op: Callable[[bool], Awaitable[T]], *, timeout_s: float) -> T
 class Store:
     def __init__(self, database: Any, name: str, *, write_concern: int | str | None = None,
                  op_timeout_s: float = 30.0) -> None:
-        wc = {"write_concern": WriteConcern(w=write_concern)} if write_concern is not None else {}
+        wc: dict[str, Any] = {"write_concern": WriteConcern(w=write_concern)} if write_concern is not None else {}
+        # A hand-made date beyond Python's datetime (year 1 to 9999) must not make every read of its document
+        # raise: such dates come back as ``DatetimeMS``, which the format validation refuses (quarantine).
+        wc["codec_options"] = database.codec_options.with_options(
+            tz_aware=True, tzinfo=dt.timezone.utc, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
         self.database = database
         self.name = name
         self.buckets = database[name].with_options(**wc)
@@ -60,9 +65,10 @@ class Store:
         self.op_timeout_s = op_timeout_s
 
     async def ensure_indexes(self) -> None:
-        """Claims sort by ``due``; dead letters and quarantine are listed by time; the inbox is purged by time.
+        """Claims sort by ``due``; tombstones, dead letters and quarantine are listed or purged by time.
         (The test server accepts and ignores non-unique indexes.)"""
         await self.buckets.create_index("due")
+        await self.buckets.create_index("fin.at", sparse=True)
         await self.dead.create_index("at")
         await self.quarantine.create_index("at")
         await self.inbox.create_index("at")
@@ -107,33 +113,39 @@ class Store:
         # Not retried: a claim that got through but whose reply was lost simply expires with its lease.
         return await self.buckets.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
 
-    async def update_fenced(self, query: dict, update: dict) -> bool:
+    async def update_fenced(self, query: dict, update: dict, *, mine: dict | None = None) -> bool:
+        """Apply a write fenced by the claimant's token; True when it was applied, False when it was refused
+        (the lease was lost). A retry after an ambiguous error that matches nothing counts as applied only if
+        ``mine`` matches: a filter that nothing but this token's own earlier attempt can satisfy (a release
+        clears the token but records it). Without ``mine``, such a retry means the lease was lost: done slots
+        or a missing bucket may be another claimant's work, never proof of ours."""
+
         async def op(retry: bool) -> bool:
             result = await self.buckets.update_one(query, update)
-            return result.matched_count == 1 or (retry and await self._applied_before(query, update))
+            return result.matched_count == 1 or (retry and mine is not None and await self._matches(mine))
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 
-    async def delete_fenced(self, query: dict) -> bool:
+    async def finish_fenced(self, query: dict, tombstone: dict, mine: dict) -> bool:
+        """Replace a finished bucket by its tombstone (see ``claims.finish``); True when this token's write
+        did it. A retry that finds the bucket gone or finished by someone else is refused."""
+
         async def op(retry: bool) -> bool:
-            result = await self.buckets.delete_one(query)
-            # On a retry, "already gone" is the earlier attempt's doing (or the bucket was finished by a
-            # consumer that took it over; either way nothing of it is left to do).
-            return result.deleted_count == 1 or (retry and await self.buckets.find_one({"_id": query["_id"]}) is None)
+            result = await self.buckets.replace_one(query, tombstone)
+            return result.matched_count == 1 or (retry and await self._matches(mine))
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 
-    async def _applied_before(self, query: dict, update: dict) -> bool:
-        """After an ambiguous error, did the earlier attempt of this fenced update get through? A release
-        clears the token, so the retry matches nothing; the slots it marked done tell."""
-        doc = await self.buckets.find_one({"_id": query["_id"]}, {"done": 1})
-        marked = update.get("$addToSet", {}).get("done", {}).get("$each", [])
-        return doc is not None and bool(marked) and set(marked) <= set(doc.get("done", []))
+    async def _matches(self, query: dict) -> bool:
+        return await self.buckets.find_one(query, {"_id": 1}) is not None
 
-    async def delete_bucket_into_quarantine(self, entry: dict, query: dict) -> bool:
-        """Move a bucket to quarantine: the copy first, then the fenced delete."""
+    async def reap_tombstones(self, query: dict) -> int:
+        return (await self.buckets.delete_many(query)).deleted_count
+
+    async def quarantine_bucket(self, entry: dict, query: dict, tombstone: dict, mine: dict) -> bool:
+        """Move a bucket to quarantine: the copy first, then the fenced finish."""
         await self.insert_copies(self.quarantine, [entry])
-        return await self.delete_fenced(query)
+        return await self.finish_fenced(query, tombstone, mine)
 
     async def known_keys(self, keys: list[str]) -> set[str]:
         if not keys:

@@ -112,7 +112,9 @@ class Worker:
         for message in batch:
             error = failures.get(message.id)
             try:
-                if error is None:
+                if message.resolved:  # the handler acked or nacked it itself
+                    pass
+                elif error is None:
                     await message.ack()
                 else:
                     await message.nack(error=error)

@@ -73,7 +73,7 @@ async def deliver_all(q: bucketq.Queue, adb: Any, *, timeout_s: float = 15.0) ->
             got.append(message)
             await message.ack()
             continue
-        if await adb[q.name].count_documents({}) == 0:
+        if await adb[q.name].count_documents({"fin": {"$exists": False}}) == 0:
             return got
         assert loop.time() < deadline, f"the queue was not emptied: {await adb[q.name].find().to_list(None)}"
 

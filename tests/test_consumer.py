@@ -31,7 +31,7 @@ async def test_reserve_ack_empties_the_queue_and_deletes_buckets(make_queue, syn
     assert sorted(m.payload["i"] for m in got) == list(range(1000))
     assert all(m.tries == 0 for m in got)
     await q.drain()
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
     assert (await q.stats())["buckets"] == 0
 
 
@@ -165,7 +165,8 @@ async def test_malformed_bucket_goes_to_quarantine_and_the_consumer_goes_on(make
     assert entry["_id"] == bad_id and entry["kind"] == "bucket"
     assert reason in entry["reason"]
     assert entry["doc"]["_id"] == bad_id and entry["host"] and entry["pid"]
-    assert sync_db.events.count_documents({"_id": bad_id}) == 0, "a quarantined bucket must leave the queue"
+    assert sync_db.events.count_documents({"_id": bad_id, "fin": {"$exists": False}}) == 0, \
+        "a quarantined bucket must leave the queue"
 
 
 async def test_skip_mode_quarantines_only_the_bad_message(make_queue, sync_db):
@@ -176,7 +177,7 @@ async def test_skip_mode_quarantines_only_the_bad_message(make_queue, sync_db):
     await q.drain()
     entries = await q.quarantined()
     assert [(e["kind"], e["_id"]) for e in entries] == [("message", f"{bad_id}:1")]
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
 
 
 async def test_requeue_quarantined_bucket(make_queue, sync_db):
@@ -351,4 +352,4 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
         assert not duplicated, f"{len(duplicated)} duplicates with dedupe on"
     else:
         assert 0 < len(duplicated) <= 150, "duplicates must be the victim's acked-but-unflushed messages"
-    assert sync_db.events.count_documents({}) == 0
+    assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0

@@ -63,6 +63,12 @@ def check_bucket(doc: dict) -> None:
         assert doc["lease"]["until"] == doc["due"]
 
 
+def check_tombstone(doc: dict) -> None:
+    check(doc, "tombstone-fields")
+    check(doc["fin"], "fin-fields")
+    assert doc["due"].year == 9999 and doc["lease"] is None
+
+
 def test_the_tables_parse():
     assert "p" in table("bucket-fields") and table("bucket-fields")["_id"] == ("objectId", True)
 
@@ -99,6 +105,10 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
         check(doc, "dead-fields")
     for doc in sync_db["events.inbox"].find():
         check(doc, "inbox-fields")
+    tombstones = list(sync_db.events.find({"fin": {"$exists": True}}))
+    assert tombstones, "finished buckets leave tombstones"
+    for doc in tombstones:
+        check_tombstone(doc)
 
     sync_db.events.insert_one({"v": 2, "due": dt.datetime.now(dt.timezone.utc)})
     sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": dt.datetime.now(dt.timezone.utc),
@@ -109,6 +119,13 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
     assert len(entries) == 2
     for doc in entries:
         check(doc, "quarantine-fields")
+
+    await q.push_many(["served", "unserved"])
+    held = await q.reserve(timeout=2)
+    await q.drain()  # releases the bucket, which has an unserved message: the release records its token
+    released = sync_db.events.find_one({"released": {"$exists": True}})
+    check_bucket(released)
+    assert released["released"] == held._holding.held.token and released["lease"] is None
 
 
 async def test_skip_mode_message_quarantine_entry_matches(make_queue, sync_db):

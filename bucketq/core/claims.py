@@ -16,6 +16,8 @@ from typing import Any
 
 from bson import ObjectId
 
+from bucketq.core.format import MAX_COUNT
+
 
 def new_token() -> str:
     return secrets.token_hex(12)
@@ -40,17 +42,50 @@ def claim(now: dt.datetime, lease_s: float, token: str, owner: str) -> tuple[dic
 
 
 def claim_uncounted(spec: tuple[dict, dict, list]) -> tuple[dict, dict, list]:
-    """The claim of ``spec`` for a bucket whose ``c`` is not a number (hand-edited), so the ``$inc`` fails:
-    without the ``$inc``, for such buckets only (an array of numbers matches ``$type: number``, hence the
-    ``$or``). The caller quarantines what it gets; otherwise that bucket would block every claim behind it."""
+    """The claim of ``spec`` for a bucket whose ``c`` cannot be counted (hand-edited: not a number, so the
+    ``$inc`` fails, or out of range, where a real MongoDB's ``$inc`` overflows int64): without the ``$inc``,
+    for such buckets only (an array of numbers matches ``$type: number``, hence the ``$or``). The caller
+    quarantines what it gets; otherwise that bucket would block every claim behind it."""
     query, update, sort = spec
-    uncountable = {"$or": [{"c": {"$type": "array"}}, {"c": {"$not": {"$type": "number"}}}]}
+    uncountable = {"$or": [{"c": {"$type": "array"}}, {"c": {"$not": {"$type": "number"}}},
+                           {"c": {"$gt": MAX_COUNT}}, {"c": {"$lt": 0}}]}
     return {**query, **uncountable}, {k: v for k, v in update.items() if k != "$inc"}, sort
 
 
 def fenced(bucket_id: ObjectId, token: str) -> dict:
     """Matches the bucket only while ``token`` still holds its lease."""
     return {"_id": bucket_id, "lease.token": token}
+
+
+# A tombstone's ``due``: later than any real due time, so no claim ever matches it (BSON dates reach far
+# beyond; Python's datetime ends in year 9999).
+TOMBSTONE_DUE = dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)
+
+
+def finish(now: dt.datetime, token: str) -> dict:
+    """The replacement that ends a bucket: a *tombstone* keeping only ``_id``, so that an insert of the same
+    ``_id`` retried late (its first reply was lost) fails as a duplicate instead of storing the bucket again.
+    ``fin.token`` says whose write finished it, so a retry of this write can tell its own success from
+    someone else's. Tombstones are reaped after ``tombstone_retention`` (``reap``)."""
+    return {"v": 1, "due": TOMBSTONE_DUE, "lease": None, "fin": {"token": token, "at": now}}
+
+
+def finished_by(bucket_id: ObjectId, token: str) -> dict:
+    """Matches the tombstone that ``token``'s own ``finish`` left."""
+    return {"_id": bucket_id, "fin.token": token}
+
+
+def released_by(bucket_id: ObjectId, token: str) -> dict:
+    """Matches the bucket while the last release applied to it was ``token``'s."""
+    return {"_id": bucket_id, "released": token}
+
+
+def reap(now: dt.datetime, retention_s: float) -> dict:
+    """Tombstones older than ``retention_s``: no late insert retry can come after that."""
+    return {"fin.at": {"$lt": now - dt.timedelta(seconds=retention_s)}}
+
+
+LIVE = {"fin": {"$exists": False}}  # buckets, not tombstones: for readers that scan the collection
 
 
 def extend(now: dt.datetime, lease_s: float, done: list[int] | None = None) -> dict:
@@ -62,15 +97,16 @@ def extend(now: dt.datetime, lease_s: float, done: list[int] | None = None) -> d
     return update
 
 
-def release(now: dt.datetime, done: list[int] | None = None, *, due: dt.datetime | None = None,
+def release(now: dt.datetime, token: str, done: list[int] | None = None, *, due: dt.datetime | None = None,
             count_claim: bool = False) -> dict:
     """Hand the bucket back: claimable again at ``due`` (default now).
 
     A clean release (``count_claim=False``) takes the claim back out of ``c``, so no tries are added to the
     messages it did not serve. A failed batch releases with ``count_claim=True``: tries + 1.
-    The token is cleared in the same write, so a retried release matches nothing and changes nothing.
+    The token is cleared in the same write, so a retried release matches nothing and changes nothing; the
+    token is kept in ``released`` so that the retry can tell that its own earlier attempt got through.
     """
-    update: dict[str, Any] = {"$set": {"due": due or now, "lease": None}}
+    update: dict[str, Any] = {"$set": {"due": due or now, "lease": None, "released": token}}
     if not count_claim:
         update["$inc"] = {"c": -1}
     if done:

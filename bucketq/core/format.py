@@ -6,10 +6,11 @@ Everything another reader (Spark, another language) relies on is defined here on
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import bson
 from bson import ObjectId
 
 from bucketq.errors import MalformedBucket
@@ -23,13 +24,21 @@ STATE_HEADROOM = 16 * MAX_BUCKET_SIZE + 4096
 MAX_BUCKET_BYTES = BSON_LIMIT - STATE_HEADROOM
 # Fixed bytes of a bucket document besides its payloads: _id, v, enc, due, created, n, c, done, lease.
 BUCKET_OVERHEAD = 256
+# Bound of ``c`` and of ``t`` entries: far above any real count, far below int64 overflow (``$inc`` on a
+# real MongoDB fails there; the test server wraps around).
+MAX_COUNT = 2**31 - 1
+# Bytes a slot adds to the per-slot arrays of a copied message (retry and requeued buckets): `t` (int),
+# `o` (string: the id, at most 24 hex digits, ":", 5 digits, plus framing) and `e` (date), with their keys.
+COPY_FIELDS_BYTES = 11 + 48 + 15
 
 UTC = dt.timezone.utc
 
 
 class Slot(NamedTuple):
     """One message as written into a bucket: the encoded payload plus optional per-message fields.
-    (A NamedTuple: one is made per push, and it is the cheapest immutable record to build.)"""
+    (A NamedTuple: one is made per push, and it is the cheapest immutable record to build.) A producer's
+    headers are a ``RawBSONDocument`` encoded at push time, so changing the caller's dict later changes
+    nothing stored."""
 
     payload: str | bytes
     headers: Mapping[str, Any] | None = None
@@ -51,6 +60,35 @@ def slot_bytes(payload: str | bytes, headers_size: int = 0, key: str | None = No
     if key is not None:
         total += len(key.encode()) + 12
     return total + 8  # room for the slot's null in `h`/`k` when only some slots have them
+
+
+def copy_bytes(slot: Slot) -> int:
+    """An upper bound of the BSON bytes a copied slot (with ``t``, ``o``, ``e``) adds to a bucket."""
+    headers = len(bson.encode(slot.headers)) if slot.headers else 0
+    origin = len(slot.origin.encode()) if slot.origin and len(slot.origin) > 30 else 0  # user-made ids
+    return slot_bytes(slot.payload, headers, slot.key) + COPY_FIELDS_BYTES + origin
+
+
+def bucket_documents(slots: Sequence[Slot], *, codec: str, created: dt.datetime, due: dt.datetime,
+                     max_size: int = MAX_BUCKET_SIZE, max_bytes: int = MAX_BUCKET_BYTES) -> list[dict[str, Any]]:
+    """New buckets holding ``slots`` in order, as many as it takes to keep each within ``max_size`` slots
+    and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds."""
+    return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due)
+            for chunk in _chunks(slots, max_size, max_bytes)]
+
+
+def _chunks(slots: Sequence[Slot], max_size: int, max_bytes: int) -> Iterator[list[Slot]]:
+    chunk: list[Slot] = []
+    size = BUCKET_OVERHEAD
+    for slot in slots:
+        extra = copy_bytes(slot)
+        if chunk and (len(chunk) >= max_size or size + extra > max_bytes):
+            yield chunk
+            chunk, size = [], BUCKET_OVERHEAD
+        chunk.append(slot)
+        size += extra
+    if chunk:
+        yield chunk
 
 
 def message_id(bucket_id: ObjectId, slot: int) -> str:
@@ -80,7 +118,7 @@ def bucket_document(
         "lease": None,
     }
     if any(s.headers for s in slots):
-        doc["h"] = [dict(s.headers) if s.headers else None for s in slots]
+        doc["h"] = [s.headers or None for s in slots]
     if any(s.key is not None for s in slots):
         doc["k"] = [s.key for s in slots]
     if any(s.tries for s in slots):
@@ -157,8 +195,8 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     if not all(isinstance(p, (str, bytes)) for p in payloads):
         raise MalformedBucket("every payload in p must be a string or binary")
     claims = doc.get("c")
-    if not isinstance(claims, int) or isinstance(claims, bool) or claims < 0:
-        raise MalformedBucket("c must be a non-negative integer")
+    if not _count(claims):
+        raise MalformedBucket(f"c must be an integer from 0 to {MAX_COUNT}")
     done = doc.get("done")
     if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < n for i in done):
         raise MalformedBucket("done must be an array of slot indexes")
@@ -169,12 +207,23 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         payloads=payloads,
         headers=_optional_array(doc, "h", n, dict),
         keys=_optional_array(doc, "k", n, str),
-        base_tries=[t or 0 for t in _optional_array(doc, "t", n, int)],
+        base_tries=_tries(doc, n),
         origins=_optional_array(doc, "o", n, str),
         enqueued=[as_utc(e) if e else None for e in _optional_array(doc, "e", n, dt.datetime)],
         done=frozenset(done),
         claims=claims,
     )
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def _tries(doc: Mapping[str, Any], n: int) -> list[int]:
+    tries = [t or 0 for t in _optional_array(doc, "t", n, int)]
+    if not all(_count(t) for t in tries):
+        raise MalformedBucket(f"every entry of t must be an integer from 0 to {MAX_COUNT}")
+    return tries
 
 
 def _optional_array(doc: Mapping[str, Any], field: str, n: int, kind: type) -> list[Any]:

@@ -1,9 +1,14 @@
-"""Per-message state of one claimed bucket, and the flush plans that make it durable.
+"""The consume state machine of one claimed bucket: everything that changes its state lives here.
 
 Slots move PENDING -> SERVED -> ACKED | RETRY | DEAD; a slot can also go straight from PENDING to DEAD (tries
 used up by lease expiries), ACKED (dedupe: key already processed) or QUARANTINED (undecodable). Resolutions
-are kept in memory until a ``FlushPlan`` carries them to the server; the plan is built once and retried as
-is, so the ids of the documents it writes are stable and a retry stores nothing twice.
+are kept in memory until a ``FlushPlan`` carries them to the server. The shell runs the plan's writes and
+reports back with ``outcome(plan, applied)``: applied (the server took it under this claim's token) or
+refused (the lease was lost). A plan whose writes raised stays pending and is handed out again as it was, so
+the ids of the documents it writes are stable and a retry stores nothing twice.
+
+The bucket as a whole: HELD (serving) until it is *ended*, by a finish or release the server applied, or by
+a refused write (lost). Once ended, every resolution raises ``LeaseLost``.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ import enum
 import math
 from collections import deque
 from dataclasses import dataclass, field
+
 from bson import ObjectId
 
 from bucketq.core import claims
-from bucketq.core.format import StoredBucket, bucket_document, dead_letter, quarantined_message
-from bucketq.errors import AlreadyResolved
+from bucketq.core.format import StoredBucket, bucket_documents, dead_letter, quarantined_message
+from bucketq.errors import AlreadyResolved, LeaseLost
 
 
 class SlotState(enum.Enum):
@@ -30,6 +36,18 @@ class SlotState(enum.Enum):
     DONE = "done"  # finished before this claim
 
 
+@dataclass(frozen=True)
+class Policy:
+    """The consume settings the state machine needs (from ``QueueOptions``)."""
+
+    lease: float
+    max_attempts: int
+    granularity: float
+    # Stop serving this share of the lease before it runs out, in case no extension got through.
+    safety: float = 0.1
+
+    def lease_from(self, now: dt.datetime) -> dt.datetime:
+        return now + dt.timedelta(seconds=self.lease)
 
 
 @dataclass
@@ -47,38 +65,49 @@ class FlushPlan:
     1. ``guard``: when copies are written, a fenced lease extension first, so that a consumer which lost
        its lease does not copy messages someone else now holds;
     2. ``retry_docs``, ``dead_docs``, ``quarantine_docs``: copies, idempotent by ``_id``;
-    3. ``final``: ``("delete", None)`` when every slot is finished, else ``("update", update)``, fenced.
+    3. ``final``, fenced: an extension (``kind == "extend"``), a release, or the tombstone that finishes
+       the bucket (``kind == "finish"``, a replacement). ``mine`` is the filter that only this token's own
+       earlier attempt of ``final`` can satisfy, for a retry that matches nothing (None: such a retry means
+       the lease was lost).
     """
 
     bucket_id: ObjectId
     token: str
     slots: dict[int, SlotState]
+    kind: str = "extend"  # extend | release | finish
+    final: dict = field(default_factory=dict)
+    mine: dict | None = None
     guard: dict | None = None
     retry_docs: list[dict] = field(default_factory=list)
     dead_docs: list[dict] = field(default_factory=list)
     quarantine_docs: list[dict] = field(default_factory=list)
-    final: tuple[str, dict | None] = ("update", None)
-    releases: bool = False
     lease_until: dt.datetime | None = None  # the expiry this plan's writes set, once the server applied them
 
     @property
     def filter(self) -> dict:
         return claims.fenced(self.bucket_id, self.token)
 
+    @property
+    def ends(self) -> bool:
+        return self.kind != "extend"
+
 
 class HeldBucket:
     """A bucket this consumer holds under ``token`` until ``lease_until``."""
 
-    def __init__(self, bucket: StoredBucket, token: str, lease_until: dt.datetime, *, max_attempts: int) -> None:
+    def __init__(self, bucket: StoredBucket, token: str, lease_until: dt.datetime, policy: Policy) -> None:
         self.bucket = bucket
         self.token = token
         self.lease_until = lease_until
-        self.max_attempts = max_attempts
+        self.policy = policy
         self.lost = False
+        self.ended = False
+        self.giving_back = False  # a drain is releasing the bucket: no more resolutions
         self.state = [SlotState.DONE if i in bucket.done else SlotState.PENDING for i in range(bucket.size)]
         self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done)
         self._unresolved = len(self._pending)
         self._unflushed: dict[int, _Resolution] = {}
+        self._plan: FlushPlan | None = None  # handed out, outcome not yet known
 
     # -- serving -------------------------------------------------------------------------------------------
 
@@ -86,13 +115,27 @@ class HeldBucket:
         """Deliveries of this message before the current one."""
         return self.bucket.base_tries[slot] + self.bucket.claims - 1
 
-    def next_pending(self) -> int | None:
-        """The next slot to hand out, marked SERVED; None when nothing is left to serve."""
+    def lease_ending(self, now: dt.datetime) -> bool:
+        """Lost, ended, or within the safety margin of the lease expiry the server last applied."""
+        margin = dt.timedelta(seconds=self.policy.lease * self.policy.safety)
+        return self.lost or self.ended or now >= self.lease_until - margin
+
+    def serve(self, now: dt.datetime) -> int | None:
+        """The next slot to hand out, marked SERVED; None when nothing is left or the lease is ending.
+        Slots whose tries are used up (leases that kept expiring) are dead-lettered on the way, unserved."""
+        if self.lease_ending(now):
+            return None
         while self._pending:
             slot = self._pending.popleft()
-            if self.state[slot] is SlotState.PENDING:
-                self.state[slot] = SlotState.SERVED
-                return slot
+            if self.state[slot] is not SlotState.PENDING:
+                continue
+            tries = self.tries(slot)
+            if tries >= self.policy.max_attempts:
+                self._resolve(slot, _Resolution(SlotState.DEAD, error=dead_letter_reason_for_expired(tries)),
+                              allowed=(SlotState.PENDING,))
+                continue
+            self.state[slot] = SlotState.SERVED
+            return slot
         return None
 
     @property
@@ -108,20 +151,38 @@ class HeldBucket:
     def dirty(self) -> bool:
         return bool(self._unflushed)
 
+    def needs_flush(self, now: dt.datetime) -> bool:
+        """Resolutions to write, a failed plan to retry, or a lease past half its time."""
+        if self.ended:
+            return False
+        half = dt.timedelta(seconds=self.policy.lease / 2)
+        return self.dirty or self.finished or self._plan is not None or self.lease_until - now < half
+
     # -- resolving -----------------------------------------------------------------------------------------
+
+    def resolved(self, slot: int) -> bool:
+        """Whether ``slot`` was resolved (acked, nacked, ...) or given back by this claim."""
+        return self.state[slot] not in (SlotState.SERVED, SlotState.PENDING) or self.giving_back
+
+    def check_held(self, slot: int) -> None:
+        """Raise ``LeaseLost`` when this claim can no longer resolve ``slot``."""
+        if self.lost or self.ended or self.giving_back:
+            raise LeaseLost(f"bucket {self.bucket.id} is no longer held by this consumer; message "
+                            f"{self.bucket.message_id(slot)} will be delivered again")
 
     def ack(self, slot: int) -> None:
         self._resolve(slot, _Resolution(SlotState.ACKED), allowed=(SlotState.SERVED, SlotState.PENDING))
 
     def nack(self, slot: int, retry_at: dt.datetime, error: str = "") -> SlotState:
         """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt."""
-        if self.tries(slot) + 1 >= self.max_attempts:
+        if self.tries(slot) + 1 >= self.policy.max_attempts:
             self._resolve(slot, _Resolution(SlotState.DEAD, error=error or "nacked"), allowed=(SlotState.SERVED,))
             return SlotState.DEAD
         self._resolve(slot, _Resolution(SlotState.RETRY, retry_at, error), allowed=(SlotState.SERVED,))
         return SlotState.RETRY
 
     def dead(self, slot: int, reason: str) -> None:
+        """Dead-letter the message at once, without further tries."""
         self._resolve(slot, _Resolution(SlotState.DEAD, error=reason), allowed=(SlotState.SERVED, SlotState.PENDING))
 
     def quarantine(self, slot: int, reason: str) -> None:
@@ -129,6 +190,7 @@ class HeldBucket:
                       allowed=(SlotState.SERVED, SlotState.PENDING))
 
     def _resolve(self, slot: int, resolution: _Resolution, *, allowed: tuple[SlotState, ...]) -> None:
+        self.check_held(slot)
         if self.state[slot] not in allowed:
             raise AlreadyResolved(f"message {self.bucket.message_id(slot)} is already {self.state[slot].value}")
         resolution.delivered = self.state[slot] is SlotState.SERVED
@@ -136,49 +198,77 @@ class HeldBucket:
         self.state[slot] = resolution.state
         self._unflushed[slot] = resolution
 
+    def give_back(self, now: dt.datetime, reason: str) -> None:
+        """Before a release: messages still being handled are retried at once (their try counts, as the
+        handler ran), and later acks or nacks of them raise ``LeaseLost``."""
+        for slot in self.outstanding:
+            self.nack(slot, now, reason)
+        self.giving_back = True
+
     # -- flushing ------------------------------------------------------------------------------------------
 
-    def plan(self, now: dt.datetime, lease_s: float, *, granularity: float, release: bool = False,
-             release_due: dt.datetime | None = None, host: str = "", pid: int = 0) -> FlushPlan:
-        """The writes for every resolution made since the last plan (and, if asked, the release)."""
+    def take_plan(self, now: dt.datetime, *, release: bool = False, release_due: dt.datetime | None = None,
+                  host: str = "", pid: int = 0) -> FlushPlan:
+        """The writes to run next: a plan handed out earlier whose outcome is unknown (its writes raised) is
+        handed out again as it was; else a new plan of every resolution since the last one, ending with a
+        release if asked, a finish when every slot is resolved, else a lease extension."""
+        if self._plan is None:
+            self._plan = self._new_plan(now, release, release_due, host, pid)
+        return self._plan
+
+    def outcome(self, plan: FlushPlan, applied: bool) -> None:
+        """Take back the result of ``plan``'s writes: applied under this token, or refused (lease lost)."""
+        if plan is self._plan:
+            self._plan = None
+        if not applied:
+            self.lost = self.ended = True
+            return
+        # Only an extension the server applied counts: one still in flight (a server restarting) must not
+        # let this consumer serve messages of a bucket someone else may already have claimed.
+        if plan.lease_until is not None and plan.lease_until > self.lease_until:
+            self.lease_until = plan.lease_until
+        if plan.ends:
+            self.ended = True
+
+    def _new_plan(self, now: dt.datetime, release: bool, release_due: dt.datetime | None, host: str,
+                  pid: int) -> FlushPlan:
         taken, self._unflushed = self._unflushed, {}
         plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()})
         retries = {s: r for s, r in taken.items() if r.state is SlotState.RETRY}
-        plan.retry_docs = self._retry_documents(retries, now, granularity)
-        plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered,
-                                      error=r.error, at=now)
+        plan.retry_docs = self._retry_documents(retries, now)
+        plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered, error=r.error, at=now)
                           for s, r in taken.items() if r.state is SlotState.DEAD]
         plan.quarantine_docs = [quarantined_message(self.bucket, s, reason=r.error, at=now, host=host, pid=pid)
                                 for s, r in taken.items() if r.state is SlotState.QUARANTINED]
         done = sorted(taken)
-        copies = plan.retry_docs or plan.dead_docs or plan.quarantine_docs
-        if copies:
+        if plan.retry_docs or plan.dead_docs or plan.quarantine_docs:
             acked = [s for s in done if taken[s].state is SlotState.ACKED]
-            plan.guard = claims.extend(now, lease_s, acked)
+            plan.guard = claims.extend(now, self.policy.lease, acked)
         if release:
-            plan.final = ("update", claims.release(now, done, due=release_due))
-            plan.releases = True
+            plan.kind, plan.final = "release", claims.release(now, self.token, done, due=release_due)
+            plan.mine = claims.released_by(self.bucket.id, self.token)
         elif self.finished:
-            plan.final = ("delete", None)
+            plan.kind, plan.final = "finish", claims.finish(now, self.token)
+            plan.mine = claims.finished_by(self.bucket.id, self.token)
         else:
-            plan.final = ("update", claims.extend(now, lease_s, done))
-        if not release:
-            plan.lease_until = now + dt.timedelta(seconds=lease_s)
+            plan.final = claims.extend(now, self.policy.lease, done)
+            plan.lease_until = self.policy.lease_from(now)
         return plan
 
-    def _retry_documents(self, retries: dict[int, _Resolution], now: dt.datetime, granularity: float) -> list[dict]:
-        """Nacked messages, grouped by due window into new buckets due at their own retry times."""
+    def _retry_documents(self, retries: dict[int, _Resolution], now: dt.datetime) -> list[dict]:
+        """Nacked messages, grouped by due window into new buckets due at their own retry times, split
+        so that no bucket exceeds the size limits."""
         windows: dict[int, list[int]] = {}
         for slot, r in retries.items():
-            windows.setdefault(math.floor(r.retry_at.timestamp() / granularity), []).append(slot)  # type: ignore[union-attr]
+            assert r.retry_at is not None
+            windows.setdefault(math.floor(r.retry_at.timestamp() / self.policy.granularity), []).append(slot)
         docs = []
         for slots in windows.values():
             due = max(retries[s].retry_at for s in slots)  # type: ignore[type-var]
             copies = [self.bucket.slot(s, tries=self.tries(s) + 1) for s in sorted(slots)]
-            docs.append(bucket_document(ObjectId(), copies, codec=self.bucket.codec, created=now, due=due))
+            docs += bucket_documents(copies, codec=self.bucket.codec, created=now, due=due)
         return docs
 
 
 def dead_letter_reason_for_expired(tries: int) -> str:
     return f"delivered {tries} times without an ack (leases expired: the consumer died or hung)"
-

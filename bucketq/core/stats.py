@@ -6,19 +6,30 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from bucketq.core.format import as_utc
+from bucketq.core.claims import LIVE
+from bucketq.core.format import MAX_BUCKET_SIZE, as_utc
+
+# Dates a real ``created`` lies between; in BSON's order across types, other types fall outside.
+_EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_LATEST = dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)
 
 STATS_KEYS = ("ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s")
 
 
 def stats_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
     """Messages left per bucket (``n - |done|``), summed by state. A claimed bucket's ``due`` is its lease
-    expiry, so "claimed and due later" is in flight, and an expired lease counts as ready again."""
-    left = {"$subtract": ["$n", {"$size": {"$ifNull": ["$done", []]}}]}
+    expiry, so "claimed and due later" is in flight, and an expired lease counts as ready again.
+    Tombstones are left out. A malformed document counts as a bucket with no messages: one bad document
+    must not make the whole aggregation fail (a string ``n`` would make ``$subtract`` raise)."""
+    counted = {"$and": [{"$gte": ["$n", 1]}, {"$lte": ["$n", MAX_BUCKET_SIZE]}, {"$isArray": "$done"}]}
+    left = {"$cond": [counted, {"$subtract": ["$n", {"$size": "$done"}]}, 0]}
     is_due = {"$lte": ["$due", now]}
     leased = {"$ne": [{"$ifNull": ["$lease", None]}, None]}
+    dated = {"$and": [{"$gte": ["$created", _EARLIEST]}, {"$lte": ["$created", _LATEST]}]}
     return [
-        {"$project": {"left": left, "is_due": is_due, "leased": leased, "created": 1}},
+        {"$match": LIVE},
+        {"$project": {"left": left, "is_due": is_due, "leased": leased,
+                      "created": {"$cond": [dated, "$created", None]}}},
         {"$group": {
             "_id": None,
             "buckets": {"$sum": 1},
@@ -40,5 +51,6 @@ def shape_stats(rows: list[Mapping[str, Any]], *, dead: int, quarantined: int, n
         "dead": dead,
         "quarantined": quarantined,
         "buckets": int(row.get("buckets", 0)),
-        "oldest_ready_age_s": max(0.0, (now - as_utc(oldest)).total_seconds()) if oldest else 0.0,
+        "oldest_ready_age_s": max(0.0, (now - as_utc(oldest)).total_seconds())
+        if isinstance(oldest, dt.datetime) else 0.0,
     }

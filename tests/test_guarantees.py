@@ -1,0 +1,416 @@
+"""The README's guarantees under injected faults (issue 10): lost replies and late retries, takeovers by
+another consumer, clock steps, slow writes, bad stored input, shutdown with the server gone. Each test
+injects the fault that would break its guarantee and fails on the code before the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import bson
+import pytest
+from bson import DatetimeMS, ObjectId
+from pymongo.errors import AutoReconnect, PyMongoError
+
+import bucketq
+from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION, MAX_BUCKET_BYTES
+from tests.proxy import TcpProxy
+
+UTC = dt.timezone.utc
+LIVE = {"fin": {"$exists": False}}
+QUICK = {"bucket_max_wait": 0.005, "change_streams": False, "poll_interval": 0.02, "drain_timeout": 0}
+
+
+def _past(seconds: float = 5) -> dt.datetime:
+    return dt.datetime.now(UTC) - dt.timedelta(seconds=seconds)
+
+
+def _raw_bucket(**fields: Any) -> dict:
+    doc = {"_id": ObjectId(), "v": FORMAT_VERSION, "enc": "json", "due": _past(), "created": _past(), "n": 1,
+           "p": ['"raw"'], "done": [], "c": 0, "lease": None}
+    doc.update(fields)
+    return doc
+
+
+async def _drain_ids(q: bucketq.Queue, timeout: float = 0.5) -> list[str]:
+    got = []
+    while (message := await q.reserve(timeout=timeout)) is not None:
+        got.append(message.payload)
+        await message.ack(wait=True)
+    return got
+
+
+class LostReplies:
+    """Wraps a collection: the next ``count`` calls of ``method`` reach the server, but their reply is lost
+    (``AutoReconnect``), as when a connection is cut or a server restarts right after applying a write."""
+
+    def __init__(self, collection: Any, method: str, count: int = 1, *, apply: bool = True) -> None:
+        self._collection = collection
+        self._method = method
+        self._left = count
+        self._apply = apply
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._collection, name)
+        if name != self._method:
+            return real
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self._left <= 0:
+                return await real(*args, **kwargs)
+            self._left -= 1
+            self.lost += 1
+            if self._apply:
+                await real(*args, **kwargs)
+            raise AutoReconnect("connection closed (injected: the reply was lost)")
+
+        return call
+
+
+async def _take_over(make_queue: Callable[..., bucketq.Queue], payloads: list[Any]) -> tuple[Any, ...]:
+    """A serves every message of one bucket, then hangs past its lease; B claims the bucket and serves
+    them again. Returns (a, b, a's messages, b's messages)."""
+    options = {**QUICK, "lease": 1.0, "state_flush_period": 0.2}
+    a, b = make_queue(**options), make_queue(**options)
+    await a.push_many(payloads)
+    mine = [await a.reserve(timeout=5) for _ in payloads]
+    a._consumer._flusher.cancel()  # A hangs (a GC pause, a partition): its lease is not extended
+    a._consumer._flusher = None
+    await asyncio.sleep(1.2)
+    theirs = [await b.reserve(timeout=5) for _ in payloads]
+    assert all(m is not None and m.tries == 1 for m in theirs), "B did not take the bucket over"
+    return a, b, mine, theirs
+
+
+# -- 1. a retried fenced write is ours only if it carries our token -----------------------------------------
+
+async def test_a_stale_consumers_retried_write_is_refused_not_inferred_from_someone_elses_acks(make_queue, sync_db):
+    a, b, mine, theirs = await _take_over(make_queue, ["acked-by-b", "also-acked-by-b", "left"])
+    await theirs[0].ack()
+    await theirs[1].ack(wait=True)  # B's flush marks slots 0 and 1 done
+    store = a._consumer._store
+    store.buckets = LostReplies(store.buckets, "update_one")  # A's guard write: reply lost, then retried
+    await mine[0].ack()
+    with pytest.raises(bucketq.LeaseLost):
+        await mine[1].nack(delay=0, wait=True)  # before the fix: "applied" (slots 0, 1 are done: B's work)
+    assert store.buckets.lost == 1
+    await theirs[2].ack(wait=True)
+    assert await _drain_ids(b) == [], "a message B acked came back through A's retry copy"
+    assert sync_db.events.count_documents(LIVE) == 0
+
+
+async def test_a_retried_finish_that_finds_the_bucket_finished_by_another_consumer_raises_lease_lost(make_queue):
+    a, b, mine, theirs = await _take_over(make_queue, ["m"])
+    await theirs[0].ack(wait=True)  # B finishes the bucket: its tombstone carries B's token
+    store = a._consumer._store
+    store.buckets = LostReplies(store.buckets, "replace_one")
+    with pytest.raises(bucketq.LeaseLost):
+        await mine[0].ack(wait=True)  # before the fix: the retry found the bucket gone and reported success
+    assert store.buckets.lost == 1
+
+
+async def test_a_retried_finish_that_did_apply_is_recognised_by_its_token(make_queue, sync_db):
+    q = make_queue(**QUICK)
+    await q.push("m")
+    message = await q.reserve(timeout=5)
+    store = q._consumer._store
+    store.buckets = LostReplies(store.buckets, "replace_one")
+    await message.ack(wait=True)  # applied, reply lost, retried: no LeaseLost
+    assert store.buckets.lost == 1
+    assert [d["fin"]["token"] for d in sync_db.events.find()] == [message._holding.held.token]
+
+
+async def test_a_retried_release_that_did_apply_is_recognised_by_its_token(make_queue, sync_db):
+    q = make_queue(**QUICK)
+    await q.push_many(["served", "unserved"])
+    served = await q.reserve(timeout=5)
+    await served.ack()
+    store = q._consumer._store
+    store.buckets = LostReplies(store.buckets, "update_one")
+    await q.drain()  # the release's reply is lost; its retry matches nothing but finds its own token
+    assert store.buckets.lost == 1
+    doc = sync_db.events.find_one()
+    assert doc["lease"] is None and doc["c"] == 0 and doc["done"] == [0]
+    other = make_queue(**QUICK)
+    again = await other.reserve(timeout=5)
+    assert again.payload == "unserved" and again.tries == 0
+
+
+# -- 2. an insert retried late cannot store a finished bucket again -----------------------------------------
+
+def _late_retry(store: Any, consumed: asyncio.Event) -> Any:
+    """``store.insert_new``: the first call applies and loses its reply; the retry waits until ``consumed``."""
+    insert_new = store.insert_new
+    calls = 0
+
+    async def reply_lost_then_late(collection: Any, docs: list[dict]) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await insert_new(collection, docs)
+            raise AutoReconnect("connection closed (injected: the reply was lost)")
+        await consumed.wait()  # the retry comes after a backoff, by when the bucket was consumed
+        return await insert_new(collection, docs)
+
+    store.insert_new = reply_lost_then_late
+    return store
+
+
+@pytest.mark.parametrize("source", ["producer", "nack", "requeue_dead", "requeue_quarantined"])
+async def test_an_insert_retried_after_its_bucket_was_consumed_stores_nothing_again(make_queue, sync_db, source):
+    q = make_queue(**QUICK, max_attempts=1 if source == "requeue_dead" else 5)
+    consumer = make_queue(**QUICK)
+    consumed = asyncio.Event()
+    if source == "producer":
+        _late_retry(q._producer._store, consumed)
+        writing = asyncio.ensure_future(q.push("once"))
+    else:
+        if source == "requeue_quarantined":
+            sync_db.events.insert_one(_raw_bucket(v=99))
+            assert await q.reserve(timeout=0.5) is None  # quarantined
+            sync_db["events.quarantine"].update_one({}, {"$set": {"doc.v": FORMAT_VERSION}})  # mended
+        else:
+            await q.push("once")
+            first = await q.reserve(timeout=5)
+            if source == "requeue_dead":
+                await first.nack(wait=True)  # max_attempts=1: straight to the dead letters
+        _late_retry(q._consumer._store if source == "nack" else q._store, consumed)
+        if source == "nack":
+            writing = asyncio.ensure_future(first.nack(delay=0, wait=True))
+        elif source == "requeue_dead":
+            writing = asyncio.ensure_future(q.requeue_dead())
+        else:
+            writing = asyncio.ensure_future(q.requeue_quarantined())
+    message = await consumer.reserve(timeout=5)
+    assert message is not None
+    await message.ack(wait=True)  # the bucket is finished
+    consumed.set()
+    await writing
+    assert await consumer.reserve(timeout=0.5) is None, "a bucket was stored again after it was consumed"
+
+
+# -- 3. headers are what they were at push time ---------------------------------------------------------------
+
+async def test_headers_changed_after_push_nowait_change_nothing_stored(make_queue):
+    q = make_queue(**QUICK, bucket_max_bytes=64 * 1024, max_buffered_bytes=1 << 20)
+    headers = {"trace": "t-1", "nested": {"a": [1]}}
+    future = q.push_nowait("m", headers=headers)
+    headers["trace"] = "changed"
+    headers["nested"]["a"].append(2)
+    headers["big"] = "x" * 200_000  # would not fit the bucket: it must not bypass the size check
+    await future
+    message = await q.reserve(timeout=5)
+    assert message.headers == {"trace": "t-1", "nested": {"a": [1]}}
+
+
+# -- 7. no document the library writes exceeds 16 MiB --------------------------------------------------------
+
+async def test_full_buckets_near_the_size_limit_are_claimed_acked_and_nacked_within_16_mib(make_queue, sync_db):
+    """Two buckets of the most messages a bucket holds, near its byte limit. The first is acked but for one
+    message, so its ``done`` array is as long as it gets; the second is nacked whole, and the retry copies
+    (which add ids, tries and enqueue times) must be split. Every stored document stays below 16 MiB."""
+    n = 65536
+    q = make_queue(**{**QUICK, "bucket_max_wait": 5}, bucket_max_size=n, bucket_max_bytes=MAX_BUCKET_BYTES,
+                   max_buffered_bytes=2 * MAX_BUCKET_BYTES, lease=300)
+    await q.push_many(["x" * 210] * (2 * n))
+    sizes = [len(bson.encode(doc)) for doc in sync_db.events.find()]
+    assert len(sizes) == 2 and all(MAX_BUCKET_BYTES - 1_200_000 < size <= MAX_BUCKET_BYTES for size in sizes)
+    first = [await q.reserve(timeout=5) for _ in range(n)]
+    for message in first[:-2]:
+        await message.ack()
+    await first[-2].ack(wait=True)
+    held = sync_db.events.find_one({"_id": first[0]._holding.held.bucket.id})
+    assert len(held["done"]) == n - 1 and len(bson.encode(held)) < BSON_LIMIT
+    second = [await q.reserve(timeout=5) for _ in range(n)]
+    for message in [first[-1], *second]:
+        await message.nack(delay=60)
+    await q.drain()
+    sizes = [len(bson.encode(doc)) for doc in sync_db.events.find(LIVE)]
+    assert len(sizes) >= 2, "the nacked messages' retry copies must be split"
+    assert all(size <= MAX_BUCKET_BYTES for size in sizes), sizes
+    assert sum(doc["n"] for doc in sync_db.events.find(LIVE)) == n + 1
+
+
+async def test_a_bucket_at_the_size_limit_is_quarantined_within_16_mib(make_queue, sync_db):
+    n = 65536
+    payloads = ['"' + "y" * 200 + '"'] * (n - 1) + ["{not json"]
+    doc = _raw_bucket(n=n, p=payloads)
+    assert len(bson.encode(doc)) <= MAX_BUCKET_BYTES
+    sync_db.events.insert_one(doc)
+    q = make_queue(**QUICK)
+    assert await q.reserve(timeout=2) is None
+    entry = sync_db["events.quarantine"].find_one()
+    assert entry["_id"] == doc["_id"] and len(bson.encode(entry)) < BSON_LIMIT
+
+
+async def test_requeue_of_many_large_dead_letters_is_split_below_16_mib(make_queue, sync_db):
+    big = '"' + "z" * (1 << 20) + '"'  # 1 MiB each: 40 of them do not fit one bucket
+    sync_db["events.dead"].insert_many([
+        {"_id": f"{ObjectId()}:0", "enc": "json", "p": big, "h": None, "k": None, "tries": 5, "error": "e",
+         "at": _past(), "enqueued_at": _past(), "origin": {"bucket": ObjectId(), "slot": 0}} for _ in range(40)])
+    q = make_queue(**QUICK)
+    assert await q.requeue_dead() == 40
+    sizes = [len(bson.encode(doc)) for doc in sync_db.events.find(LIVE)]
+    assert len(sizes) >= 3 and all(size <= MAX_BUCKET_BYTES for size in sizes), sizes
+    assert len(await _drain_ids(q)) == 40
+
+
+# -- 8. bad stored input goes to quarantine, never crashes or loops a consumer ------------------------------
+
+BAD_BUCKETS = {
+    "created out of range": {"created": DatetimeMS(2**62)},
+    "enqueue time out of range": {"e": [DatetimeMS(-(2**62))]},
+    "negative claim count": {"c": -5},
+    "claim count near int64 max": {"c": bson.Int64(2**63 - 1)},
+    "negative tries": {"t": [-10]},
+    "tries near int64 max": {"t": [bson.Int64(2**63 - 2)]},
+    "codec extra not installed": {"enc": "msgpack", "p": [b"\x81\xa1a\x01"]},
+}
+
+
+@pytest.mark.parametrize("fields", BAD_BUCKETS.values(), ids=BAD_BUCKETS.keys())
+async def test_bad_stored_buckets_are_quarantined_and_the_good_message_is_served(make_queue, sync_db, fields,
+                                                                                monkeypatch):
+    monkeypatch.setitem(sys.modules, "msgpack", None)  # as if the msgpack extra were not installed
+    bad = _raw_bucket(**fields)
+    sync_db.events.insert_one(bad)
+    q = make_queue(**QUICK, max_attempts=2)
+    stats = await q.stats()
+    assert stats["buckets"] == 1
+    await q.push("good")
+    assert await _drain_ids(q) == ["good"]
+    entries = await q.quarantined()
+    assert [e["_id"] for e in entries] == [bad["_id"]] and entries[0]["reason"]
+
+
+async def test_stats_count_around_malformed_documents(make_queue, sync_db):
+    sync_db.events.insert_many([_raw_bucket(n="x", done="y", created=5), _raw_bucket(created="s"),
+                                _raw_bucket(due="soon", lease="z")])
+    q = make_queue(**QUICK)
+    await q.push_many([1, 2])
+    stats = await q.stats()
+    assert stats["buckets"] == 4 and stats["ready"] == 4  # 2 pushed, 1 + 1 in the well-counted bad ones
+
+
+# -- 9. shutdown stops every background task, also when it fails ---------------------------------------------
+
+async def test_a_failing_close_stops_every_background_task(mongo_uri, db_name, sync_db):
+    host, port = mongo_uri.split("//")[1].split("/")[0].split(",")[0].split(":")
+    proxy = TcpProxy(host, int(port)).start()
+    q = bucketq.Queue(proxy.uri + "&serverSelectionTimeoutMS=300&connectTimeoutMS=300", name="events", db=db_name,
+                      **QUICK, write_timeout=0.5, state_flush_period=0.05)
+    try:
+        await q.push_many(["a", "b"])
+        assert await q.reserve(timeout=5) is not None
+    finally:
+        proxy.stop()  # the server is unreachable from now on
+    with pytest.raises(PyMongoError):
+        await q.close()
+    await asyncio.sleep(0.2)
+    consumer = q._consumer
+    assert consumer._flusher is None and not consumer._background
+    leftover = [t for t in asyncio.all_tasks() if t.get_name().startswith("bucketq") and not t.done()]
+    assert leftover == []
+
+
+# -- 10. a wall-clock step does not shorten or lengthen leases -------------------------------------------------
+
+async def test_a_wall_clock_step_does_not_let_two_consumers_serve_one_bucket(make_queue, sync_db, monkeypatch):
+    sync_db.events.insert_one(_raw_bucket(due=_past(7200), created=_past(7200)))
+    a = make_queue(**QUICK, lease=30)
+    await a.stats()  # A measures the server clock
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)  # then its wall clock is stepped back an hour
+    first = await a.reserve(timeout=2)
+    assert first is not None
+    monkeypatch.setattr(time, "time", real)
+    b = make_queue(**QUICK)
+    assert await b.reserve(timeout=0.5) is None, "B served a message A holds: A's lease was already expired"
+    await first.ack(wait=True)
+
+
+# -- 11. one slow write does not starve the other leases ------------------------------------------------------
+
+async def test_a_slow_write_on_one_bucket_does_not_let_the_other_leases_expire(make_queue):
+    options = {**QUICK, "lease": 1.5, "state_flush_period": 0.1, "bucket_max_size": 1}
+    a, c = make_queue(**options), make_queue(**options)
+    await a.push_many(["x", "y"])
+    x = await a.reserve(timeout=5)
+    y = await a.reserve(timeout=5)
+    store = a._consumer._store
+    update_fenced = store.update_fenced
+    slow_id = x._holding.held.bucket.id
+    released = asyncio.Event()
+
+    async def slow_for_one_bucket(query: dict, update: dict, **kwargs: Any) -> bool:
+        if query["_id"] == slow_id:
+            await released.wait()  # retrying through a server restart, for longer than the lease
+        return await update_fenced(query, update, **kwargs)
+
+    store.update_fenced = slow_for_one_bucket
+    try:
+        await asyncio.sleep(2.5)
+        taken = [m.payload for m in [await c.reserve(timeout=0.3), await c.reserve(timeout=0.3)] if m]
+        assert "y" not in taken, "y's lease expired while x's write was slow"
+        await y.ack(wait=True)
+    finally:
+        released.set()
+
+
+# -- 12. resolving one's own message in a Worker, and after a drain ------------------------------------------
+
+async def test_a_worker_handler_may_ack_or_nack_its_own_message(make_queue):
+    q = make_queue(**QUICK)
+    await q.push_many([{"i": i} for i in range(6)])
+    seen: list[tuple[int, int]] = []
+
+    async def handler(message: bucketq.Message) -> None:
+        seen.append((message.payload["i"], message.tries))
+        if message.payload["i"] % 2 and message.tries == 0:
+            await message.nack(delay=0)
+        else:
+            await message.ack()
+        if len(seen) == 9:
+            worker.stop()
+
+    worker = bucketq.Worker(q, handler, concurrency=2, handle_signals=False)
+    await asyncio.wait_for(worker.run(), 20)
+    assert sorted(seen) == sorted([(i, 0) for i in range(6)] + [(1, 1), (3, 1), (5, 1)])
+    assert worker.failed == 0
+
+
+async def test_an_ack_after_drain_gave_the_message_back_raises_lease_lost(make_queue):
+    q = make_queue(**QUICK)
+    await q.push("slow")
+    message = await q.reserve(timeout=5)
+    await q.drain()  # drain_timeout 0: the handler is still running
+    with pytest.raises(bucketq.LeaseLost):
+        await message.ack()
+
+
+# -- 13. credentials never appear in errors ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("uri", ["mongodb://user:s3cret-pw@host:notaport/db", "mongodb://user:s3cret-pw@/db",
+                                 "mongodb://user:s3cret-pw@h/db?authMechanism=NOPE"])
+def test_an_invalid_uri_error_does_not_show_the_password(uri):
+    with pytest.raises(bucketq.InvalidOption) as caught:
+        bucketq.Queue(uri, name="events")
+    assert "s3cret-pw" not in str(caught.value) and "user" in str(caught.value)
+
+
+# -- tombstones are reaped after their retention --------------------------------------------------------------
+
+async def test_tombstones_are_reaped_after_their_retention(make_queue, sync_db):
+    q = make_queue(**QUICK, write_timeout=0.2, tombstone_retention=0.5)
+    await q.push("m")
+    await (await q.reserve(timeout=5)).ack(wait=True)
+    assert sync_db.events.count_documents({"fin": {"$exists": True}}) == 1
+    assert (await q.purge_expired())["tombstones"] == 0
+    await asyncio.sleep(0.6)
+    assert (await q.purge_expired())["tombstones"] == 1
+    assert sync_db.events.count_documents({}) == 0
