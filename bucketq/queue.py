@@ -53,7 +53,7 @@ class Queue:
                                   on_written=self._wakeup.notify, before_write=self._ready)
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup)
         self._indexed = False
-        self._ready_lock: asyncio.Lock | None = None
+        self._setup: asyncio.Future[None] | None = None
         self._housekept_at = 0.0
         self._closed = False
 
@@ -61,29 +61,24 @@ class Queue:
     def database(self) -> Any:
         return self._connection.database
 
-    async def _ready(self) -> None:
-        """Once (and every few minutes for the clock): measure the server clock, create the indexes."""
+    async def _ready(self, *, write: bool = True) -> None:
+        """Set up before use: measure the server clock (again every few minutes) and, before the first write,
+        create the indexes. Read-only callers (``write=False``) create nothing, so reads leave a database as
+        it was. Concurrent callers share one setup and all resume together: pushes made while a queue sets
+        up still reach the producer in one burst and share buckets."""
         if self._closed:
             raise QueueClosed("the queue is closed")
-        if not self._clock.stale and self._indexed:
-            return
-        if self._ready_lock is None:
-            self._ready_lock = asyncio.Lock()
-        async with self._ready_lock:  # concurrent first pushes wait for one setup, not one each
-            if self._clock.stale:
-                await retrying(lambda _: self._clock.sync(self._connection.database),
-                               timeout_s=self.options.write_timeout)
-            if not self._indexed:
-                await retrying(lambda _: self._store.ensure_indexes(), timeout_s=self.options.write_timeout)
-                self._indexed = True
+        while self._clock.stale or (write and not self._indexed):
+            if self._setup is None or self._setup.done():
+                self._setup = asyncio.ensure_future(self._set_up(write))
+            await asyncio.shield(self._setup)
 
-    async def _read_ready(self) -> None:
-        """What the read methods need: an open queue and a measured clock. Nothing is written: no index and
-        no collection is created, so reads leave a database (and a queue that does not exist) as they were."""
-        if self._closed:
-            raise QueueClosed("the queue is closed")
+    async def _set_up(self, write: bool) -> None:
         if self._clock.stale:
             await retrying(lambda _: self._clock.sync(self._connection.database), timeout_s=self.options.write_timeout)
+        if write and not self._indexed:
+            await retrying(lambda _: self._store.ensure_indexes(), timeout_s=self.options.write_timeout)
+            self._indexed = True
 
     # -- producing -----------------------------------------------------------------------------------------
 
@@ -142,7 +137,7 @@ class Queue:
     async def stats(self) -> dict[str, Any]:
         """``ready``, ``scheduled``, ``in_flight``, ``dead``, ``quarantined``, ``buckets``,
         ``oldest_ready_age_s``: messages by state, counted on the server. Writes nothing."""
-        await self._read_ready()
+        await self._ready(write=False)
         now = self._clock.now()
         rows = await self._store.aggregate(self._store.buckets, stats_pipeline(now))
         dead = await self._store.dead.count_documents({})
@@ -153,7 +148,7 @@ class Queue:
         """The next ``n`` unfinished messages in claim order, without claiming them (nor writing anything)."""
         if n <= 0:
             return []
-        await self._read_ready()
+        await self._ready(write=False)
         out: list[dict[str, Any]] = []
         cursor = self._store.buckets.find(LIVE, sort=[("due", 1)], batch_size=4)
         async for doc in cursor:
@@ -220,7 +215,7 @@ class Queue:
 
     async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:
-        await self._read_ready()
+        await self._ready(write=False)
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.now(),
                                    error_field=field)
         return await collection.find(query, sort=[("at", 1)], limit=limit).to_list(None)

@@ -55,10 +55,10 @@ def new_queue(adb: Any, **options: Any) -> bucketq.Queue:
 
 
 async def ready_queue(adb: Any, **options: Any) -> bucketq.Queue:
-    """``new_queue``, set up (clock measured, indexes made: ``stats()`` does it), so that a ``push_nowait``
+    """``new_queue``, set up (clock measured, indexes made: entering it does that), so that a ``push_nowait``
     followed by a ``push`` puts both messages in one bucket: nothing in between yields to the event loop."""
     q = new_queue(adb, **options)
-    await q.stats()
+    await q.__aenter__()
     return q
 
 
@@ -812,7 +812,7 @@ async def test_bug_9_peek_zero_is_empty(make_queue):
 
 async def test_bug_11_msgpack_refuses_payloads_it_cannot_decode(make_queue):
     q = make_queue(codec="msgpack", bucket_max_wait=0.005, drain_timeout=0)
-    await q.stats()  # set up, so that the two pushes below share one bucket
+    await q.__aenter__()  # set up, so that the two pushes below share one bucket
     sentinel = q.push_nowait("good")
     try:
         await q.push({(1, 2): 3})

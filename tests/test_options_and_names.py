@@ -234,7 +234,7 @@ def test_json_takes_json_types_and_their_subclasses(payload, back):
 
 async def test_a_refused_json_payload_fails_its_own_push_only(make_queue):
     q = make_queue(bucket_max_wait=0.005, change_streams=False)
-    await q.stats()  # set up, so that the pushes below share one bucket
+    await q.__aenter__()  # set up, so that the pushes below share one bucket
     good = q.push_nowait({"id": uuid.UUID(int=7).hex})
     with pytest.raises(bucketq.EncodeError, match="UUID"):
         await q.push({"id": uuid.UUID(int=7)})

@@ -69,9 +69,6 @@ async def test_concurrent_pushes_still_fill_buckets(make_queue, sync_db):
     await _concurrent_pushes_make_few_buckets(q, sync_db, before=1)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="Queue._ready's asyncio.Lock lets the pushes queued behind the first setup through one per "
-                          "loop turn, so they reach the producer one by one and make buckets of a few messages")
 async def test_concurrent_first_pushes_on_a_cold_queue_still_fill_buckets(make_queue, sync_db):
     await _concurrent_pushes_make_few_buckets(make_queue(), sync_db, before=0)
 
