@@ -6,7 +6,7 @@
     await msg.ack()
 """
 
-from bucketq.codecs import Codec, JsonCodec, MsgpackCodec
+from bucketq.codecs import Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.core.format import FORMAT_VERSION
 from bucketq.errors import (
     AlreadyResolved,
@@ -26,7 +26,7 @@ from bucketq.queue import Queue
 from bucketq.worker import BatchTiming, Worker
 
 __all__ = [
-    "FORMAT_VERSION", "AlreadyResolved", "BucketqError", "BufferFull", "Codec", "EncodeError", "InvalidOption",
+    "FORMAT_VERSION", "AlreadyResolved", "BucketqError", "BufferFull", "Codec", "CodecUnavailable", "EncodeError", "InvalidOption",
     "JsonCodec", "LeaseLost", "MalformedBucket", "Message", "MsgpackCodec", "PayloadTooLarge", "Queue",
     "QueueClosed", "QueueOptions", "WriteFailed", "Worker", "BatchTiming",
 ]

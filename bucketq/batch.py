@@ -31,7 +31,8 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from bucketq.clock import ServerClock
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
-from bucketq.core.format import StoredBucket, as_utc, parse_bucket, quarantined_bucket, quarantined_message
+from bucketq.core.format import (QUARANTINE_SUFFIX, StoredBucket, as_utc, parse_bucket, quarantined_bucket,
+                                 quarantined_message)
 from bucketq.errors import InvalidOption, MalformedBucket
 from bucketq.store import RETRY_FIRST_S, RETRY_MAX_S, is_transient
 
@@ -92,7 +93,7 @@ class BatchQueue:
         self.name = name
         self.database = database
         self.buckets = database[name].with_options(**wc)
-        self.quarantine = database[f"{name}.quarantine"].with_options(**wc)
+        self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(**wc)
         self.lease = float(lease)
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff()

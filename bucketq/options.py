@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE
+from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
 from bucketq.errors import InvalidOption
 
 
@@ -153,9 +153,6 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-# The collections of queue ``Q`` besides ``Q`` itself (dead letters, quarantine, dedupe inbox): one place, so that
-# the store names them and the name check refuses a queue named like another queue's side collection.
-SIDE_COLLECTION_SUFFIXES = (".dead", ".quarantine", ".inbox")
 MAX_NAMESPACE_BYTES = 255  # MongoDB's limit on "<db>.<collection>" (unsharded collections)
 MAX_DB_NAME_BYTES = 63
 _DB_NAME_BAD_CHARS = frozenset('/\\. "$*<>:|?\0')  # refused by MongoDB on Windows (a superset of Linux's)

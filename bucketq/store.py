@@ -16,6 +16,8 @@ from bson.codec_options import DatetimeConversion
 from pymongo import ReturnDocument, WriteConcern
 from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
 
+from bucketq.core.format import DEAD_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+
 T = TypeVar("T")
 DUPLICATE_KEY = 11000
 RETRY_FIRST_S = 0.05
@@ -59,9 +61,9 @@ class Store:
         self.database = database
         self.name = name
         self.buckets = database[name].with_options(**wc)
-        self.dead = database[f"{name}.dead"].with_options(**wc)
-        self.quarantine = database[f"{name}.quarantine"].with_options(**wc)
-        self.inbox = database[f"{name}.inbox"].with_options(**wc)
+        self.dead = database[name + DEAD_SUFFIX].with_options(**wc)
+        self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(**wc)
+        self.inbox = database[name + INBOX_SUFFIX].with_options(**wc)
         self.op_timeout_s = op_timeout_s
 
     async def ensure_indexes(self) -> None:

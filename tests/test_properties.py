@@ -205,3 +205,11 @@ def test_bucket_documents_parse_back(items):
     parsed = parse_bucket(doc)
     assert parsed.size == len(items) and parsed.keys == [k for _, k in items]
     assert slot_bytes(slots[0].payload) + BUCKET_OVERHEAD > 0
+
+
+@given(st.integers(0, 100_000), st.floats(1.0, 10.0))
+def test_backoff_stays_within_its_cap_for_any_attempt(attempt, factor):
+    from bucketq.core.backoff import Backoff
+
+    backoff = Backoff(base=1.0, factor=factor, maximum=300.0)
+    assert 0 < backoff.delay(attempt) <= 300.0  # no OverflowError once factor**attempt leaves the floats

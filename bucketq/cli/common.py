@@ -29,13 +29,13 @@ from pymongo.errors import (
 )
 
 from bucketq.connection import DEFAULT_DB, redact_uri
+from bucketq.core.format import SIDE_COLLECTION_SUFFIXES
 from bucketq.errors import BucketqError
 from bucketq.queue import Queue
 
 T = TypeVar("T")
 MAX_MESSAGE = 300
 URI_ENV = "BUCKETQ_MONGODB_URI"
-QUEUE_SUFFIXES = (".dead", ".quarantine", ".inbox")
 BUCKET_FIELDS = ("v", "due", "lease")  # in every bucket and every tombstone (docs/FORMAT.md)
 
 
@@ -196,9 +196,9 @@ async def _is_queue(db: Any, name: str, collections: set[str]) -> bool:
     on it: a ``.dead``, ``.quarantine`` or ``.inbox`` collection beside it (a queue's first write makes them),
     or else a first document with the fields every bucket and tombstone has. Other collections are never
     read beyond that one document."""
-    if name.endswith(QUEUE_SUFFIXES):
+    if name.endswith(SIDE_COLLECTION_SUFFIXES):
         return False
-    if any(name + suffix in collections for suffix in QUEUE_SUFFIXES):
+    if any(name + suffix in collections for suffix in SIDE_COLLECTION_SUFFIXES):
         return True
     first = await db[name].find_one({}, dict.fromkeys(BUCKET_FIELDS, 1))
     return first is not None and all(field in first for field in BUCKET_FIELDS)

@@ -16,6 +16,9 @@ class Backoff:
     jitter: float = 0.2
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        raw = min(self.maximum, self.base * self.factor ** max(0, attempt))
+        try:
+            raw = min(self.maximum, self.base * self.factor ** max(0, attempt))
+        except OverflowError:  # factor**attempt beyond a float, after a thousand tries or so: the cap holds
+            raw = self.maximum
         spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1.0
         return min(self.maximum, raw * spread)
