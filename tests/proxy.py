@@ -192,6 +192,7 @@ class TcpProxy:
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._rules: list[Rule] = []  # touched only on the proxy's loop
+        self._stopping = asyncio.Event()
 
     @property
     def uri(self) -> str:
@@ -236,11 +237,11 @@ class TcpProxy:
         async def shutdown() -> None:
             assert self._server is not None
             self._server.close()
+            self._stopping.set()  # commands held back are dropped
             await self._cut()
-            pipes = asyncio.all_tasks() - {asyncio.current_task()}  # some may be holding a command back
-            for task in pipes:
-                task.cancel()
-            await asyncio.gather(*pipes, return_exceptions=True)
+            pipes = asyncio.all_tasks() - {asyncio.current_task()}
+            if pipes:
+                await asyncio.wait(pipes, timeout=5)
 
         self._call(shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -317,9 +318,10 @@ class TcpProxy:
             return False
         if rule.action == "lose_reply":
             conn.lost_replies.add(command.request_id)
-        else:
-            await asyncio.sleep(rule.delay_s)
-        return True
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), rule.delay_s)
+        return not self._stopping.is_set()
 
     async def _on_reply(self, conn: _Connection, message: bytes) -> bool:
         if HEADER.unpack_from(message)[2] in conn.lost_replies:

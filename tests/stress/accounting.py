@@ -8,11 +8,16 @@ lost         written, and never processed.
 unexpected   records that are not of a message a writer attempted, or whose payload arrived corrupted,
              plus one message stored twice under two ids (a producer-side duplicate).
 committed    a record whose ``ack()`` returned (the consumer logged ``ack``).
-duplicated   messages committed more than once: processing that completed ``ack()`` was repeated.
-             With dedupe this must be 0. Without dedupe an ack is kept in memory until the next state
-             flush, so it is allowed when every earlier commit comes from a consumer that was SIGKILLed, or
-             whose lease on that bucket ran out before the flush got through (the library warns "lease on
-             bucket B lost; its unflushed state was refused": with a 2 s lease, a server restart can do it).
+duplicated   messages committed more than once outside the documented at-least-once windows: must be 0,
+             with or without dedupe. With dedupe every repeated commit counts (a keyed ack is stored before
+             ``ack()`` returns). Without dedupe an ack is kept in memory until the next state flush, so a
+             repeat is *explained* (``duplicates_explained``, not counted here) when every earlier commit comes
+             from a consumer that was SIGKILLed, or whose lease on that bucket ran out before the flush got
+             through (the library warns "lease on bucket B lost; its unflushed state was refused": with a
+             2 s lease, a server restart can do it), and each delivery has more tries than the one before it
+             (it came from a later claim), after the lease the earlier consumer believed it held had ended.
+             Same tries twice: the bucket was stored again; fewer tries later, or a delivery within another
+             consumer's lease: two consumers held the bucket at once (a stale lease, a clock step).
 redelivered_in_flight
              messages handled more than once where at most one of the handlings was committed: a consumer
              was killed (or lost its lease) between the handler's side effect and ``ack()`` returning. At-least-
@@ -30,6 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Msg = tuple[int, int, int]
+# A consumer serves a message only while it believes it holds the bucket's lease (``lease``: the seconds it
+# believed it had left); another claim can come only once that lease ran out on the server. Records are timed
+# on one host's real clock, and clocks agree with the server's within milliseconds: this much slack is ample.
+OVERLAP_SLACK_S = 0.1
 
 
 @dataclass
@@ -113,37 +122,27 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
     lost = written - processed
     unacked = attempted - written
 
-    duplicated: list[Msg] = []
-    notes: dict[Msg, str] = {}  # what an unexplained duplicate looks like
-    unexplained_duplicates: list[Msg] = []
+    duplicated: dict[Msg, str] = {}  # outside the at-least-once windows: what it looks like
+    explained: list[Msg] = []
     redelivered: list[Msg] = []
     unexplained_uncommitted: list[str] = []
     uncommitted_by_killed: dict[int, int] = defaultdict(int)
     for msg, rs in by_msg.items():
-        committed = sorted((r for r in rs if str(r["_id"]) in consumers.committed), key=lambda r: r["at"])
-        uncommitted = [r for r in rs if str(r["_id"]) not in consumers.committed]
-        for r in uncommitted:
+        committed = [r for r in rs if str(r["_id"]) in consumers.committed]
+        for r in rs:
             rid = str(r["_id"])
+            if rid in consumers.committed:
+                continue
             if r["pid"] in killed_pids:
                 uncommitted_by_killed[r["pid"]] += 1
             elif rid not in consumers.lease_lost and rid not in consumers.ack_failed:
                 unexplained_uncommitted.append(rid)
         if len(committed) > 1:
-            duplicated.append(msg)
-            # Without dedupe, a commit is undone only when its ack never reached the bucket: the consumer
-            # died before the flush, or its lease ran out and the flush was refused.
-            lease_lost = [(r["pid"], str(r["mid"]).split(":")[0]) in consumers.buckets_lost for r in committed[:-1]]
-            if dedupe or not all(r["pid"] in killed_pids or lost for r, lost in zip(committed, lease_lost)):
-                unexplained_duplicates.append(msg)
-                in_time = sorted(rs, key=lambda r: r["at"])
-                if len({r["tries"] for r in committed}) < len(committed):
-                    notes[msg] = ("delivered twice with the same tries: its bucket was stored again after it had "
-                                  "been consumed (a bucket insert retried after its lost reply)")
-                elif any(b["tries"] < a["tries"] for a, b in zip(in_time, in_time[1:])):
-                    notes[msg] = ("handled by a consumer whose lease had run out, after another consumer had "
-                                  "claimed the bucket again (fewer tries, later)")
-                elif dedupe and any(lease_lost):
-                    notes[msg] = "its first consumer had lost the lease: a keyed ack returned after the lease ran out"
+            why = _unexplained(rs, committed, consumers, killed_pids=killed_pids, dedupe=dedupe)
+            if why is None:
+                explained.append(msg)
+            else:
+                duplicated[msg] = why
         elif len(rs) > 1:
             redelivered.append(msg)
     over_limit = {pid: n for pid, n in uncommitted_by_killed.items() if n > max_in_flight_per_kill}
@@ -153,7 +152,7 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
         "processed": len(processed),
         "lost": len(lost),
         "duplicated": len(duplicated),
-        "duplicates_allowed": 0 if dedupe else len(duplicated) - len(unexplained_duplicates),
+        "duplicates_explained": len(explained),
         "redelivered_in_flight": len(redelivered),
         "leases_lost": len(consumers.buckets_lost),
         "unexpected": len(unexpected_records) + len(stored_twice),
@@ -162,14 +161,40 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
         "problems": {
             "lost": [_name(m) for m in sorted(lost)[:20]],
             "unexpected": unexpected_records[:20] + [f"{_name(m)} stored twice" for m in stored_twice[:20]],
-            "unexplained_duplicates": [_name(m) + (f" ({notes[m]})" if m in notes else "")
-                                       for m in sorted(unexplained_duplicates)[:20]],
+            "duplicated": [f"{_name(m)} ({duplicated[m]})" for m in sorted(duplicated)[:20]],
             "uncommitted_without_kill": unexplained_uncommitted[:20],
             "in_flight_over_limit": {str(k): v for k, v in over_limit.items()},
         },
-        "_counts": {"unexplained_duplicates": len(unexplained_duplicates),
-                    "uncommitted_without_kill": len(unexplained_uncommitted), "in_flight_over_limit": len(over_limit)},
+        "_counts": {"uncommitted_without_kill": len(unexplained_uncommitted), "in_flight_over_limit": len(over_limit)},
     }
+
+
+def _unexplained(records: list[Mapping[str, Any]], committed: list[Mapping[str, Any]], consumers: ConsumerLog, *,
+                 killed_pids: set[int], dedupe: bool) -> str | None:
+    """Why a message committed more than once is outside the at-least-once windows, or None when it is in
+    one. Without dedupe it is when each commit but the last was undone because its ack never reached the
+    bucket (its consumer was SIGKILLed before the state flush, or its lease ran out and the flush was
+    refused: LeaseLost), and each delivery came from a later claim than the one before: more tries."""
+    in_time = sorted(records, key=lambda r: r["at"])
+    if any(b["tries"] <= a["tries"] for a, b in zip(in_time, in_time[1:])):
+        if len({r["tries"] for r in records}) < len(records):
+            return ("delivered twice with the same tries: its bucket was stored again after it had been consumed "
+                    "(a bucket insert retried after its lost reply)")
+        return ("handled by a consumer whose lease had run out, after another consumer had claimed the bucket "
+                "again (fewer tries, later): two consumers held the bucket at once")
+    for a in committed:
+        if any(a["at"] < b["at"] < a["at"] + a.get("lease", 0.0) - OVERLAP_SLACK_S for b in records):
+            return ("delivered again while its first consumer still held the lease, by that consumer's own clock: "
+                    "two consumers held the bucket at once (a lease that was expired as it was taken, a clock step)")
+    earlier = sorted(committed, key=lambda r: r["at"])[:-1]
+    lease_lost = [(r["pid"], str(r["mid"]).split(":")[0]) in consumers.buckets_lost for r in earlier]
+    if dedupe:
+        return ("its first consumer had lost the lease: a keyed ack returned after the lease ran out" if any(lease_lost)
+                else "a keyed ack returned, and the message was delivered and acked again")
+    if not all(r["pid"] in killed_pids or lost for r, lost in zip(earlier, lease_lost)):
+        return ("an ack was undone although its consumer was neither killed nor told its lease was lost (a fenced "
+                "write taken as applied that was not)")
+    return None
 
 
 def _name(msg: Msg) -> str:

@@ -1,9 +1,11 @@
 """What the stress harness's processes share: the message format, the queue options, append-only logs.
 
-Every message is ``{"w": writer, "g": generation, "s": seq, "pad": ...}`` with dedupe key ``w.g.s``: a writer
-process that is killed is replaced by the next *generation* of the same writer, which numbers its messages
-from 0 again, so a message's identity never depends on what a killed process managed to record. ``pad`` is
-derived from the identity, so a consumer can tell a corrupted or mixed-up payload from a good one.
+Every message is ``{"w": writer, "g": generation, "s": seq, "pad": ...}``, with dedupe key ``w.g.s`` in the
+dedupe mode and no key without dedupe (so that nothing but the bucket protocol stands between a message and
+its delivery: a bucket stored again or an ack not kept shows as a duplicate). A writer process that is
+killed is replaced by the next *generation* of the same writer, which numbers its messages from 0 again,
+so a message's identity never depends on what a killed process managed to record. ``pad`` is derived from
+the identity, so a consumer can tell a corrupted or mixed-up payload from a good one.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ def payload(w: int, g: int, s: int, size: int) -> dict[str, Any]:
     return {"w": w, "g": g, "s": s, "pad": pad(w, g, s, size)}
 
 
-def check_payload(value: Any, key: str | None, size: int) -> str | None:
-    """None when ``value`` is a payload this harness wrote, intact and under its own key; else what is wrong."""
+def check_payload(value: Any, key: str | None, size: int, *, keyed: bool) -> str | None:
+    """None when ``value`` is a payload this harness wrote, intact and under its own key (no key when not
+    ``keyed``); else what is wrong."""
     if not isinstance(value, dict) or set(value) != {"w", "g", "s", "pad"}:
         return f"not a harness payload: {str(value)[:80]}"
     w, g, s = value["w"], value["g"], value["s"]
@@ -52,7 +55,7 @@ def check_payload(value: Any, key: str | None, size: int) -> str | None:
         return f"bad identity {w!r}/{g!r}/{s!r}"
     if value["pad"] != pad(w, g, s, size):
         return f"payload {message_key(w, g, s)} is corrupted"
-    if key != message_key(w, g, s):
+    if key != (message_key(w, g, s) if keyed else None):
         return f"payload {message_key(w, g, s)} came with key {key!r}"
     return None
 

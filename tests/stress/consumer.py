@@ -1,10 +1,14 @@
 """A consumer process of the stress harness:
-``python -m tests.stress.consumer URI DB QUEUE --log PATH [--dedupe] [--kill-point P --kill-after N] [--drain]``.
+``python -m tests.stress.consumer URI DB QUEUE --log PATH [--dedupe] [--kill-point P --kill-after N] [--drain]
+[--clock-file PATH]``.
 
 It handles messages in batches of up to ``--batch`` (the first ``reserve`` waits, the rest take what is
 at hand). The handler's side effect is one document in the collection ``processed`` per batch,
-``{_id, pid, at, m: [{w, g, s, mid, tries, problem}, ...]}``, inserted with a client-made id (so a retry
-after a cut connection stores it once); then the batch is acked. Entry ``i`` of batch document ``B`` is
+``{_id, pid, at, m: [{w, g, s, mid, tries, at, lease, problem}, ...]}`` (``at``: this host's real wall clock
+when the batch, or the message, was served; ``lease``: how many seconds this consumer then believed it still
+held the message's bucket, by its own clock), inserted with a client-made id (so a retry after a cut connection
+stores it once); then the batch is acked. With ``--dedupe`` every message must come with its dedupe key,
+without it with none (see ``common``). Entry ``i`` of batch document ``B`` is
 the record ``B:i``. The log tells the harness which side effects were *committed*, that is, followed by an
 ``ack()`` that returned:
 
@@ -21,6 +25,10 @@ the record ``B:i``. The log tells the harness which side effects were *committed
     before_ack   side effects of the batch written, no ack: the batch will be delivered again
     mid_batch    half of the batch acked, the other half not
     after_ack    the whole batch acked, before the next state flush: acks not yet stored in the bucket
+
+SIGUSR1 steps this process's wall clock, ``time.time()``, by the seconds written in ``--clock-file``
+(cumulatively): an NTP step or an operator's ``date -s`` on this host. Its monotonic clock goes on, and
+the harness's own times (``at``) keep reading the real clock.
 
 SIGTERM stops the loop after the current batch and closes the queue (flush, release held buckets).
 With ``--drain`` the process exits 0 once the queue is empty, 3 if it is not empty by ``--deadline``.
@@ -45,6 +53,7 @@ from tests.stress.common import LineLog, check_payload, die, queue_options
 
 KILL_POINTS = ("after_claim", "before_ack", "mid_batch", "after_ack")
 DUPLICATE_KEY = 11000
+REAL_TIME = time.time  # the wall clock as it is, whatever a clock step does to ``time.time``
 
 
 async def insert_records(collection, records: list[dict], deadline_s: float = 120.0) -> None:
@@ -64,6 +73,29 @@ async def insert_records(collection, records: list[dict], deadline_s: float = 12
             if time.monotonic() > deadline:
                 raise
         await asyncio.sleep(0.1)
+
+
+def lease_left(message: bucketq.Message) -> float:
+    """Seconds this consumer believes it still holds the message's bucket, by its own clock. The harness's one
+    look inside the library (``Message._holding``, ``Consumer._clock``): the accounting needs it to tell two
+    consumers holding a bucket at once from a redelivery after a lease ran out."""
+    held = message._holding.held
+    return (held.lease_until - message._consumer._clock.now()).total_seconds()
+
+
+class ClockStepper:
+    """Steps ``time.time`` by the seconds read from ``path`` on each call to ``step`` (a signal handler)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.offset_s = 0.0
+
+    def step(self) -> None:
+        with open(self.path) as f:
+            self.offset_s += float(f.read())
+        offset = self.offset_s
+        time.time = lambda: REAL_TIME() + offset
+        print(f"consumer {os.getpid()}: wall clock stepped to {offset:+.1f} s", file=sys.stderr, flush=True)
 
 
 class LeaseLossRecorder(logging.Handler):
@@ -91,6 +123,7 @@ async def main() -> int:
     parser.add_argument("--kill-after", type=int, default=1, help="die during this batch (1 = the first)")
     parser.add_argument("--drain", action="store_true")
     parser.add_argument("--deadline", type=float, default=120.0)
+    parser.add_argument("--clock-file", help="SIGUSR1 steps the wall clock by the seconds written in this file")
     args = parser.parse_args()
 
     log = LineLog(args.log)
@@ -101,16 +134,20 @@ async def main() -> int:
     processed = client[args.db]["processed"]
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    if args.clock_file:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, ClockStepper(args.clock_file).step)
     pid = os.getpid()
     batches = 0
     errors = 0
     deadline = time.monotonic() + args.deadline
     rc = 0
 
-    async def reserve(timeout: float) -> bucketq.Message | None:
+    async def reserve(timeout: float) -> tuple[bucketq.Message, float, float] | None:
+        """A message, the real time it was served at, and the lease this consumer believed it had left."""
         nonlocal errors
         try:
-            return await q.reserve(timeout=timeout)
+            message = await q.reserve(timeout=timeout)
+            return None if message is None else (message, REAL_TIME(), lease_left(message))
         except PyMongoError as exc:  # a claim cut off by a connection cut or a server restart: try again
             errors += 1
             print(f"consumer {pid}: reserve failed: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -150,20 +187,21 @@ async def main() -> int:
                         rc = 3
                         break
                 continue
-            batch = [first]
-            while len(batch) < args.batch and (m := await reserve(0)) is not None:
-                batch.append(m)
+            served = [first]
+            while len(served) < args.batch and (m := await reserve(0)) is not None:
+                served.append(m)
+            batch = [m for m, _, _ in served]
             batches += 1
             dying = args.kill_point if batches == args.kill_after else None
             if dying == "after_claim":
                 die()
             entries = []
-            for m in batch:
-                problem = check_payload(m.payload, m.key, args.payload_bytes)
+            for m, at, lease in served:
+                problem = check_payload(m.payload, m.key, args.payload_bytes, keyed=args.dedupe)
                 p = m.payload if isinstance(m.payload, dict) else {}
                 entries.append({"w": p.get("w"), "g": p.get("g"), "s": p.get("s"), "mid": m.id, "tries": m.tries,
-                                "problem": problem})
-            record = {"_id": ObjectId(), "pid": pid, "at": time.time(), "m": entries}
+                                "at": at, "lease": lease, "problem": problem})
+            record = {"_id": ObjectId(), "pid": pid, "at": served[0][1], "m": entries}
             await insert_records(processed, [record])
             ids = [f"{record['_id']}:{i}" for i in range(len(batch))]
             if dying == "before_ack":

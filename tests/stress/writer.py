@@ -1,8 +1,9 @@
 """A writer process of the stress harness:
-``python -m tests.stress.writer URI DB QUEUE --writer W --gen G --target N --log PATH [--die-after-acks K]``.
+``python -m tests.stress.writer URI DB QUEUE --writer W --gen G --target N --log PATH [--die-after-acks K]
+[--unkeyed]``.
 
 Pushes messages ``(W, G, 0..)`` with up to ``--window`` pushes pending, until ``--target`` of them were
-acknowledged (``push`` returned). Its log is the harness's record of what the queue owes:
+acknowledged (``push`` returned); each with its dedupe key, or none with ``--unkeyed``. Its log is the harness's record of what the queue owes:
 
     t A B    seqs A..B-1 are about to be pushed (written before any of them is handed to ``push``)
     ok S     ``push`` of seq S returned: the message is durable and must be processed
@@ -45,6 +46,7 @@ async def main() -> int:
     parser.add_argument("--bucket-max-wait", type=float, default=0.05)
     parser.add_argument("--die-after-acks", type=int, default=0)
     parser.add_argument("--rate", type=float, default=0.0, help="pushes per second at most (0: no limit)")
+    parser.add_argument("--unkeyed", action="store_true", help="push without dedupe keys")
     args = parser.parse_args()
 
     log = LineLog(args.log)
@@ -61,7 +63,7 @@ async def main() -> int:
         nonlocal acked, failed
         try:
             await q.push(payload(args.writer, args.gen, seq, args.payload_bytes),
-                         key=message_key(args.writer, args.gen, seq))
+                         key=None if args.unkeyed else message_key(args.writer, args.gen, seq))
         except bucketq.BucketqError as exc:
             failed += 1
             log.write(f"fail {seq} {type(exc).__name__}")
