@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from bench.contenders import ALL, SCENARIOS
 
 MAIN_SCENARIOS = ("push", "consume", "end_to_end")
-ALL_SCENARIOS = (*MAIN_SCENARIOS, "codec", "majority", "spark")
+ALL_SCENARIOS = (*MAIN_SCENARIOS, "latency", "codec", "majority", "spark")
+LATENCY_MESSAGES = 1000  # sequential awaited pushes of the latency scenario
 JSON_OVERHEAD = 45  # bytes of {"ts":1763837000.123456,"i":123456,"pad":""} around the padding
 
 
@@ -36,7 +37,7 @@ class Settings:
 @dataclass(frozen=True)
 class Job:
     contender: str
-    scenario: str  # push | consume | end_to_end | encode | decode
+    scenario: str  # push | consume | end_to_end | latency | encode | decode
     payload_bytes: int
     processes: int
     messages: int
@@ -139,10 +140,12 @@ def jobs(cfg: Settings, majority_supported: bool) -> tuple[list[Job], list[dict]
         if scenario in cfg.scenarios:
             procs = cfg.e2e_processes if scenario == "end_to_end" else cfg.processes
             out += _queue_jobs(cfg, scenario, cfg.payloads, procs)
+    middle = cfg.payloads[len(cfg.payloads) // 2]
+    if "latency" in cfg.scenarios:
+        out += [Job(c, "latency", middle, 1, LATENCY_MESSAGES) for c in cfg.contenders if "latency" in SCENARIOS[c]]
     if "codec" in cfg.scenarios and "floor" in cfg.contenders:
         out += [Job("floor", s, size, 1, cfg.codec_messages) for size in cfg.payloads for s in ("encode", "decode")]
     if "majority" in cfg.scenarios:
-        middle = cfg.payloads[len(cfg.payloads) // 2]
         majority = [j for s in ("push", "consume") for j in _queue_jobs(cfg, s, (middle,), (1,), "majority")]
         if majority_supported:
             out += majority

@@ -69,6 +69,25 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
         ok = worst is not None and worst <= limit
         out.append(("PASS" if ok else "MISS", text, f"worst {'none' if worst is None else f'{worst:.2f}'} at {cell}"))
 
+    def latency() -> None:
+        """Sequential awaited pushes on an idle queue: p50 within 5 ms of one insert's round trip (the floor's
+        latency row, same cell), p99 within 20 ms."""
+        rows = [r for r in mine if r["scenario"] == "latency" and r.get("p50_ms") is not None]
+        p50_text, p99_text = "bucketq latency p50 <= insert round trip + 5 ms", "bucketq latency p99 <= 20 ms"
+        if not rows:
+            out.extend([("n/a", p50_text, "no bucketq latency result"), ("n/a", p99_text, "no bucketq latency result")])
+            return
+        floors = [(r, index.get(("floor", *_key(r)))) for r in rows]
+        if any(f is None or f.get("p50_ms") is None for _, f in floors):
+            out.append(("n/a", p50_text, "no floor latency row (the insert round trip) to compare with"))
+        else:
+            over, row, floor = max((r["p50_ms"] - f["p50_ms"], r, f) for r, f in floors)
+            out.append(("PASS" if over <= 5.0 else "MISS", p50_text,
+                        f"p50 {row['p50_ms']:.2f} ms vs insert round trip {floor['p50_ms']:.2f} ms at {_cell(row)}"))
+        worst = max(rows, key=lambda r: r["p99_ms"])
+        out.append(("PASS" if worst["p99_ms"] <= 20.0 else "MISS", p99_text,
+                    f"p99 {worst['p99_ms']:.2f} ms at {_cell(worst)}"))
+
     for scenario in ("push", "consume"):
         versus(scenario, "keuss", 2.0)
     for scenario in ("push", "consume"):
@@ -76,6 +95,7 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
     versus("push", "floor", 0.7)
     commands("push", 2.0)
     commands("consume", 5.0)
+    latency()
     return out
 
 
@@ -108,7 +128,8 @@ def table(rows: list[dict], server: str, real_mongod: bool) -> str:
         lines.append(f"{text}  {(r.get('notes') or '')[:90]}")
     lines.append("cmds/1k: server commands per 1000 messages (command monitoring); cpu s/1k: client CPU seconds")
     lines.append("per 1000 messages; rss MB: peak RSS summed over the contender's processes; p50/p99: push->handler")
-    lines.append("latency at full load (end_to_end only).")
+    lines.append("latency at full load (end_to_end), or one sequential awaited push on an idle queue (latency; for")
+    lines.append("floor: one insert's round trip).")
     return "\n".join(lines)
 
 

@@ -136,6 +136,11 @@ class Ctx:
     def latency(self, sent_ts: float) -> None:
         self.latencies_ms.append((time.time() - sent_ts) * 1000.0)
 
+    def sample(self, started: float) -> None:
+        """One more message done, ``started`` (a ``time.perf_counter()`` reading) ago: its latency is kept."""
+        self.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+        self.mark()
+
     def stop(self, at_last_mark: bool = False) -> None:
         """Stop the clock now, or, for consumers that ended on an idle timeout, at the last completed
         message (so the idle wait and its polling count neither as time, nor as commands, nor as CPU)."""

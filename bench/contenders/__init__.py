@@ -8,12 +8,12 @@ import sys
 from bench.contenders import keuss
 
 ALL = ("bucketq", "keuss", "naive", "floor")
-QUEUE_SCENARIOS = frozenset({"push", "consume", "end_to_end"})
+QUEUE_SCENARIOS = frozenset({"push", "consume", "end_to_end", "latency"})
 SCENARIOS = {
     "bucketq": QUEUE_SCENARIOS,
     "keuss": QUEUE_SCENARIOS,
     "naive": QUEUE_SCENARIOS,
-    "floor": frozenset({"push", "consume", "encode", "decode"}),
+    "floor": frozenset({"push", "consume", "latency", "encode", "decode"}),  # latency: one insert's round trip
 }
 _PYTHON_MODULES = {
     "bucketq": "bench.contenders.bucketq_c",

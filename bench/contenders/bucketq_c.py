@@ -2,12 +2,15 @@
 
 push: push_nowait per message with at most ``window`` un-acknowledged pushes, done when every push is
 durable. consume: ``concurrency`` tasks doing reserve + ack. end_to_end: both at once in one process.
+latency: sequential awaited pushes on an idle queue with default options, each timed; then, untimed, what
+consuming the buckets they made costs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -47,8 +50,9 @@ def _sent_ts(body: Any) -> float:
     return (orjson.loads(body) if isinstance(body, (bytes, bytearray, memoryview)) else body)["ts"]
 
 
-async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool) -> None:
-    """Reserve and ack until the producers are done and nothing came for idle_s."""
+async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,
+                   mark: Callable[[], None]) -> None:
+    """Reserve and ack until the producers are done and nothing came for idle_s; ``mark`` after each ack."""
     idle_s = ctx.spec["idle_s"]
     while True:
         msg = await q.reserve(timeout=idle_s if producers_done.is_set() else min(idle_s, 0.25))
@@ -59,11 +63,40 @@ async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latenc
         if timed_latency:
             ctx.latency(_sent_ts(msg.payload))
         await msg.ack()
-        ctx.mark()
+        mark()
 
 
-async def _consumers(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool) -> None:
-    await asyncio.gather(*(_consume(ctx, q, producers_done, timed_latency) for _ in range(ctx.spec["concurrency"])))
+async def _consumers(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,
+                     mark: Callable[[], None] | None = None) -> None:
+    await asyncio.gather(*(_consume(ctx, q, producers_done, timed_latency, mark or ctx.mark)
+                           for _ in range(ctx.spec["concurrency"])))
+
+
+class _Tally:
+    """Messages consumed outside the timed phase: how many, and when the last one was acked."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = 0.0
+
+    def mark(self) -> None:
+        self.count += 1
+        self.last = time.time()
+
+
+async def _consume_cost(ctx: Ctx, q: Any) -> str:
+    """Untimed: consume everything stored, and say what the buckets cost to consume (commands are counted up
+    to the last ack, so the consumers' final idle wait is left out)."""
+    buckets = await q.database[ctx.spec["queue"]].count_documents({})
+    tally = _Tally()
+    done = asyncio.Event()
+    done.set()
+    started = time.time()
+    await _consumers(ctx, q, done, False, tally.mark)
+    commands = sum(1 for t, _ in ctx.commands.events if started <= t <= tally.last)
+    seconds = tally.last - started
+    return (f"then consumed {tally.count:,} msgs from {buckets:,} buckets: {commands / max(1, tally.count):.2f} "
+            f"cmds/msg, {tally.count / seconds if seconds > 0 else 0:,.0f} msgs/s")
 
 
 async def fill(ctx: Ctx, q: Any) -> None:
@@ -80,6 +113,19 @@ async def push(ctx: Ctx, q: Any) -> None:
     await asyncio.to_thread(ctx.go)
     await _produce(ctx, q, ctx.spec["messages"], counted=True)
     ctx.stop()
+    with ctx.tail():
+        await q.drain()
+
+
+async def latency(ctx: Ctx, q: Any) -> None:
+    await q.push(payload(-1, ctx.pad))  # sets the queue up (clock, indexes) before the clock starts
+    await asyncio.to_thread(ctx.go)
+    for i in range(ctx.spec["messages"]):
+        started = time.perf_counter()
+        await q.push(payload(i, ctx.pad))
+        ctx.sample(started)
+    ctx.stop()
+    ctx.notes.append(await _consume_cost(ctx, q))
     with ctx.tail():
         await q.drain()
 
@@ -115,14 +161,9 @@ async def _with_queue(ctx: Ctx, role: Role) -> None:
 
     s = ctx.spec
     client: AsyncMongoClient = AsyncMongoClient(s["uri"], event_listeners=[ctx.commands], w=write_concern(s))
+    tuned = {"bucket_max_size": s["bucket_max_size"], "bucket_max_wait": s["bucket_max_wait_s"]}
     try:
-        q = bucketq.Queue(
-            client,
-            name=s["queue"],
-            db=s["db"],
-            bucket_max_size=s["bucket_max_size"],
-            bucket_max_wait=s["bucket_max_wait_s"],
-        )
+        q = bucketq.Queue(client, name=s["queue"], db=s["db"], **({} if s["role"] == "latency" else tuned))
         async with q:
             await role(ctx, q)
     finally:
@@ -134,4 +175,5 @@ def _sync(role: Role) -> Callable[[Ctx], None]:
 
 
 if __name__ == "__main__":
-    main({"fill": _sync(fill), "push": _sync(push), "consume": _sync(consume), "end_to_end": _sync(end_to_end)})
+    main({"fill": _sync(fill), "push": _sync(push), "consume": _sync(consume), "end_to_end": _sync(end_to_end),
+          "latency": _sync(latency)})

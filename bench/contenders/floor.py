@@ -2,17 +2,21 @@
 
 push: bucket documents (``bucket_max_size`` orjson-encoded messages each), built and BSON-encoded before
 the clock starts, inserted with one insert_many. consume: find_one_and_delete per bucket plus orjson
-decoding of its messages. encode / decode: orjson alone on the payloads, no server.
+decoding of its messages. latency: the round trip of one insert, sequential insert_one calls of pre-encoded
+one-message buckets through the async driver bucketq uses. encode / decode: orjson alone on the payloads,
+no server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 
 import bson
 import orjson
 from bson.raw_bson import RawBSONDocument
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 from pymongo.collection import Collection
 
 from bench.worker import Ctx, main, payload, split, write_concern
@@ -26,8 +30,9 @@ def _open(ctx: Ctx) -> tuple[MongoClient, Collection]:
     return client, client[s["db"]][s["queue"]]
 
 
-def _buckets(ctx: Ctx) -> list[RawBSONDocument]:
-    total, size = ctx.spec["messages"], ctx.spec["bucket_max_size"]
+def _buckets(ctx: Ctx, size: int) -> list[RawBSONDocument]:
+    """The spec's messages as buckets of ``size`` messages, BSON-encoded."""
+    total = ctx.spec["messages"]
     now = dt.datetime.now(dt.timezone.utc)
     docs = []
     for n in split(total, -(-total // size) or 1):
@@ -38,13 +43,32 @@ def _buckets(ctx: Ctx) -> list[RawBSONDocument]:
 
 def push(ctx: Ctx) -> None:
     client, coll = _open(ctx)
-    docs = _buckets(ctx)
+    docs = _buckets(ctx, ctx.spec["bucket_max_size"])
     ctx.go()
     if docs:
         coll.insert_many(docs)
     ctx.mark(ctx.spec["messages"])
     ctx.stop()
     client.close()
+
+
+async def _insert_round_trips(ctx: Ctx) -> None:
+    s = ctx.spec
+    client: AsyncMongoClient = AsyncMongoClient(s["uri"], event_listeners=[ctx.commands], w=write_concern(s))
+    coll = client[s["db"]][s["queue"]]
+    docs = _buckets(ctx, 1)
+    await coll.insert_one({"warm": True})  # the connection is up before the clock starts
+    await asyncio.to_thread(ctx.go)
+    for doc in docs:
+        started = time.perf_counter()
+        await coll.insert_one(doc)
+        ctx.sample(started)
+    ctx.stop()
+    await client.close()
+
+
+def latency(ctx: Ctx) -> None:
+    asyncio.run(_insert_round_trips(ctx))
 
 
 def consume(ctx: Ctx) -> None:
@@ -84,4 +108,4 @@ def decode(ctx: Ctx) -> None:
 
 
 if __name__ == "__main__":
-    main({"fill": push, "push": push, "consume": consume, "encode": encode, "decode": decode})
+    main({"fill": push, "push": push, "consume": consume, "latency": latency, "encode": encode, "decode": decode})

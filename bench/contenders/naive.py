@@ -1,7 +1,8 @@
 """Naive contender: one document per message, one command per operation.
 
 insert_one per push, find_one_and_update per reserve, delete_one per ack: the shape of keuss's plain
-``mongo`` backend, with pymongo's sync client. Each role runs ``concurrency`` threads.
+``mongo`` backend, with pymongo's sync client. Each role runs ``concurrency`` threads, but latency, which
+times sequential pushes in one thread.
 """
 
 from __future__ import annotations
@@ -91,6 +92,18 @@ def push(ctx: Ctx) -> None:
     client.close()
 
 
+def latency(ctx: Ctx) -> None:
+    client, coll = _open(ctx)
+    coll.insert_one(_doc(-1, ctx.pad))  # the connection is up before the clock starts
+    ctx.go()
+    for i in range(ctx.spec["messages"]):
+        started = time.perf_counter()
+        coll.insert_one(_doc(i, ctx.pad))
+        ctx.sample(started)
+    ctx.stop()
+    client.close()
+
+
 def consume(ctx: Ctx) -> None:
     client, coll = _open(ctx)
     done = threading.Event()
@@ -119,4 +132,4 @@ def end_to_end(ctx: Ctx) -> None:
 
 
 if __name__ == "__main__":
-    main({"fill": fill, "push": push, "consume": consume, "end_to_end": end_to_end})
+    main({"fill": fill, "push": push, "consume": consume, "end_to_end": end_to_end, "latency": latency})

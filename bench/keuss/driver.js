@@ -1,7 +1,7 @@
 'use strict';
 // keuss bucket-mongo-safe contender: one worker speaking bench/worker.py's line protocol
 // (argv[2] = spec as JSON; prints {"ready":true}, waits for "go" on stdin, prints {"progress":n} lines,
-// ends with one {"result":{...}} line). Roles: fill, push, consume, end_to_end.
+// ends with one {"result":{...}} line). Roles: fill, push, consume, end_to_end, latency.
 // Run by bench/contenders/keuss.py with NODE_PATH pointing at bench/.node/node_modules.
 
 const readline = require('readline');
@@ -176,6 +176,23 @@ function consumers(q, producersDone, timedLatency, done) {
   for (let c = 0; c < spec.concurrency; c++) loop('c' + c);
 }
 
+// Push n messages one after another, each once the previous one called back, timing each. keuss calls back
+// before the write for every push but the one that fills a bucket: these are not durable pushes.
+function sequential(q, n, done) {
+  let i = 0;
+  const next = () => {
+    if (i === n) return done();
+    const started = performance.now();
+    q.push({ts: now(), i: i++, pad: pad}, {}, (err) => {
+      if (err) return fail(err);
+      st.lat.push(performance.now() - started);
+      mark();
+      setImmediate(next);
+    });
+  };
+  next();
+}
+
 const pushRole = (q, end) => go(() => produce(q, spec.messages, true, () => {
   stop(false);
   tail((cb) => q.drain(cb), end);
@@ -185,6 +202,10 @@ const roles = {
   fill: pushRole,
   push: pushRole,
   consume: (q, end) => go(() => consumers(q, () => true, false, () => { stop(true); tail((cb) => q.drain(cb), end); })),
+  latency: (q, end) => go(() => sequential(q, spec.messages, () => {
+    stop(false);
+    tail((cb) => q.drain(cb), end);
+  })),
   end_to_end: (q, end) => go(() => {
     let producing = true;
     produce(q, spec.messages, false, () => { producing = false; });
