@@ -24,7 +24,7 @@ from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
 from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
-from bucketq.errors import LeaseLost, MalformedBucket, QueueClosed
+from bucketq.errors import InvalidOption, LeaseLost, MalformedBucket, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
 from bucketq.store import Store, is_transient
@@ -131,6 +131,19 @@ class Consumer:
                     self._next_local_due = None
             await self._wakeup.wait(remaining)
 
+    async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``n`` messages: the first as ``reserve`` gives it, then those already at hand, without
+        waiting or claiming."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidOption(f"n must be a positive int, got {n!r}")
+        first = await self.reserve(timeout)
+        if first is None:
+            return []
+        batch = [first]
+        while len(batch) < n and (message := self._next_message()) is not None:
+            batch.append(message)
+        return batch
+
     async def consume(self, idle_timeout: float | None = None) -> AsyncIterator[Message]:
         """Messages as they come; ends after ``idle_timeout`` seconds without one, or when draining."""
         check_timeout(idle_timeout)
@@ -147,7 +160,7 @@ class Consumer:
             slot = held.serve(now)
             if slot is None:
                 if held.finished:  # the last slots were dead-lettered unserved
-                    self._spawn(self._flush_logged(holding))
+                    self._schedule_flush(holding)
                 continue
             bucket = held.bucket
             return Message(holding.payloads[slot], bucket.message_id(slot), held.tries(slot),
@@ -191,7 +204,7 @@ class Consumer:
             await self._skip_known_keys(holding)
         self._holdings.append(holding)
         if held.finished:
-            self._spawn(self._flush_logged(holding))
+            self._schedule_flush(holding)
         return True
 
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
@@ -236,7 +249,7 @@ class Consumer:
                 if held.lease_ending(self._clock.now()):
                     with contextlib.suppress(LeaseLost):  # written if a flush still lands under this lease
                         held.ack(slot)
-                        self._after_resolve(holding)
+                        self._schedule_flush(holding)
                     raise LeaseLost(f"the lease on bucket {held.bucket.id} may have run out before the ack of "
                                     f"{held.bucket.message_id(slot)} was stored: it may be delivered again")
             held.ack(slot)
@@ -248,15 +261,10 @@ class Consumer:
         future = None
         if wait:
             future = holding.waiters[slot] = asyncio.get_running_loop().create_future()
-        self._after_resolve(holding)
+        if future is not None or held.finished:
+            self._schedule_flush(holding)
         if future is not None:
-            if not held.finished:
-                self._spawn(self._flush_logged(holding))
             await future
-
-    def _after_resolve(self, holding: Holding) -> None:
-        if holding.held.finished:
-            self._spawn(self._flush_logged(holding))
 
     # -- flushing ------------------------------------------------------------------------------------------
 
@@ -278,8 +286,14 @@ class Consumer:
             await asyncio.sleep(self._options.state_flush_period)
             now = self._clock.now()
             for holding in list(self._holdings):
-                if holding.held.needs_flush(now) and (holding.flushing is None or holding.flushing.done()):
-                    holding.flushing = self._spawn(self._flush_logged(holding))
+                if holding.held.needs_flush(now):
+                    self._schedule_flush(holding)
+
+    def _schedule_flush(self, holding: Holding) -> None:
+        """Start a flush of ``holding`` unless one is under way: that one goes on to write what is resolved
+        meanwhile when the bucket is finished or someone waits for a resolution (see ``_flush``)."""
+        if holding.flushing is None or holding.flushing.done():
+            holding.flushing = self._spawn(self._flush_logged(holding))
 
     async def _flush_logged(self, holding: Holding) -> None:
         try:
@@ -288,14 +302,15 @@ class Consumer:
             log.warning("state flush of bucket %s failed; will retry: %s", holding.held.bucket.id, exc)
 
     async def _flush(self, holding: Holding, *, release: bool = False) -> None:
-        """Write the bucket's pending plan (a failed one first, as it was). A release, or a bucket with every
-        slot resolved, goes on until the write that ends the bucket is applied or refused."""
+        """Write the bucket's pending plan (a failed one first, as it was), then go on while resolutions that
+        someone waits for were made meanwhile. A release, or a bucket with every slot resolved, goes on until
+        the write that ends the bucket is applied or refused."""
         held = holding.held
         async with holding.lock:
             while not held.ended and holding in self._holdings:
                 plan = held.take_plan(self._clock.now(), release=release, host=self._owner, pid=os.getpid())
                 await self._run(holding, plan)
-                if not (release or held.finished):
+                if not (release or held.finished or (held.dirty and holding.waiters)):
                     return
 
     async def _run(self, holding: Holding, plan: FlushPlan) -> None:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
+
+from pymongo.errors import PyMongoError
 
 from bucketq import admin
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_named
-from bucketq.connection import connect
+from bucketq.connection import connect, redact_uri
 from bucketq.consumer import Consumer
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
@@ -23,6 +26,7 @@ from bucketq.store import Store, retrying
 from bucketq.wakeup import Wakeup
 
 HOUSEKEEPING_EVERY_S = 60.0
+log = logging.getLogger("bucketq")
 
 
 class Queue:
@@ -54,7 +58,7 @@ class Queue:
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup)
         self._indexed = False
         self._setup: asyncio.Future[None] | None = None
-        self._housekept_at = 0.0
+        self._housekeeping: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -110,6 +114,13 @@ class Queue:
         await self._consumer_ready()
         return await self._consumer.reserve(timeout)
 
+    async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``n`` messages for a handler that takes many at once: waits up to ``timeout`` seconds for the
+        first, then adds those already at hand in the buckets this consumer holds, without waiting. Empty
+        when none arrives in time. Each message is acked or nacked on its own."""
+        await self._consumer_ready()
+        return await self._consumer.reserve_many(n, timeout)
+
     async def pop(self, timeout: float | None = None) -> Message | None:
         """Reserve and ack in one step (at-most-once from here on: the message is not redelivered)."""
         message = await self.reserve(timeout)
@@ -124,13 +135,24 @@ class Queue:
             yield message
 
     async def _consumer_ready(self) -> None:
-        await self._ready()
+        """Before the first reserve: set up and start housekeeping; then only what is due (a clock resync, a
+        change stream lost to a server restart). Kept cheap: it runs before every reserve."""
+        if self._housekeeping is None or self._clock.stale:
+            await self._ready()
+            if self._housekeeping is None:
+                self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep(),
+                                                                           name="bucketq-housekeeping")
         if self.options.change_streams is not False:
             self._wakeup.start_stream(self._store.buckets, self._clock, required=bool(self.options.change_streams))
-        loop = asyncio.get_running_loop()
-        if loop.time() - self._housekept_at > HOUSEKEEPING_EVERY_S:
-            self._housekept_at = loop.time()
-            await self.purge_expired()
+
+    async def _housekeep(self) -> None:
+        """Apply the retention options now and every ``HOUSEKEEPING_EVERY_S``, in the background."""
+        while True:
+            try:
+                await self.purge_expired()
+            except PyMongoError as exc:
+                log.warning("housekeeping failed, will retry: %s", redact_uri(str(exc)))
+            await asyncio.sleep(HOUSEKEEPING_EVERY_S)
 
     # -- observing -----------------------------------------------------------------------------------------
 
@@ -258,6 +280,9 @@ class Queue:
             await self.drain()
         finally:
             self._closed = True
+            if self._housekeeping is not None:
+                self._housekeeping.cancel()
+                await asyncio.gather(self._housekeeping, return_exceptions=True)
             await self._wakeup.stop()
             await self._connection.close()
 

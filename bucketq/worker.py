@@ -86,16 +86,7 @@ class Worker:
                 await self._handle(batch)
 
     async def _next_batch(self) -> list[Message]:
-        first = await self.queue.reserve(timeout=RESERVE_WAIT_S)
-        if first is None:
-            return []
-        batch = [first]
-        while self.batch_size and len(batch) < self.batch_size:
-            more = await self.queue.reserve(timeout=0)
-            if more is None:
-                break
-            batch.append(more)
-        return batch
+        return await self.queue.reserve_many(self.batch_size or 1, timeout=RESERVE_WAIT_S)
 
     async def _handle(self, batch: list[Message]) -> None:
         started = time.monotonic()

@@ -353,3 +353,20 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
     else:
         assert 0 < len(duplicated) <= 150, "duplicates must be the victim's acked-but-unflushed messages"
     assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
+
+
+async def test_reserve_many_takes_what_is_at_hand_up_to_n(make_queue):
+    q = make_queue(bucket_max_wait=0.01, bucket_max_size=50, change_streams=False)
+    await q.push_many(list(range(120)))
+    first = await q.reserve_many(80, timeout=2)
+    assert [m.payload for m in first] == list(range(50)), "one claim: the messages of the bucket held"
+    rest = []
+    while batch := await q.reserve_many(80, timeout=0.3):
+        assert len(batch) <= 80
+        rest += batch
+    assert sorted(m.payload for m in rest) == list(range(50, 120))
+    for message in first + rest:
+        await message.ack()
+    assert await q.reserve_many(5, timeout=0.1) == []
+    with pytest.raises(bucketq.InvalidOption):
+        await q.reserve_many(0)
