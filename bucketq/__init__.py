@@ -13,11 +13,14 @@ from bucketq.errors import (
     BucketqError,
     BufferFull,
     EncodeError,
+    HandlerTimeout,
     InvalidOption,
     LeaseLost,
     MalformedBucket,
     PayloadTooLarge,
     QueueClosed,
+    Reject,
+    Retry,
     WriteFailed,
 )
 from bucketq.message import Message
@@ -28,5 +31,5 @@ from bucketq.worker import BatchTiming, Worker
 __all__ = [
     "FORMAT_VERSION", "AlreadyResolved", "BucketqError", "BufferFull", "Codec", "CodecUnavailable", "EncodeError", "InvalidOption",
     "JsonCodec", "LeaseLost", "MalformedBucket", "Message", "MsgpackCodec", "PayloadTooLarge", "Queue",
-    "QueueClosed", "QueueOptions", "WriteFailed", "Worker", "BatchTiming",
+    "QueueClosed", "QueueOptions", "Reject", "Retry", "HandlerTimeout", "WriteFailed", "Worker", "BatchTiming",
 ]

@@ -236,11 +236,13 @@ class Consumer:
 
     # -- resolving -----------------------------------------------------------------------------------------
 
-    async def resolve(self, holding: Holding, slot: int, nack: tuple[float | None, str] | None, *,
+    async def resolve(self, holding: Holding, slot: int, outcome: tuple[str, float | None, str], *,
                       wait: bool) -> None:
+        """Record ``outcome``, ``(kind, delay, reason)`` with kind "ack", "nack" or "dead"."""
         held = holding.held
         held.check_held(slot)
-        if nack is None:
+        kind, delay, reason = outcome
+        if kind == "ack":
             key = held.bucket.keys[slot]
             if self._options.dedupe and key is not None:
                 # Stored before ack returns, not at the next flush: once acked, a crash cannot make the
@@ -253,8 +255,9 @@ class Consumer:
                     raise LeaseLost(f"the lease on bucket {held.bucket.id} may have run out before the ack of "
                                     f"{held.bucket.message_id(slot)} was stored: it may be delivered again")
             held.ack(slot)
+        elif kind == "dead":
+            held.dead(slot, reason or "rejected by the handler")
         else:
-            delay, reason = nack
             delay = self._backoff.delay(held.tries(slot)) if delay is None else check_delay(delay)
             retry_at = self._clock.now() + dt.timedelta(seconds=max(0.0, delay))
             held.nack(slot, retry_at, reason)

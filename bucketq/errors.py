@@ -39,5 +39,23 @@ class AlreadyResolved(BucketqError, RuntimeError):
     """``ack``/``nack`` was called twice on the same message."""
 
 
+class Retry(BucketqError):
+    """Raised by a ``Worker`` handler: deliver the message again after ``delay`` seconds (None: the queue's
+    backoff), with ``reason`` recorded. It still counts as a try."""
+
+    def __init__(self, reason: str = "", *, delay: float | None = None) -> None:
+        super().__init__(reason or "retry requested by the handler")
+        self.delay = delay
+
+
+class Reject(BucketqError):
+    """Raised by a ``Worker`` handler: the message cannot succeed; it goes straight to the dead letters with
+    ``reason``, without further tries."""
+
+
+class HandlerTimeout(BucketqError, TimeoutError):
+    """A ``Worker`` handler ran past ``handler_timeout``; its messages are retried with this as the reason."""
+
+
 class MalformedBucket(BucketqError, ValueError):
     """A stored bucket does not match the documented format (docs/FORMAT.md)."""

@@ -36,15 +36,23 @@ class Message:
         """Mark the message done. It is written at the next state flush (``state_flush_period``) or when its
         bucket is finished; ``wait=True`` waits for that write. Raises ``LeaseLost`` if this consumer no
         longer holds the bucket (another consumer will deliver the message again)."""
-        await self._consumer.resolve(self._holding, self._slot, None, wait=wait)
+        await self._consumer.resolve(self._holding, self._slot, ("ack", None, ""), wait=wait)
 
     async def nack(self, delay: float | None = None, *, error: str | BaseException | None = None,
                    wait: bool = False) -> None:
         """Deliver the message again after ``delay`` seconds (default: the queue's backoff for its tries),
         without holding back its siblings; after ``max_attempts`` deliveries it goes to the dead letters
         with ``error`` as its reason."""
-        reason = "" if error is None else error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        await self._consumer.resolve(self._holding, self._slot, (delay, reason), wait=wait)
+        await self._consumer.resolve(self._holding, self._slot, ("nack", delay, _reason(error)), wait=wait)
+
+    async def dead_letter(self, *, error: str | BaseException | None = None, wait: bool = False) -> None:
+        """Give up on the message: it goes straight to the dead letters with ``error`` as its reason, without
+        the tries it has left."""
+        await self._consumer.resolve(self._holding, self._slot, ("dead", None, _reason(error)), wait=wait)
 
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, tries={self.tries}, payload={self.payload!r:.60})"
+
+
+def _reason(error: str | BaseException | None) -> str:
+    return "" if error is None else error if isinstance(error, str) else f"{type(error).__name__}: {error}"

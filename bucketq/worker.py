@@ -1,8 +1,12 @@
 """``Worker``: run a handler over a queue with bounded concurrency, in the style of tobox and postqueue.
 
 A per-message handler gets a ``Message``; raising nacks it (backoff, then dead letter after ``max_attempts``).
+Raising ``bucketq.Retry(reason, delay=S)`` picks the retry delay; raising ``bucketq.Reject(reason)`` sends the
+message straight to the dead letters. A handler may also ack, nack or dead-letter its message itself.
 A batch handler (``batch_size=N``) gets a list of up to N messages and may fail part of it by returning the
-failed ones: a mapping ``{message_id: error}`` or an iterable of ``Message``; raising fails the whole batch.
+failed ones: a mapping ``{message_id: error}`` (errors may be ``Retry``/``Reject``) or an iterable of
+``Message``; raising fails the whole batch. ``handler_timeout`` bounds each call: a handler past it is
+cancelled and its messages are retried with the time limit as the reason.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bucketq.errors import InvalidOption, LeaseLost
+from bucketq.errors import HandlerTimeout, InvalidOption, LeaseLost, Reject, Retry
 from bucketq.message import Message
+from bucketq.options import check_delay
 from bucketq.queue import Queue
 
 log = logging.getLogger("bucketq")
@@ -43,7 +48,8 @@ TimingHook = Callable[[BatchTiming], Any]
 class Worker:
     def __init__(self, queue: Queue, handler: Callable[..., Awaitable[Any]], *, concurrency: int = 1,
                  batch_size: int | None = None, on_error: ErrorHook | None = None,
-                 after_batch: TimingHook | None = None, handle_signals: bool = True) -> None:
+                 after_batch: TimingHook | None = None, handle_signals: bool = True,
+                 handler_timeout: float | None = None) -> None:
         if not inspect.iscoroutinefunction(handler) and not inspect.iscoroutinefunction(
                 getattr(handler, "__call__", None)):
             raise InvalidOption("handler must be an async function")
@@ -51,6 +57,10 @@ class Worker:
             raise InvalidOption("concurrency must be an int between 1 and 1024")
         if batch_size is not None and (not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000):
             raise InvalidOption("batch_size must be None or an int between 1 and 100000")
+        if handler_timeout is not None:
+            handler_timeout = check_delay(handler_timeout)
+            if handler_timeout <= 0:
+                raise InvalidOption("handler_timeout must be None or a positive number of seconds")
         self.queue = queue
         self.handler = handler
         self.concurrency = concurrency
@@ -58,6 +68,7 @@ class Worker:
         self.on_error = on_error
         self.after_batch = after_batch
         self.handle_signals = handle_signals
+        self.handler_timeout = handler_timeout
         self._stopping = asyncio.Event()
         self.handled = 0
         self.failed = 0
@@ -88,13 +99,17 @@ class Worker:
     async def _next_batch(self) -> list[Message]:
         return await self.queue.reserve_many(self.batch_size or 1, timeout=RESERVE_WAIT_S)
 
+    async def _call_handler(self, batch: list[Message]) -> Any:
+        call = self.handler(batch) if self.batch_size else self.handler(batch[0])
+        return await (call if self.handler_timeout is None else _timed(call, self.handler_timeout))
+
     async def _handle(self, batch: list[Message]) -> None:
         started = time.monotonic()
         now = dt.datetime.now(dt.timezone.utc)
         queue_times = [max(0.0, (now - m.enqueued_at).total_seconds()) for m in batch]
         failures: dict[str, BaseException] = {}
         try:
-            result = await (self.handler(batch) if self.batch_size else self.handler(batch[0]))
+            result = await self._call_handler(batch)
             if self.batch_size and result is not None:
                 failures = _failures(result, batch)
         except Exception as exc:
@@ -107,8 +122,10 @@ class Worker:
                     pass
                 elif error is None:
                     await message.ack()
+                elif isinstance(error, Reject):
+                    await message.dead_letter(error=error)
                 else:
-                    await message.nack(error=error)
+                    await message.nack(error.delay if isinstance(error, Retry) else None, error=error)
             except LeaseLost:
                 log.warning("lease lost before message %s was resolved; it will be delivered again", message.id)
             if error is not None:
@@ -117,6 +134,18 @@ class Worker:
         self.failed += len(failures)
         await _call_hook(self.after_batch, BatchTiming(len(batch), len(failures), sum(queue_times) / len(batch),
                                                        max(queue_times), processing))
+
+
+async def _timed(handler: Awaitable[Any], limit: float) -> Any:
+    """Await ``handler`` for at most ``limit`` seconds. A handler past its limit is cancelled but not waited
+    for (a hung one may never end); its messages are then retried, with the time limit as the reason."""
+    task = asyncio.ensure_future(handler)
+    done, _ = await asyncio.wait({task}, timeout=limit)
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it: retrieve
+        raise HandlerTimeout(f"the handler did not finish within {limit:g} s (handler_timeout)")
+    return task.result()
 
 
 def _failures(result: Any, batch: list[Message]) -> dict[str, BaseException]:
