@@ -1,8 +1,8 @@
 """Payload codecs: how a payload becomes the bytes or text stored in a bucket's ``p`` array.
 
-A codec is any object with ``name``, ``text`` (True when ``dump`` returns ``str``, stored as a BSON string;
-False for ``bytes``, stored as BSON binary), ``dump(payload)`` and ``load(stored)``. The codec name is
-written into each bucket (``enc``) so readers in other languages know how to decode it.
+A codec is any object with ``name``, ``dump(payload)`` and ``load(stored)``. ``dump`` returns ``str``
+(stored as a BSON string) or ``bytes`` (stored as BSON binary). The codec name is written into each bucket
+(``enc``) so readers in other languages know how to decode it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from bucketq.errors import MalformedBucket
 @runtime_checkable
 class Codec(Protocol):
     name: str
-    text: bool
 
     def dump(self, payload: Any) -> str | bytes: ...
 
@@ -36,7 +35,6 @@ class JsonCodec:
     datetimes, UUIDs, enums and dataclasses as strings or dicts, and NaN/Infinity as null: those are refused."""
 
     name = "json"
-    text = True
 
     def dump(self, payload: Any) -> str:
         encoded = orjson.dumps(payload, option=_JSON_OPTIONS)
@@ -55,7 +53,6 @@ class MsgpackCodec:
     (tuple dict keys come back as lists, which cannot be keys), so that only that push fails."""
 
     name = "msgpack"
-    text = False
 
     def __init__(self) -> None:
         try:

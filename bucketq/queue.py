@@ -34,7 +34,7 @@ class Queue:
 
     ``target`` is a MongoDB URI, an ``AsyncMongoClient``, an ``AsyncDatabase`` or a Motor client/database;
     ``db`` picks the database (default: the URI's, else "bucketq"). ``codec`` is "json" (default, orjson),
-    "msgpack" or any object with ``name``, ``text``, ``dump`` and ``load``. Other keywords are
+    "msgpack" or any object with ``name``, ``dump`` and ``load``. Other keywords are
     ``QueueOptions`` and are validated here.
     """
 
@@ -311,5 +311,5 @@ def _codec(codec: str | Codec) -> Codec:
         except ValueError as exc:
             raise InvalidOption(str(exc)) from None
     if not isinstance(codec, Codec):
-        raise InvalidOption("codec must be a name or an object with name, text, dump and load")
+        raise InvalidOption("codec must be a name or an object with name, dump and load")
     return codec
