@@ -17,7 +17,9 @@ class QueueOptions:
     Producer:
         bucket_max_size: messages per bucket before it is written.
         bucket_max_bytes: encoded bytes per bucket before it is written (below MongoDB's 16 MiB limit).
-        bucket_max_wait: seconds a bucket may stay open after its first message.
+        bucket_max_wait: the longest a bucket stays open after its first message. A bucket is written at
+            once when no write of this queue is in flight (group commit: a lone push costs one insert round
+            trip), and fills while writes are in flight, until full or this old.
         due_granularity: delayed messages share a bucket only within windows of this many seconds; no
             message becomes due later than its own due time plus this.
         max_buffered_bytes: bytes buffered or being written before ``push`` waits (backpressure).
