@@ -19,7 +19,7 @@ from dataclasses import fields
 
 from tests.stress.harness import Config, run
 
-# The quick run (the dataclass defaults, both dedupe modes): two to three minutes on two shared cores. Both,
+# The quick run (the dataclass defaults, both dedupe modes): about two minutes on two shared cores. Both,
 # because each mode sees what the other cannot: without dedupe (and keys) a bucket stored again or an ack
 # that was not kept is delivered twice; with dedupe the keyed ack path (the inbox) is exercised.
 QUICK = Config(dedupe="both")

@@ -29,7 +29,7 @@ unacked      pushes attempted by writers that were killed before ``push`` return
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,7 +122,7 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
     lost = written - processed
     unacked = attempted - written
 
-    duplicated: dict[Msg, str] = {}  # outside the at-least-once windows: what it looks like
+    duplicated: dict[Msg, str] = {}  # outside the at-least-once windows: its cause
     explained: list[Msg] = []
     redelivered: list[Msg] = []
     unexplained_uncommitted: list[str] = []
@@ -131,11 +131,11 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
         committed = [r for r in rs if str(r["_id"]) in consumers.committed]
         for r in rs:
             rid = str(r["_id"])
-            if rid in consumers.committed:
-                continue
+            if rid in consumers.committed or rid in consumers.lease_lost or rid in consumers.ack_failed:
+                continue  # committed, or its ack() said it was not
             if r["pid"] in killed_pids:
-                uncommitted_by_killed[r["pid"]] += 1
-            elif rid not in consumers.lease_lost and rid not in consumers.ack_failed:
+                uncommitted_by_killed[r["pid"]] += 1  # in flight when its consumer was killed
+            else:
                 unexplained_uncommitted.append(rid)
         if len(committed) > 1:
             why = _unexplained(rs, committed, consumers, killed_pids=killed_pids, dedupe=dedupe)
@@ -161,7 +161,11 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
         "problems": {
             "lost": [_name(m) for m in sorted(lost)[:20]],
             "unexpected": unexpected_records[:20] + [f"{_name(m)} stored twice" for m in stored_twice[:20]],
-            "duplicated": [f"{_name(m)} ({duplicated[m]})" for m in sorted(duplicated)[:20]],
+            # a few messages of each cause, and what each cause means
+            "duplicated": [f"{_name(m)} ({cause})" for cause in sorted(set(duplicated.values()))
+                           for m in sorted(m for m, c in duplicated.items() if c == cause)[:5]],
+            "duplicated_by_cause": {cause: {"count": n, "means": CAUSES[cause]}
+                                    for cause, n in sorted(Counter(duplicated.values()).items())},
             "uncommitted_without_kill": unexplained_uncommitted[:20],
             "in_flight_over_limit": {str(k): v for k, v in over_limit.items()},
         },
@@ -169,31 +173,40 @@ def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any
     }
 
 
+# What an unexplained duplicate looks like, by cause: the report counts them under these names.
+CAUSES = {
+    "stored_again": "delivered twice with the same tries: its bucket was stored again after it had been consumed "
+                    "(a bucket insert retried after its lost reply)",
+    "stale_lease": "handled by a consumer whose lease had run out, after another consumer had claimed the bucket "
+                   "again (fewer tries, later): two consumers held the bucket at once",
+    "lease_overlap": "delivered again while its first consumer still held the lease, by that consumer's own clock: "
+                     "two consumers held the bucket at once (a lease expired as it was taken, a clock step)",
+    "keyed_ack_after_lease": "its first consumer had lost the lease: a keyed ack returned after the lease ran out",
+    "keyed_ack_repeated": "a keyed ack returned, and the message was delivered and acked again",
+    "ack_not_kept": "an ack was undone although its consumer was neither killed nor told its lease was lost (a "
+                    "fenced write taken as applied that was not)",
+}
+
+
 def _unexplained(records: list[Mapping[str, Any]], committed: list[Mapping[str, Any]], consumers: ConsumerLog, *,
                  killed_pids: set[int], dedupe: bool) -> str | None:
-    """Why a message committed more than once is outside the at-least-once windows, or None when it is in
-    one. Without dedupe it is when each commit but the last was undone because its ack never reached the
-    bucket (its consumer was SIGKILLed before the state flush, or its lease ran out and the flush was
-    refused: LeaseLost), and each delivery came from a later claim than the one before: more tries."""
+    """The cause (a key of ``CAUSES``) that puts a message committed more than once outside the at-least-once
+    windows, or None when it is in one. Without dedupe it is when each commit but the last was undone because
+    its ack never reached the bucket (its consumer was SIGKILLed before the state flush, or its lease ran out
+    and the flush was refused: LeaseLost), and each delivery came from a later claim than the one before
+    (more tries), after the lease the earlier consumer believed it held."""
     in_time = sorted(records, key=lambda r: r["at"])
     if any(b["tries"] <= a["tries"] for a, b in zip(in_time, in_time[1:])):
-        if len({r["tries"] for r in records}) < len(records):
-            return ("delivered twice with the same tries: its bucket was stored again after it had been consumed "
-                    "(a bucket insert retried after its lost reply)")
-        return ("handled by a consumer whose lease had run out, after another consumer had claimed the bucket "
-                "again (fewer tries, later): two consumers held the bucket at once")
+        return "stored_again" if len({r["tries"] for r in records}) < len(records) else "stale_lease"
     for a in committed:
         if any(a["at"] < b["at"] < a["at"] + a.get("lease", 0.0) - OVERLAP_SLACK_S for b in records):
-            return ("delivered again while its first consumer still held the lease, by that consumer's own clock: "
-                    "two consumers held the bucket at once (a lease that was expired as it was taken, a clock step)")
+            return "lease_overlap"
     earlier = sorted(committed, key=lambda r: r["at"])[:-1]
     lease_lost = [(r["pid"], str(r["mid"]).split(":")[0]) in consumers.buckets_lost for r in earlier]
     if dedupe:
-        return ("its first consumer had lost the lease: a keyed ack returned after the lease ran out" if any(lease_lost)
-                else "a keyed ack returned, and the message was delivered and acked again")
+        return "keyed_ack_after_lease" if any(lease_lost) else "keyed_ack_repeated"
     if not all(r["pid"] in killed_pids or lost for r, lost in zip(earlier, lease_lost)):
-        return ("an ack was undone although its consumer was neither killed nor told its lease was lost (a fenced "
-                "write taken as applied that was not)")
+        return "ack_not_kept"
     return None
 
 

@@ -50,6 +50,7 @@ from urllib.parse import urlsplit
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
+from bucketq.core.claims import LIVE  # buckets, not the tombstones finished ones leave behind
 from tests.proxy import Command, Rule, TcpProxy
 from tests.stress.accounting import account, parse_consumer_logs, parse_writer_log
 from tests.stress.common import LEASE_S, die_with_parent
@@ -64,8 +65,6 @@ STALL_S = 90.0  # a phase with no progress for this long is stuck: stop and acco
 RETRY_HELD_S = (LEASE_S + 0.5, 3 * LEASE_S)
 CLOCK_STEP_S = (20.0, 180.0)  # how far a clock step jumps, either way
 FENCED_WRITES = ("update", "delete", "findAndModify")
-# Tombstones of finished buckets (``fin``, if the library leaves any) are not buckets: they hold no message.
-LIVE = {"fin": {"$exists": False}}
 
 
 @dataclass
