@@ -75,7 +75,7 @@ class Producer:
         self._before_write = before_write
         self._acc = Accumulator(max_size=options.bucket_max_size, max_bytes=options.bucket_max_bytes,
                                 max_wait=options.bucket_max_wait, granularity=options.due_granularity,
-                                codec=codec.name)
+                                codec=codec.name, min_wait=options.bucket_min_wait)
         self._sealed: deque[SealedBucket] = deque()
         self._writers: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None

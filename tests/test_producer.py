@@ -370,3 +370,18 @@ def test_feature_probe_does_not_credit_the_test_server_with_what_it_ignores(mong
         real_mongod = "gitVersion" in client.admin.command("buildInfo")
     if not real_mongod:
         assert not {"ttl", "partial_indexes", "transactions"} & features
+
+
+async def test_bucket_min_wait_makes_fuller_buckets_under_a_steady_trickle(make_queue, sync_db):
+    """Group commit writes each push of a slow trickle alone; ``bucket_min_wait`` lets them share buckets."""
+    buckets = {}
+    for name, min_wait in (("eager", 0.0), ("patient", 0.1)):
+        q = make_queue(name=name, bucket_min_wait=min_wait)
+        await q.push("warm")
+        pushes = []
+        for i in range(20):
+            pushes.append(q.push_nowait(i))
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*pushes)
+        buckets[name] = sync_db[name].count_documents({}) - 1
+    assert buckets["patient"] <= 5 and buckets["eager"] >= 2 * buckets["patient"], buckets

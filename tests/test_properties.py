@@ -59,8 +59,10 @@ def test_accumulator_places_every_message_once_within_limits(items, max_size, ma
 class GroupCommitMachine(RuleBasedStateMachine):
     """A shell that obeys the accumulator (asks ``ready`` after each burst of pushes, when a write ends and
     at ``next_deadline``), with writes ending in any order: an open bucket is written at once when no write is
-    in flight, waits while writes are in flight unless it is full, and never waits past ``max_wait``."""
+    in flight (after ``min_wait``, 0 by default), waits while writes are in flight unless it is full, and
+    never waits past ``max_wait``."""
 
+    MIN_WAIT = 0.0
     MAX_WAIT = 0.5
     MAX_SIZE = 5
     MAX_BYTES = 6000
@@ -68,7 +70,7 @@ class GroupCommitMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.acc = Accumulator(max_size=self.MAX_SIZE, max_bytes=self.MAX_BYTES, max_wait=self.MAX_WAIT,
-                               granularity=1.0, codec="json")
+                               granularity=1.0, codec="json", min_wait=self.MIN_WAIT)
         self.clock = 0.0
         self.added_at: dict[str, float] = {}
         self.placed: list[str] = []
@@ -89,11 +91,12 @@ class GroupCommitMachine(RuleBasedStateMachine):
     def commit(self) -> None:
         idle = not self.writes
         ready = self.acc.ready(self.wall(), self.clock)
-        assert idle or all(self.waited(b) >= self.MAX_WAIT - 1e-9 for b in ready), \
-            "a bucket was written before max_wait while another write was in flight"
+        floor = self.MIN_WAIT if idle else self.MAX_WAIT
+        assert all(self.waited(b) >= floor - 1e-9 for b in ready), \
+            "a bucket was written before min_wait, or before max_wait while another write was in flight"
         self.sealed(ready)
         deadline = self.acc.next_deadline()
-        if idle:
+        if idle and not self.MIN_WAIT:
             assert deadline is None, "a bucket stayed open with no write in flight"
         else:
             assert deadline is None or deadline > self.clock, "a bucket past max_wait stayed open"
@@ -145,6 +148,16 @@ class GroupCommitMachine(RuleBasedStateMachine):
 
 TestGroupCommit = GroupCommitMachine.TestCase
 TestGroupCommit.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+
+
+class LingeringGroupCommitMachine(GroupCommitMachine):
+    """The same with ``bucket_min_wait``: a bucket waits that long for company even when no write is in flight."""
+
+    MIN_WAIT = 0.05
+
+
+TestLingeringGroupCommit = LingeringGroupCommitMachine.TestCase
+TestLingeringGroupCommit.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
 @given(st.integers(1, 30), st.sets(st.integers(0, 29)), st.booleans())

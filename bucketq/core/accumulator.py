@@ -84,10 +84,12 @@ class Accumulator:
     waits.
     """
 
-    def __init__(self, *, max_size: int, max_bytes: int, max_wait: float, granularity: float, codec: str) -> None:
+    def __init__(self, *, max_size: int, max_bytes: int, max_wait: float, granularity: float, codec: str,
+                 min_wait: float = 0.0) -> None:
         self.max_size = max_size
         self.max_bytes = max_bytes
         self.max_wait = max_wait
+        self.min_wait = min_wait
         self.granularity = granularity
         self.codec = codec
         self._open: dict[int, _OpenBucket] = {}
@@ -128,25 +130,27 @@ class Accumulator:
         return sealed
 
     def ready(self, now_wall: dt.datetime, now_mono: float) -> list[SealedBucket]:
-        """Seal the open buckets to write now: all of them when no write is in flight, else those open for
-        ``max_wait`` or longer. The caller asks once its current burst of ``add``s is done (so that a burst
-        shares buckets), whenever a write ends, and at ``next_deadline``."""
-        if self.in_flight:
-            # The same sum as next_deadline's, so that a timer set for a deadline finds it due when it fires.
-            keys = [k for k, b in self._open.items() if b.opened_at + self.max_wait <= now_mono]
-        else:
-            keys = list(self._open)
+        """Seal the open buckets to write now: when no write is in flight, those open for ``min_wait`` or
+        longer (all of them with the default 0), else those open for ``max_wait`` or longer. The caller asks
+        once its current burst of ``add``s is done (so that a burst shares buckets), whenever a write ends,
+        and at ``next_deadline``."""
+        wait = self._wait()
+        # The same sum as next_deadline's, so that a timer set for a deadline finds it due when it fires.
+        keys = [k for k, b in self._open.items() if b.opened_at + wait <= now_mono]
         return [self._seal(k, now_wall) for k in keys]
+
+    def _wait(self) -> float:
+        return self.max_wait if self.in_flight else self.min_wait
 
     def seal_all(self, now_wall: dt.datetime) -> list[SealedBucket]:
         return [self._seal(k, now_wall) for k in list(self._open)]
 
     def next_deadline(self) -> float | None:
-        """Monotonic time at which the oldest open bucket must be sealed even if writes are still in flight,
-        or None when none is open."""
+        """Monotonic time at which the oldest open bucket is due to be sealed (``ready``), or None when none
+        is open."""
         if not self._open:
             return None
-        return min(b.opened_at for b in self._open.values()) + self.max_wait
+        return min(b.opened_at for b in self._open.values()) + self._wait()
 
     def written(self, sealed: SealedBucket) -> None:
         """A bucket's write finished (stored or failed for good): one write fewer in flight, and its buffer
