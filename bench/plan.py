@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from bench.contenders import ALL, SCENARIOS
 
-MAIN_SCENARIOS = ("push", "consume", "end_to_end")
+MAIN_SCENARIOS = ("push", "consume", "consume_batch", "end_to_end")
 ALL_SCENARIOS = (*MAIN_SCENARIOS, "latency", "codec", "majority", "spark")
 LATENCY_MESSAGES = 1000  # sequential awaited pushes of the latency scenario
 JSON_OVERHEAD = 45  # bytes of {"ts":1763837000.123456,"i":123456,"pad":""} around the padding

@@ -41,12 +41,12 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
     index = {(r["contender"], *_key(r)): r for r in rows}
     out = []
 
-    def versus(scenario: str, other: str, factor: float) -> None:
+    def versus(scenario: str, other: str, factor: float, other_scenario: str | None = None) -> None:
         share = f"{factor:g}x" if factor >= 1 else f"{factor:.0%} of"
-        text = f"bucketq {scenario} >= {share} {other}"
+        text = f"bucketq {scenario} >= {share} {other}" + (f" {other_scenario}" if other_scenario else "")
         pairs, incomplete = [], 0
         for b in (r for r in mine if r["scenario"] == scenario):
-            o = index.get((other, *_key(b)))
+            o = index.get((other, other_scenario or scenario, *_key(b)[1:]))
             if o and o.get("msgs_per_s") and not o.get("complete", True):
                 incomplete += 1  # the other side lost messages: its rate says nothing
             elif o and o.get("msgs_per_s"):
@@ -90,6 +90,7 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
 
     for scenario in ("push", "consume"):
         versus(scenario, "keuss", 2.0)
+    versus("consume_batch", "keuss", 2.0, other_scenario="consume")  # a batch handler's API vs keuss's only one
     for scenario in ("push", "consume"):
         versus(scenario, "naive", 20.0)
     versus("push", "floor", 0.7)

@@ -213,7 +213,7 @@ def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
     progress = Progress(f"{tag} {job.label:<34}", job.messages)
     try:
         server.drop_bench_db()
-        if job.scenario == "consume":
+        if job.scenario in ("consume", "consume_batch"):
             fill_spec = _spec(cfg, server, job, "fill", job.messages, 0, queue_name)
             fill = _run_workers(job, [fill_spec], progress, "fill ", cfg.job_timeout_s)
             if fill[0].get("error"):

@@ -1,7 +1,9 @@
 """bucketq contender: the library under test, through its public async API.
 
 push: push_nowait per message with at most ``window`` un-acknowledged pushes, done when every push is
-durable. consume: ``concurrency`` tasks doing reserve + ack. end_to_end: both at once in one process.
+durable. consume: ``concurrency`` tasks doing reserve + ack; consume_batch: the same with ``reserve_many``
+(batches of ``BATCH``, each message acked on its own), as a batch handler would. end_to_end: both at once in
+one process.
 latency: sequential awaited pushes on an idle queue with default options, each timed; then, untimed, what
 consuming the buckets they made costs.
 """
@@ -20,6 +22,7 @@ from pymongo import AsyncMongoClient
 from bench.worker import Ctx, main, payload, split, write_concern
 
 FILL_CHUNK = 4096
+BATCH = 100  # consume_batch: messages per reserve_many
 Role = Callable[[Ctx, Any], Awaitable[None]]
 
 
@@ -51,24 +54,26 @@ def _sent_ts(body: Any) -> float:
 
 
 async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,
-                   mark: Callable[[], None]) -> None:
-    """Reserve and ack until the producers are done and nothing came for idle_s; ``mark`` after each ack."""
+                   mark: Callable[[], None], batch: int = 1) -> None:
+    """Reserve (``batch`` at a time) and ack until the producers are done and nothing came for idle_s; ``mark``
+    after each ack."""
     idle_s = ctx.spec["idle_s"]
     while True:
-        msg = await q.reserve(timeout=idle_s if producers_done.is_set() else min(idle_s, 0.25))
-        if msg is None:
+        messages = await q.reserve_many(batch, timeout=idle_s if producers_done.is_set() else min(idle_s, 0.25))
+        if not messages:
             if producers_done.is_set():
                 return
             continue
-        if timed_latency:
-            ctx.latency(_sent_ts(msg.payload))
-        await msg.ack()
-        mark()
+        for msg in messages:
+            if timed_latency:
+                ctx.latency(_sent_ts(msg.payload))
+            await msg.ack()
+            mark()
 
 
 async def _consumers(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,
-                     mark: Callable[[], None] | None = None) -> None:
-    await asyncio.gather(*(_consume(ctx, q, producers_done, timed_latency, mark or ctx.mark)
+                     mark: Callable[[], None] | None = None, batch: int = 1) -> None:
+    await asyncio.gather(*(_consume(ctx, q, producers_done, timed_latency, mark or ctx.mark, batch)
                            for _ in range(ctx.spec["concurrency"])))
 
 
@@ -130,11 +135,11 @@ async def latency(ctx: Ctx, q: Any) -> None:
         await q.drain()
 
 
-async def consume(ctx: Ctx, q: Any) -> None:
+async def consume(ctx: Ctx, q: Any, batch: int = 1) -> None:
     done = asyncio.Event()
     done.set()
     await asyncio.to_thread(ctx.go)
-    await _consumers(ctx, q, done, timed_latency=False)
+    await _consumers(ctx, q, done, timed_latency=False, batch=batch)
     ctx.stop(at_last_mark=True)
     with ctx.tail():
         await q.drain()
@@ -176,4 +181,4 @@ def _sync(role: Role) -> Callable[[Ctx], None]:
 
 if __name__ == "__main__":
     main({"fill": _sync(fill), "push": _sync(push), "consume": _sync(consume), "end_to_end": _sync(end_to_end),
-          "latency": _sync(latency)})
+          "latency": _sync(latency), "consume_batch": _sync(lambda ctx, q: consume(ctx, q, BATCH))})
