@@ -87,9 +87,15 @@ class Queue:
     # -- producing -----------------------------------------------------------------------------------------
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
-                   headers: Mapping[str, Any] | None = None, key: str | None = None) -> str:
+                   headers: Mapping[str, Any] | None = None, key: str | None = None, session: Any = None) -> str:
         """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
-        ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key."""
+        ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key. With ``session``
+        (a session of this queue's client, in a transaction) the message is written at once in that transaction,
+        unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
+        if session is not None:
+            from bucketq.outbox import push_in_transaction  # the outbox builds on Queue: imported when used
+
+            return await push_in_transaction(self, session, payload, delay=delay, at=at, headers=headers, key=key)
         await self._ready()
         return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key)
 

@@ -161,3 +161,12 @@ class Store:
     async def aggregate(self, collection: Any, pipeline: list[dict]) -> list[dict]:
         cursor = await collection.aggregate(pipeline)
         return await cursor.to_list(None)
+
+    async def insert_buckets(self, docs: list[dict], *, session: Any = None) -> None:
+        """Insert buckets made whole outside the producer (``push(session=...)``, the outbox relay). With a
+        session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the whole
+        transaction). Without: retried; a duplicate key means that bucket is already stored."""
+        if session is not None:
+            await self.buckets.insert_many(docs, session=session)
+        else:
+            await self.insert_copies(self.buckets, docs)

@@ -1,8 +1,8 @@
 """The ``bucketq`` command line: inspect, feed, drain and work queues. ``bucketq --help`` lists the commands.
 
 One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``entries`` (dead, quarantine),
-``worker``. Shared pieces: ``common`` (options, connection, finding queues, running, one-line redacted errors,
-signals), ``params`` (durations), ``output`` (JSON and human formats).
+``worker``, ``relay`` (the outbox relay). Shared pieces: ``common`` (options, connection, finding queues, running,
+one-line redacted errors, signals), ``params`` (durations), ``output`` (JSON and human formats).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from bucketq.cli.common import log_to_stderr, redacted
 from bucketq.cli.entries import DEAD, QUARANTINE, group
 from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
+from bucketq.cli.relay import relay
 from bucketq.cli.worker import worker
 
 __all__ = ["cli", "main"]
@@ -50,7 +51,7 @@ def cli() -> None:
     """
 
 
-for command in (stats, peek, push, drain, worker, group(DEAD), group(QUARANTINE)):
+for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE)):
     cli.add_command(command)
 
 

@@ -1,0 +1,441 @@
+"""The outbox: a message is enqueued if and only if the application's own write happens.
+
+Two ways, both writing each message as a bucket of its own (``single_bucket``):
+
+* **In a transaction** (replica sets): ``await queue.push(payload, session=s)`` inside the application's
+  transaction writes the message in that transaction, unbuffered (``push_in_transaction``). It exists if and
+  only if the transaction commits.
+
+* **Embedded outbox** (any MongoDB, no transaction): the application adds events made by ``event()`` to its own
+  document, in the same single-document update as its business change, which MongoDB applies atomically::
+
+      await orders.update_one({"_id": order_id}, {"$set": {"status": "paid"},
+                                                  "$push": {"_outbox": bucketq.outbox.event({"paid": order_id})}})
+
+  ``Outbox(collection, queue)`` relays them (``await relay.run()``, or ``run_once()``): it finds documents with
+  events, inserts one bucket per event into the queue, then ``$pull``s the events by id. It wakes on change
+  streams where the server has them, and polls ``{"_outbox.0": {"$exists": true}}`` otherwise.
+
+**Exactly once into the queue.** The bucket of an event has an ``_id`` derived from (source namespace, document
+``_id``, event id): ``event_bucket_id``. Whoever relays an event, and however often, writes the same ``_id``; a
+second insert fails as a duplicate key, which counts as stored, as for any producer's retried insert. So a relay
+killed between its queue write and its ``$pull`` leaves the events in their document, and the next pass (after
+a restart, or another relay) inserts nothing new and pulls them; two relays that read the same events write
+each bucket once, and both pulls are idempotent. The ``$pull`` comes only after the insert is acknowledged:
+an event is never removed before it is stored. For the same reason an event pushed twice (an application's
+update retried after a lost reply) is enqueued once.
+
+**In order per document.** A pass gives a document's undelayed events due times one millisecond apart, in the
+order of the array, and later passes start after them (``plan``): a consumer reserving alone receives them in
+that order.
+
+Why a bucket per event rather than per document or per batch: a bucket ``_id`` that names several events is a
+proof only if every relay would put exactly those events in it, and it would not: events keep arriving, and
+another relay may have pulled some, so a restart or a second relay reading the same document later builds a
+different batch that repeats events of the first. Dedupe keys instead of ``_id``s would let the second copy into
+the queue and count on every consumer running with ``dedupe=True``. The price: consumers spend about two commands
+(claim, finish) per relayed message, not per bucket of up to ``bucket_max_size``; the application already spent
+one write per business change.
+
+**The bound.** The proof that an event is in the queue is its bucket or, once consumed, the bucket's tombstone,
+which is kept ``tombstone_retention`` seconds (docs/FORMAT.md, Tombstones). A relay killed between insert and
+``$pull``, followed by no relay pass until its buckets were consumed and their tombstones reaped, relays those
+events a second time: at-least-once then, never lost. Keep a relay running (a supervisor restarts it), or raise
+``tombstone_retention`` above the longest relay outage to cover.
+
+Event format (a subdocument of the ``_outbox`` array): ``id`` (ObjectId, the event's identity), ``enc`` (codec
+name), ``p`` (the encoded payload: string or binary), and optionally ``h`` (headers), ``k`` (dedupe key),
+``delay`` (seconds, counted from when the relay moves the event) or ``at`` (date). An element that does not
+follow it is set aside, in the same document, into ``_outbox_rejected`` as ``{event, reason, at}``, and logged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import bson
+from bson import ObjectId
+from bson.codec_options import DatetimeConversion
+from bson.raw_bson import RawBSONDocument
+from pymongo import UpdateOne
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import InvalidName, PyMongoError
+
+from bucketq.codecs import Codec
+from bucketq.connection import redact_uri
+from bucketq.core.format import MAX_BUCKET_BYTES, UTC, Slot, bucket_document, message_id, slot_bytes
+from bucketq.errors import EncodeError, InvalidOption, PayloadTooLarge
+from bucketq.motor_adapter import MotorCollection, is_motor
+from bucketq.options import check_delay
+from bucketq.queue import Queue, _codec
+from bucketq.store import is_transient, retrying
+from bucketq.wakeup import Wakeup
+
+log = logging.getLogger("bucketq.outbox")
+
+FIELD = "_outbox"
+REJECTED_SUFFIX = "_rejected"
+# A document's events due at once get due times this far apart, in their order: BSON dates count milliseconds.
+ORDER_STEP = dt.timedelta(milliseconds=1)
+
+
+# -- both ways ---------------------------------------------------------------------------------------------------
+
+def encode_slot(codec: Codec, payload: Any, headers: Mapping[str, Any] | None, key: str | None) -> tuple[Slot, int]:
+    """The message as a bucket stores it, and its size (``slot_bytes``). Raises ``EncodeError`` for what cannot be
+    stored, ``InvalidOption`` for headers that are no mapping or a key that is no string. Headers are encoded now:
+    what the caller does with its dict afterwards changes nothing stored."""
+    try:
+        stored = codec.dump(payload)
+    except Exception as exc:
+        raise EncodeError(f"cannot encode {type(payload).__name__} payload with the {codec.name} codec: {exc}") \
+            from exc
+    snapshot = None
+    if headers is not None:
+        if not isinstance(headers, Mapping):
+            raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
+        if headers:
+            try:
+                snapshot = RawBSONDocument(bson.encode(headers))
+            except Exception as exc:
+                raise EncodeError(f"headers cannot be stored as BSON: {exc}") from exc
+    if key is not None:
+        if not isinstance(key, str):
+            raise InvalidOption(f"key must be a string, got {type(key).__name__}")
+        if not key.isascii():
+            try:
+                key.encode()
+            except UnicodeEncodeError as exc:
+                raise EncodeError(f"key is not valid UTF-8 text: {exc}") from None
+    return Slot(stored, snapshot, key), slot_bytes(stored, len(snapshot.raw) if snapshot is not None else 0, key)
+
+
+def single_bucket(bucket_id: ObjectId, slot: Slot, *, codec: str, now: dt.datetime,
+                  due: dt.datetime | None) -> dict[str, Any]:
+    """A bucket holding one message, due at ``due`` (None: now)."""
+    return bucket_document(bucket_id, [slot], codec=codec, created=now, due=due or now)
+
+
+# -- in the application's transaction ----------------------------------------------------------------------------
+
+def check_session(session: Any, client: Any) -> None:
+    """Refuse, with ``InvalidOption``, a ``session`` that ``push(session=...)`` cannot write in: not a session of
+    ``client`` (the queue's), ended, or with no transaction running."""
+    if not isinstance(session, AsyncClientSession) and not is_motor(session):
+        raise InvalidOption("session must be a session of the queue's client, in a transaction "
+                            f"(session = client.start_session()), got {type(session).__name__}")
+    if session.client is not client:
+        raise InvalidOption("session belongs to another client than the queue's: build the Queue on the client "
+                            "that runs the transaction (bucketq.Queue(client, name=...))")
+    if session.has_ended:
+        raise InvalidOption("session has ended")
+    if not session.in_transaction:
+        raise InvalidOption("push(session=...) writes in the session's transaction, and none is running: push "
+                            "inside `async with await session.start_transaction():` or session.with_transaction()")
+
+
+async def push_in_transaction(queue: Queue, session: Any, payload: Any, *, delay: float | dt.timedelta | None,
+                              at: dt.datetime | None, headers: Mapping[str, Any] | None, key: str | None) -> str:
+    """``queue.push(..., session=session)``: the message, checked as any push is, written at once as a bucket of
+    its own with ``session``, in its transaction. Open the queue before the transaction (``async with queue``
+    or a first push): its first write creates the collection and its indexes, outside any transaction."""
+    check_session(session, queue.database.client)
+    await queue._ready()
+    slot, _, due = queue._producer._prepare(payload, delay, at, headers, key)
+    now = queue._clock.now()
+    doc = single_bucket(ObjectId(), slot, codec=queue.codec.name, now=now, due=due)
+    await queue._store.insert_buckets([doc], session=session)
+    return message_id(doc["_id"], 0)
+
+
+# -- the embedded outbox: events ---------------------------------------------------------------------------------
+
+def event(payload: Any, *, key: str | None = None, headers: Mapping[str, Any] | None = None,
+          delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
+          codec: str | Codec = "json") -> dict[str, Any]:
+    """An outbox event: add it to a document's ``_outbox`` array in the update that makes the business change
+    (``{"$push": {"_outbox": event(...)}}``, or ``{"$each": [...]}`` for several), and ``Outbox`` relays it.
+
+    The payload is encoded here with ``codec``, so a bad payload fails this call (``EncodeError``,
+    ``PayloadTooLarge``, ``InvalidOption``), never the relay. ``delay`` counts from when the relay moves the
+    event (normally milliseconds after the write); ``at`` is an absolute, timezone-aware time. ``id``, a new
+    ObjectId, is the event's identity: the same event pushed twice to one document is enqueued once."""
+    resolved = _codec(codec)
+    slot, size = encode_slot(resolved, payload, headers, key)
+    if size > MAX_BUCKET_BYTES:
+        raise PayloadTooLarge(f"encoded event takes {size} bytes; a bucket holds at most {MAX_BUCKET_BYTES}")
+    doc: dict[str, Any] = {"id": ObjectId(), "enc": resolved.name, "p": slot.payload}
+    if slot.headers is not None:
+        doc["h"] = slot.headers
+    if key is not None:
+        doc["k"] = key
+    if delay is not None and at is not None:
+        raise InvalidOption("give delay or at, not both")
+    if delay is not None and (seconds := check_delay(delay)):
+        doc["delay"] = seconds
+    if at is not None:
+        if not isinstance(at, dt.datetime) or at.tzinfo is None:
+            raise InvalidOption("at must be a timezone-aware datetime")
+        doc["at"] = at
+    return doc
+
+
+def event_bucket_id(namespace: str, doc_id: Any, event_id: ObjectId) -> ObjectId:
+    """The ``_id`` of the bucket that carries event ``event_id`` of document ``doc_id`` of collection
+    ``namespace`` ("db.collection"): the same whoever relays it. Its first four bytes are the event id's
+    (its creation second), the other eight a hash of the three."""
+    digest = hashlib.blake2b(bson.encode({"ns": namespace, "doc": doc_id, "event": event_id}), digest_size=8)
+    return ObjectId(event_id.binary[:4] + digest.digest())
+
+
+class Event(NamedTuple):
+    """A valid ``_outbox`` element: its id, the codec of its payload, the message, and when it is due."""
+
+    id: ObjectId
+    codec: str
+    slot: Slot
+    delay: float | None
+    at: dt.datetime | None
+
+
+def parse_event(value: Any) -> Event:
+    """An ``_outbox`` element checked against the event format; ``ValueError`` says what is wrong."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"an event must be a document, got {type(value).__name__}")
+    event_id, codec, payload = value.get("id"), value.get("enc"), value.get("p")
+    headers, key, delay, at = value.get("h"), value.get("k"), value.get("delay"), value.get("at")
+    if not isinstance(event_id, ObjectId):
+        raise ValueError("id must be an ObjectId")
+    if not isinstance(codec, str) or not codec:
+        raise ValueError("enc must be a codec name")
+    if not isinstance(payload, (str, bytes)):
+        raise ValueError("p must be a string or binary (the encoded payload)")
+    if headers is not None and not isinstance(headers, Mapping):
+        raise ValueError("h must be a document")
+    if key is not None and not isinstance(key, str):
+        raise ValueError("k must be a string")
+    if delay is not None:
+        check_delay(delay)  # InvalidOption is a ValueError
+    if at is not None and not isinstance(at, dt.datetime):
+        raise ValueError(f"at must be a date up to year 9999, got {type(at).__name__}")
+    if delay is not None and at is not None:
+        raise ValueError("give delay or at, not both")
+    size = slot_bytes(payload, len(bson.encode(headers)) if headers else 0, key)
+    if size > MAX_BUCKET_BYTES:
+        raise ValueError(f"the event takes {size} bytes; a bucket holds at most {MAX_BUCKET_BYTES}")
+    return Event(event_id, codec, Slot(payload, headers or None, key), delay, at)
+
+
+class Reject(NamedTuple):
+    """An element of a document's events set aside: ``whole`` when the field itself is no array."""
+
+    doc_id: Any
+    value: Any
+    reason: str
+    whole: bool = False
+
+
+@dataclass
+class Batch:
+    """One relay pass: the buckets to insert, then per document the event ids to pull and what to set aside."""
+
+    next_due: dt.datetime  # where the next pass's undelayed events start (``plan``)
+    buckets: list[dict[str, Any]] = field(default_factory=list)
+    pulls: list[tuple[Any, list[ObjectId]]] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+
+    @property
+    def events(self) -> int:
+        return sum(len(ids) for _, ids in self.pulls) + len(self.rejects)
+
+
+def plan(docs: Sequence[Mapping[str, Any]], *, field: str, namespace: str, now: dt.datetime,
+         after: dt.datetime | None = None) -> Batch:
+    """The pass over ``docs`` (each with ``_id`` and ``field``). A document's undelayed events are due one
+    ``ORDER_STEP`` apart in their order, from ``now`` or, when later, from ``after`` (the previous pass's
+    ``next_due``): a document's events reach consumers in the order it holds them, across passes too."""
+    start = max(now, after) if after is not None else now
+    batch = Batch(next_due=start)
+    for doc in docs:
+        events = doc.get(field)
+        if not isinstance(events, list):
+            batch.rejects.append(Reject(doc["_id"], events, f"{field} must be an array of events", whole=True))
+            continue
+        due, ids = start, {}  # type: dict  # a dict: the ids in their order
+        for value in events:
+            try:
+                parsed = parse_event(value)
+            except ValueError as exc:
+                batch.rejects.append(Reject(doc["_id"], value, str(exc)))
+                continue
+            if parsed.id in ids:
+                continue  # the same event twice: one bucket, and the pull by id takes both
+            ids[parsed.id] = None
+            if parsed.at is not None:
+                when = parsed.at
+            elif parsed.delay:
+                when = now + dt.timedelta(seconds=parsed.delay)
+            else:
+                when, due = due, due + ORDER_STEP
+            batch.buckets.append(single_bucket(event_bucket_id(namespace, doc["_id"], parsed.id), parsed.slot,
+                                               codec=parsed.codec, now=now, due=when))
+        if ids:
+            batch.pulls.append((doc["_id"], list(ids)))
+        batch.next_due = max(batch.next_due, due)
+    return batch
+
+
+def removals(batch: Batch, *, field: str, now: dt.datetime) -> list[UpdateOne]:
+    """The source writes that end a pass, all idempotent: pull the relayed events by id; move each element set
+    aside into ``<field>_rejected`` as ``{event, reason, at}``, only while it is still there (two relays record
+    it once). Elements are matched whole (``$in``): a document given to ``$pull`` as such would be a query, and
+    could match good events too."""
+    ops = [UpdateOne({"_id": doc_id}, {"$pull": {field: {"id": {"$in": ids}}}}) for doc_id, ids in batch.pulls]
+    for reject in batch.rejects:
+        remove = {"$unset": {field: ""}} if reject.whole else {"$pull": {field: {"$in": [reject.value]}}}
+        entry = {"event": reject.value, "reason": reject.reason, "at": now}
+        ops.append(UpdateOne({"_id": reject.doc_id, field: {"$in": [reject.value]}},
+                             {**remove, "$push": {field + REJECTED_SUFFIX: entry}}))
+    return ops
+
+
+# -- the embedded outbox: the relay ------------------------------------------------------------------------------
+
+class _Changes:
+    """The source collection as ``Wakeup`` watches it: instead of the inserts of buckets, the changes that leave
+    events in a document (an insert, update or replace whose document, looked up after it, holds some). Changes
+    made by the relay's own pulls leave none and wake nothing."""
+
+    def __init__(self, collection: Any, field: str) -> None:
+        self._collection = collection
+        self._field = field
+
+    async def watch(self, pipeline: list[dict], **kwargs: Any) -> Any:
+        match = {"operationType": {"$in": ["insert", "update", "replace"]}, f"fullDocument.{self._field}.0":
+                 {"$exists": True}}
+        return await self._collection.watch([{"$match": match}], full_document="updateLookup", **kwargs)
+
+
+class Outbox:
+    """Relays the events that documents of ``collection`` hold in ``field`` into ``queue``, exactly once.
+
+    ``collection`` is a collection name in the queue's database, or an ``AsyncCollection`` (or Motor collection)
+    anywhere. ``batch_size`` documents are handled per pass. ``change_streams``: None uses them where the server
+    has them, True also logs a warning where it has not, False polls only; polls back off to ``poll_interval``
+    seconds when idle (at most 1 s while a change stream runs). ``relayed`` and ``rejected`` count the events
+    this relay moved and set aside. See the module's docstring for the guarantees."""
+
+    def __init__(self, collection: str | Any, queue: Queue, *, field: str = FIELD, batch_size: int = 100,
+                 poll_interval: float = 1.0, change_streams: bool | None = None) -> None:
+        if not isinstance(queue, Queue):
+            raise InvalidOption(f"queue must be a bucketq.Queue, got {type(queue).__name__}")
+        if not isinstance(field, str) or not field or "." in field or field.startswith("$") or field == "_id" \
+                or "\0" in field:
+            raise InvalidOption(f"field must be a top-level field name (no '.', no leading '$', not _id), got "
+                                f"{field!r}")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or not 1 <= batch_size <= 10_000:
+            raise InvalidOption(f"batch_size must be an int from 1 to 10000, got {batch_size!r}")
+        if not isinstance(poll_interval, (int, float)) or isinstance(poll_interval, bool) \
+                or not 0.005 <= poll_interval <= 60:
+            raise InvalidOption(f"poll_interval must be between 0.005 and 60 seconds, got {poll_interval!r}")
+        if change_streams not in (None, True, False):
+            raise InvalidOption(f"change_streams must be None, True or False, got {change_streams!r}")
+        source = _collection(collection, queue)
+        if source.database.name == queue.database.name and (source.name == queue.name or
+                                                            source.name.startswith(queue.name + ".")):
+            raise InvalidOption(f"collection {source.name!r} is queue {queue.name!r}'s own: relay from the "
+                                "application's collection")
+        # Dates (``at``) come back aware, in UTC; one beyond Python's datetime comes back as DatetimeMS and the
+        # event is set aside instead of making every read of its document raise.
+        self.source = source.with_options(codec_options=source.codec_options.with_options(
+            tz_aware=True, tzinfo=UTC, datetime_conversion=DatetimeConversion.DATETIME_AUTO))
+        self.queue = queue
+        self.field = field
+        self.namespace = f"{source.database.name}.{source.name}"
+        self.relayed = 0
+        self.rejected = 0
+        self._batch_size = batch_size
+        self._change_streams = change_streams
+        self._wakeup = Wakeup(poll_interval)
+        self._stopping = False
+        self._after: dt.datetime | None = None
+
+    async def run_once(self) -> int:
+        """One pass: relay the events of up to ``batch_size`` documents. Returns how many events it took out of
+        documents (relayed, or set aside as malformed); 0 when none was waiting."""
+        await self.queue._ready()
+        docs = await self.source.find({f"{self.field}.0": {"$exists": True}}, {self.field: 1},
+                                      limit=self._batch_size).to_list(None)
+        if not docs:
+            return 0
+        now = self.queue._clock.now()
+        batch = plan(docs, field=self.field, namespace=self.namespace, now=now, after=self._after)
+        if batch.buckets:
+            await self.queue._store.insert_buckets(batch.buckets)  # a duplicate key: that event is already in
+            self.queue._wakeup.notify()
+        await self._remove(batch, now)
+        self._after = batch.next_due
+        self.relayed += len(batch.buckets)
+        self.rejected += len(batch.rejects)
+        for reject in batch.rejects:
+            log.warning("outbox event of %s _id=%r set aside in %s: %s", self.namespace, reject.doc_id,
+                        self.field + REJECTED_SUFFIX, reject.reason)
+        return batch.events
+
+    async def _remove(self, batch: Batch, now: dt.datetime) -> None:
+        """After the buckets are stored: the pulls and set-asides, retried like any idempotent write."""
+        ops = removals(batch, field=self.field, now=now)
+
+        async def op(retry: bool) -> None:
+            await self.source.bulk_write(ops, ordered=False)
+
+        await retrying(op, timeout_s=self.queue.options.write_timeout)
+
+    async def run(self) -> None:
+        """Relay until ``stop()``: a pass whenever a change stream or a poll says events may be waiting. A pass
+        in progress when ``stop()`` is called ends first. Transient errors (a lost connection) are logged and
+        retried with backoff; other errors end the run (a relay that cannot write must not look alive)."""
+        try:
+            while not self._stopping:
+                if self._change_streams is not False:
+                    self._wakeup.start_stream(_Changes(self.source, self.field), self.queue._clock,
+                                              required=bool(self._change_streams))
+                try:
+                    moved = await self.run_once()
+                except PyMongoError as exc:
+                    if not is_transient(exc):
+                        raise
+                    log.warning("outbox relay of %s failed, will retry: %s", self.namespace, redact_uri(str(exc)))
+                    moved = 0
+                if moved:
+                    self._wakeup.hit()
+                else:  # no limit of ours: the poll delay, which backs off (after failed passes too), decides
+                    await self._wakeup.wait(math.inf)
+        finally:
+            await self._wakeup.stop()
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the pass in progress (from a signal handler, or another task)."""
+        self._stopping = True
+        self._wakeup.notify()
+
+
+def _collection(collection: Any, queue: Queue) -> Any:
+    if isinstance(collection, str):
+        try:
+            return queue.database[collection]
+        except InvalidName as exc:
+            raise InvalidOption(f"{collection!r} is not a valid collection name: {exc}") from None
+    if isinstance(collection, (AsyncCollection, MotorCollection)):
+        return collection
+    if is_motor(collection) and type(collection).__name__.endswith("Collection"):
+        return MotorCollection(collection)
+    raise InvalidOption("collection must be a collection name or an AsyncCollection (pymongo's async API) or a "
+                        f"Motor collection, got {type(collection).__name__}")
