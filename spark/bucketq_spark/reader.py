@@ -134,10 +134,16 @@ def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
 
     schema = payload_struct(payload_schema)
     with_corrupt = StructType([*schema.fields, StructField(CORRUPT_FIELD, StringType())])
-    options = decode_options(json_options)
     exploded = buckets.select("*", F.posexplode("p").alias("slot", "raw"))
     slot = F.col("slot")
-    messages = exploded.where(~F.coalesce(F.array_contains("done", slot.cast("long")), F.lit(False))).select(
+    unfinished = exploded.where(~F.coalesce(F.array_contains("done", slot.cast("long")), F.lit(False)))
+    # Each payload is decoded once, as the input of a generator over one element: `decoded` is then the
+    # generator's output, which the optimizer cannot inline. (From a projection, it copies from_json into every
+    # use of `decoded`, and into any filter on `malformed` pushed below it: three or four parses a payload.)
+    decoded = unfinished.select("*", F.explode(F.array(F.from_json("raw", with_corrupt, decode_options(json_options))))
+                                .alias("decoded"))
+    payload = F.col("decoded")
+    return decoded.select(
         F.col("_id").alias("bucket_id"),
         slot,
         F.coalesce(F.get("o", slot), F.concat_ws(":", "_id", slot.cast("string"))).alias("message_id"),
@@ -145,14 +151,8 @@ def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
         F.coalesce(F.get("e", slot), F.col("created")).alias("enqueued_at"),
         F.get("k", slot).alias("key"),
         F.get("h", slot).alias("headers"),
-        F.col("raw"),
-        F.from_json("raw", with_corrupt, options).alias("decoded"),
-    )
-    decoded = F.col("decoded")
-    return messages.select(
-        *MESSAGE_COLUMNS[:-2],
-        decoded.dropFields(CORRUPT_FIELD).alias("payload"),
-        (F.col("raw").isNotNull() & (decoded.isNull() | decoded[CORRUPT_FIELD].isNotNull())).alias("malformed"),
+        payload.dropFields(CORRUPT_FIELD).alias("payload"),
+        (payload.isNull() | payload[CORRUPT_FIELD].isNotNull()).alias("malformed"),
     )
 
 

@@ -262,6 +262,17 @@ def test_reader_flags_exactly_the_payloads_that_do_not_parse(spark, mongo_uri, d
     assert rows[0].payload.asDict() == {"account": "a", "amount": 1.5, "seq": 1, "ts": 2.0}
 
 
+def test_reader_decodes_each_payload_once_even_under_a_filter_on_malformed(spark, mongo_uri, db_name) -> None:
+    from pyspark.sql import functions as F
+
+    from bucketq_spark.reader import read_messages
+
+    messages = read_messages(spark, mongo_uri, db_name, "events", SCHEMA)
+    for query in (messages, messages.where("NOT malformed").select(F.col("payload.amount") * 2, "payload.account")):
+        plan = query._jdf.queryExecution().optimizedPlan().toString()
+        assert plan.count("from_json(") == 1, plan
+
+
 @pytest.mark.parametrize("bad", [{"payload_schema": "ARRAY<STRING>"}, {"payload_schema": "account STRNG"},
                                  {"json_options": {"MODE": "FAILFAST"}}, {"malformed": "skip"}])
 def test_batch_job_rejects_options_that_would_hide_malformed_payloads(spark, mongo_uri, db_name, tmp_path,
