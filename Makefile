@@ -7,11 +7,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars test demo devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars test unit demo devserver devserver-stop bench bench-quick stress stress-quick clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
 	@echo "make test          install everything, then run the test suite"
+	@echo "make unit          the tests on the in-memory database (bucketq.memory), in parallel: no JVM, no jars"
 	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"
 	@echo "make devserver-stop"
 	@echo "make bench | bench-quick    throughput: bucketq vs keuss vs naive vs floor"
@@ -31,6 +32,9 @@ jars: $(STAMP)
 
 test: venv jars
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: venv
+	$(PY) -m pytest -m "memory and not server and not slow" -n 4 --dist worksteal -q $(PYTEST_ARGS)
 
 demo: venv jars
 	$(PY) -m devtools.demo $(DEMO_ARGS)

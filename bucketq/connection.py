@@ -1,5 +1,6 @@
-"""Turn what the user passes (a URI, an ``AsyncMongoClient``, an ``AsyncDatabase`` or a Motor client or
-database) into a database handle, and remember whether bucketq owns (and must close) the client."""
+"""Turn what the user passes (a URI, an ``AsyncMongoClient``, an ``AsyncDatabase``, a Motor client or
+database, or an in-memory one from ``bucketq.memory``) into a database handle, and remember whether bucketq
+owns (and must close) the client."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.uri_parser import parse_uri
 
 from bucketq.errors import InvalidOption
+from bucketq.memory import MemoryClient, MemoryDatabase
 from bucketq.motor_adapter import MotorDatabase, is_motor
 
 DEFAULT_DB = "bucketq"
@@ -19,7 +21,7 @@ DEFAULT_DB = "bucketq"
 
 @dataclass
 class Connection:
-    database: Any  # AsyncDatabase or MotorDatabase
+    database: Any  # AsyncDatabase, MotorDatabase or MemoryDatabase
     owned_client: AsyncMongoClient | None = None
 
     async def close(self) -> None:
@@ -53,14 +55,17 @@ def connect(target: Any, db: str | None = None) -> Connection:
         return Connection(client[db or parsed.get("database") or DEFAULT_DB], owned_client=client)
     if isinstance(target, AsyncMongoClient):
         return Connection(target[db or _default_db(target)])
-    if isinstance(target, AsyncDatabase):
+    if isinstance(target, (AsyncDatabase, MemoryDatabase)):
         return Connection(target if db is None else target.client[db])
+    if isinstance(target, MemoryClient):
+        return Connection(target[db or DEFAULT_DB])
     if is_motor(target):
         if type(target).__name__.endswith("Client"):  # AsyncIOMotorClient (hasattr lies: any name is a collection)
             return Connection(MotorDatabase(target[db or DEFAULT_DB]))
         return Connection(MotorDatabase(target if db is None else target.client[db]))
     raise InvalidOption(
-        "Queue needs a MongoDB URI, an AsyncMongoClient, an AsyncDatabase or a Motor client/database, "
+        "Queue needs a MongoDB URI, an AsyncMongoClient, an AsyncDatabase, a Motor client/database or a "
+        "bucketq.memory client/database, "
         f"got {type(target).__name__}"
     )
 

@@ -1,7 +1,16 @@
-"""Shared fixtures: a real MongoDB-wire server for every test.
+"""Shared fixtures: a real MongoDB-wire server, or the in-memory database, for every test.
 
-With ``BUCKETQ_MONGODB_URI`` set the tests run against that server; otherwise one mongo-java-server is
-started for the session and stopped by PID at the end (also when the run is interrupted).
+With ``BUCKETQ_MONGODB_URI`` set the server tests run against that server; otherwise one mongo-java-server is
+started for the session (only when a test needs it) and stopped by PID at the end (also when the run is
+interrupted).
+
+Backends: ``make_queue``, ``sync_db`` and ``queue_target`` put queues on the ``backend``, "server" by
+default. A module marked ``pytest.mark.backends("memory", "server")`` runs each of its tests that use them
+on both: on the in-memory database of ``bucketq.memory`` (no JVM) and on the server. A test that asks for
+``mongo_uri`` (directly or through ``adb``, ``async_client``, ``features``), or is marked ``needs``, runs on
+the server only; one that asks for ``memory_db`` (to inject faults, read the operation log) on memory only.
+Every test that needs the server is marked ``server``, every one on the in-memory database ``memory``:
+``make unit`` runs ``-m "memory and not server"``, which starts no JVM.
 """
 
 from __future__ import annotations
@@ -9,12 +18,40 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
+from bucketq.memory import MemoryClient, MemoryDatabase
 from devtools.testserver import TestServer
 from tests.features import server_features
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("backends")
+    if marker is None:
+        return
+    if "memory_db" in metafunc.fixturenames:
+        backends = ["memory"]
+    elif "mongo_uri" in metafunc.fixturenames or metafunc.definition.get_closest_marker("needs"):
+        return
+    else:
+        backends = list(marker.args)
+    metafunc.parametrize("backend", backends, indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        backend = getattr(item, "callspec", None) and item.callspec.params.get("backend")
+        fixtures = getattr(item, "fixturenames", ())
+        if ("mongo_uri" in fixtures or backend == "server" or (backend is None and "backend" in fixtures)
+                or item.get_closest_marker("needs") or item.get_closest_marker("spark")):
+            item.add_marker(pytest.mark.server)
+        elif backend == "memory" or "memory_db" in fixtures:
+            item.add_marker(pytest.mark.memory)
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +87,31 @@ def db_name() -> str:
 
 
 @pytest.fixture
-def sync_db(mongo_uri: str, db_name: str) -> Iterator:
-    client: MongoClient = MongoClient(mongo_uri)
+def backend(request: pytest.FixtureRequest) -> str:
+    """"server" or "memory": see the module's docstring."""
+    return getattr(request, "param", "server")
+
+
+@pytest.fixture
+def memory_db(db_name: str) -> MemoryDatabase:
+    """The test's own in-memory database (``bucketq.memory``), on a client of its own."""
+    return MemoryClient()[db_name]
+
+
+@pytest.fixture
+def queue_target(backend: str, request: pytest.FixtureRequest) -> Any:
+    """What a test's queues connect to: the server's URI, or the in-memory database."""
+    return request.getfixturevalue("memory_db" if backend == "memory" else "mongo_uri")
+
+
+@pytest.fixture
+def sync_db(backend: str, request: pytest.FixtureRequest, db_name: str) -> Iterator:
+    """A synchronous handle on the test's database, to seed and inspect it: a PyMongo ``Database`` (dropped
+    afterwards), or the in-memory database's ``sync`` view."""
+    if backend == "memory":
+        yield request.getfixturevalue("memory_db").sync
+        return
+    client: MongoClient = MongoClient(request.getfixturevalue("mongo_uri"))
     yield client[db_name]
     client.drop_database(db_name)
     client.close()
@@ -72,14 +132,14 @@ async def adb(async_client: AsyncMongoClient, db_name: str) -> AsyncIterator:
 
 
 @pytest.fixture
-async def make_queue(mongo_uri: str, db_name: str, sync_db) -> AsyncIterator:
+async def make_queue(queue_target: Any, db_name: str, sync_db) -> AsyncIterator:
     """``make_queue(name="events", target=None, **options)``: Queues on the test's database, closed after."""
     import bucketq
 
     made: list[bucketq.Queue] = []
 
     def make(name: str = "events", target: object = None, **options: object) -> bucketq.Queue:
-        queue = bucketq.Queue(target or mongo_uri, name=name, db=db_name, **options)
+        queue = bucketq.Queue(target or queue_target, name=name, db=db_name, **options)
         made.append(queue)
         return queue
 

@@ -15,6 +15,8 @@ from bson import ObjectId
 import bucketq
 from bucketq.core.format import FORMAT_VERSION
 
+pytestmark = pytest.mark.backends("memory", "server")
+
 
 async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0) -> list[bucketq.Message]:
     got = []

@@ -14,11 +14,14 @@ from typing import Any
 import bson
 import pytest
 from bson import DatetimeMS, ObjectId
-from pymongo.errors import AutoReconnect, PyMongoError
+from pymongo.errors import PyMongoError
 
 import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION, MAX_BUCKET_BYTES
+from bucketq.memory import Fault, Faults, Operation
 from tests.proxy import TcpProxy
+
+pytestmark = pytest.mark.backends("memory", "server")
 
 UTC = dt.timezone.utc
 LIVE = {"fin": {"$exists": False}}
@@ -44,34 +47,6 @@ async def _drain_ids(q: bucketq.Queue, timeout: float = 0.5) -> list[str]:
     return got
 
 
-class LostReplies:
-    """Wraps a collection: the next ``count`` calls of ``method`` reach the server, but their reply is lost
-    (``AutoReconnect``), as when a connection is cut or a server restarts right after applying a write."""
-
-    def __init__(self, collection: Any, method: str, count: int = 1, *, apply: bool = True) -> None:
-        self._collection = collection
-        self._method = method
-        self._left = count
-        self._apply = apply
-        self.lost = 0
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(self._collection, name)
-        if name != self._method:
-            return real
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            if self._left <= 0:
-                return await real(*args, **kwargs)
-            self._left -= 1
-            self.lost += 1
-            if self._apply:
-                await real(*args, **kwargs)
-            raise AutoReconnect("connection closed (injected: the reply was lost)")
-
-        return call
-
-
 async def _take_over(make_queue: Callable[..., bucketq.Queue], payloads: list[Any]) -> tuple[Any, ...]:
     """A serves every message of one bucket, then hangs past its lease; B claims the bucket and serves
     them again. Returns (a, b, a's messages, b's messages)."""
@@ -89,51 +64,56 @@ async def _take_over(make_queue: Callable[..., bucketq.Queue], payloads: list[An
 
 # -- 1. a retried fenced write is ours only if it carries our token -----------------------------------------
 
-async def test_a_stale_consumers_retried_write_is_refused_not_inferred_from_someone_elses_acks(make_queue, sync_db):
-    a, b, mine, theirs = await _take_over(make_queue, ["acked-by-b", "also-acked-by-b", "left"])
+def _by(message: bucketq.Message) -> Callable[[Operation], bool]:
+    """Matches the operations fenced by the lease ``message`` was served under."""
+    token = message._holding.held.token
+    return lambda op: isinstance(op.filter, dict) and op.filter.get("lease.token") == token
+
+
+async def test_a_stale_consumers_retried_write_is_refused_not_inferred_from_someone_elses_acks(make_queue, sync_db,
+                                                                                               memory_db):
+    _, b, mine, theirs = await _take_over(make_queue, ["acked-by-b", "also-acked-by-b", "left"])
     await theirs[0].ack()
     await theirs[1].ack(wait=True)  # B's flush marks slots 0 and 1 done
-    store = a._consumer._store
-    store.buckets = LostReplies(store.buckets, "update_one")  # A's guard write: reply lost, then retried
+    # A's guard write: reply lost, then retried
+    lost = memory_db.faults.lose_reply("update_one", collection="events", where=_by(mine[0]))
     await mine[0].ack()
     with pytest.raises(bucketq.LeaseLost):
         await mine[1].nack(delay=0, wait=True)  # before the fix: "applied" (slots 0, 1 are done: B's work)
-    assert store.buckets.lost == 1
+    assert lost.hits == 1
     await theirs[2].ack(wait=True)
     assert await _drain_ids(b) == [], "a message B acked came back through A's retry copy"
     assert sync_db.events.count_documents(LIVE) == 0
 
 
-async def test_a_retried_finish_that_finds_the_bucket_finished_by_another_consumer_raises_lease_lost(make_queue):
-    a, b, mine, theirs = await _take_over(make_queue, ["m"])
+async def test_a_retried_finish_that_finds_the_bucket_finished_by_another_consumer_raises_lease_lost(make_queue,
+                                                                                                   memory_db):
+    _, _, mine, theirs = await _take_over(make_queue, ["m"])
     await theirs[0].ack(wait=True)  # B finishes the bucket: its tombstone carries B's token
-    store = a._consumer._store
-    store.buckets = LostReplies(store.buckets, "replace_one")
+    lost = memory_db.faults.lose_reply("replace_one", collection="events", where=_by(mine[0]))
     with pytest.raises(bucketq.LeaseLost):
         await mine[0].ack(wait=True)  # before the fix: the retry found the bucket gone and reported success
-    assert store.buckets.lost == 1
+    assert lost.hits == 1
 
 
-async def test_a_retried_finish_that_did_apply_is_recognised_by_its_token(make_queue, sync_db):
+async def test_a_retried_finish_that_did_apply_is_recognised_by_its_token(make_queue, sync_db, memory_db):
     q = make_queue(**QUICK)
     await q.push("m")
     message = await q.reserve(timeout=5)
-    store = q._consumer._store
-    store.buckets = LostReplies(store.buckets, "replace_one")
+    lost = memory_db.faults.lose_reply("replace_one", collection="events")
     await message.ack(wait=True)  # applied, reply lost, retried: no LeaseLost
-    assert store.buckets.lost == 1
+    assert lost.hits == 1
     assert [d["fin"]["token"] for d in sync_db.events.find()] == [message._holding.held.token]
 
 
-async def test_a_retried_release_that_did_apply_is_recognised_by_its_token(make_queue, sync_db):
+async def test_a_retried_release_that_did_apply_is_recognised_by_its_token(make_queue, sync_db, memory_db):
     q = make_queue(**QUICK)
     await q.push_many(["served", "unserved"])
     served = await q.reserve(timeout=5)
     await served.ack()
-    store = q._consumer._store
-    store.buckets = LostReplies(store.buckets, "update_one")
+    lost = memory_db.faults.lose_reply("update_one", collection="events")
     await q.drain()  # the release's reply is lost; its retry matches nothing but finds its own token
-    assert store.buckets.lost == 1
+    assert lost.hits == 1
     doc = sync_db.events.find_one()
     assert doc["lease"] is None and doc["c"] == 0 and doc["done"] == [0]
     other = make_queue(**QUICK)
@@ -143,31 +123,20 @@ async def test_a_retried_release_that_did_apply_is_recognised_by_its_token(make_
 
 # -- 2. an insert retried late cannot store a finished bucket again -----------------------------------------
 
-def _late_retry(store: Any, consumed: asyncio.Event) -> Any:
-    """``store.insert_new``: the first call applies and loses its reply; the retry waits until ``consumed``."""
-    insert_new = store.insert_new
-    calls = 0
-
-    async def reply_lost_then_late(collection: Any, docs: list[dict]) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            await insert_new(collection, docs)
-            raise AutoReconnect("connection closed (injected: the reply was lost)")
-        await consumed.wait()  # the retry comes after a backoff, by when the bucket was consumed
-        return await insert_new(collection, docs)
-
-    store.insert_new = reply_lost_then_late
-    return store
+def _late_retry(faults: Faults, consumed: asyncio.Event) -> Fault:
+    """The next insert into the queue applies and loses its reply; its retry waits until ``consumed``."""
+    faults.lose_reply("insert", collection="events")
+    return faults.delay("insert", collection="events", until=consumed)  # by when the bucket was consumed
 
 
 @pytest.mark.parametrize("source", ["producer", "nack", "requeue_dead", "requeue_quarantined"])
-async def test_an_insert_retried_after_its_bucket_was_consumed_stores_nothing_again(make_queue, sync_db, source):
+async def test_an_insert_retried_after_its_bucket_was_consumed_stores_nothing_again(make_queue, sync_db, memory_db,
+                                                                                   source):
     q = make_queue(**QUICK, max_attempts=1 if source == "requeue_dead" else 5)
     consumer = make_queue(**QUICK)
     consumed = asyncio.Event()
     if source == "producer":
-        _late_retry(q._producer._store, consumed)
+        late = _late_retry(memory_db.faults, consumed)
         writing = asyncio.ensure_future(q.push("once"))
     else:
         if source == "requeue_quarantined":
@@ -179,7 +148,7 @@ async def test_an_insert_retried_after_its_bucket_was_consumed_stores_nothing_ag
             first = await q.reserve(timeout=5)
             if source == "requeue_dead":
                 await first.nack(wait=True)  # max_attempts=1: straight to the dead letters
-        _late_retry(q._consumer._store if source == "nack" else q._store, consumed)
+        late = _late_retry(memory_db.faults, consumed)
         if source == "nack":
             writing = asyncio.ensure_future(first.nack(delay=0, wait=True))
         elif source == "requeue_dead":
@@ -191,6 +160,7 @@ async def test_an_insert_retried_after_its_bucket_was_consumed_stores_nothing_ag
     await message.ack(wait=True)  # the bucket is finished
     consumed.set()
     await writing
+    assert late.hits == 1, "the insert was not retried late"
     assert await consumer.reserve(timeout=0.5) is None, "a bucket was stored again after it was consumed"
 
 
@@ -210,6 +180,7 @@ async def test_headers_changed_after_push_nowait_change_nothing_stored(make_queu
 
 # -- 7. no document the library writes exceeds 16 MiB --------------------------------------------------------
 
+@pytest.mark.slow
 async def test_full_buckets_near_the_size_limit_are_claimed_acked_and_nacked_within_16_mib(make_queue, sync_db):
     """Two buckets of the most messages a bucket holds, near its byte limit. The first is acked but for one
     message, so its ``done`` array is as long as it gets; the second is nacked whole, and the retry copies
@@ -236,6 +207,7 @@ async def test_full_buckets_near_the_size_limit_are_claimed_acked_and_nacked_wit
     assert sum(doc["n"] for doc in sync_db.events.find(LIVE)) == n + 1
 
 
+@pytest.mark.slow
 async def test_a_bucket_at_the_size_limit_is_quarantined_within_16_mib(make_queue, sync_db):
     n = 65536
     payloads = ['"' + "y" * 200 + '"'] * (n - 1) + ["{not json"]
@@ -248,6 +220,7 @@ async def test_a_bucket_at_the_size_limit_is_quarantined_within_16_mib(make_queu
     assert entry["_id"] == doc["_id"] and len(bson.encode(entry)) < BSON_LIMIT
 
 
+@pytest.mark.slow
 async def test_requeue_of_many_large_dead_letters_is_split_below_16_mib(make_queue, sync_db):
     big = '"' + "z" * (1 << 20) + '"'  # 1 MiB each: 40 of them do not fit one bucket
     sync_db["events.dead"].insert_many([
@@ -336,26 +309,19 @@ async def test_a_wall_clock_step_does_not_let_two_consumers_serve_one_bucket(mak
 
 # -- 11. one slow write does not starve the other leases ------------------------------------------------------
 
-async def test_a_slow_write_on_one_bucket_does_not_let_the_other_leases_expire(make_queue):
+async def test_a_slow_write_on_one_bucket_does_not_let_the_other_leases_expire(make_queue, memory_db):
     options = {**QUICK, "lease": 1.5, "state_flush_period": 0.1, "bucket_max_size": 1}
     a, c = make_queue(**options), make_queue(**options)
     await a.push_many(["x", "y"])
     x = await a.reserve(timeout=5)
     y = await a.reserve(timeout=5)
-    store = a._consumer._store
-    update_fenced = store.update_fenced
-    slow_id = x._holding.held.bucket.id
     released = asyncio.Event()
-
-    async def slow_for_one_bucket(query: dict, update: dict, **kwargs: Any) -> bool:
-        if query["_id"] == slow_id:
-            await released.wait()  # retrying through a server restart, for longer than the lease
-        return await update_fenced(query, update, **kwargs)
-
-    store.update_fenced = slow_for_one_bucket
+    # A's writes on x are held back: retrying through a server restart, for longer than the lease
+    slow = memory_db.faults.delay("update_one", collection="events", until=released, times=1000, where=_by(x))
     try:
         await asyncio.sleep(2.5)
         taken = [m.payload for m in [await c.reserve(timeout=0.3), await c.reserve(timeout=0.3)] if m]
+        assert slow.hits >= 1, "x's writes were not held back"
         assert "y" not in taken, "y's lease expired while x's write was slow"
         await y.ack(wait=True)
     finally:

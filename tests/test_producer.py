@@ -18,7 +18,10 @@ from pymongo import AsyncMongoClient
 import bucketq
 from tests.proxy import TcpProxy
 
+pytestmark = pytest.mark.backends("memory", "server")
 
+
+@pytest.mark.slow
 async def test_100k_pushes_become_ceil_n_over_1024_buckets(make_queue, sync_db):
     q = make_queue()
     ids = await q.push_many({"i": i} for i in range(100_000))
@@ -63,12 +66,14 @@ async def _concurrent_pushes_make_few_buckets(q: bucketq.Queue, sync_db, before:
     assert buckets <= math.ceil(20_000 / 1024) + 3, f"{buckets} buckets for 20,000 concurrent pushes"
 
 
+@pytest.mark.slow
 async def test_concurrent_pushes_still_fill_buckets(make_queue, sync_db):
     q = make_queue()
     await q.push("warm")
     await _concurrent_pushes_make_few_buckets(q, sync_db, before=1)
 
 
+@pytest.mark.slow
 async def test_concurrent_first_pushes_on_a_cold_queue_still_fill_buckets(make_queue, sync_db):
     await _concurrent_pushes_make_few_buckets(make_queue(), sync_db, before=0)
 
@@ -248,10 +253,10 @@ async def test_push_after_drain_or_close_is_refused(make_queue):
     ({"name": ""}, "name"),
     ({"name": "a$b"}, "not a valid queue name"),
 ])
-def test_invalid_options_fail_at_construction(mongo_uri, options, message):
+def test_invalid_options_fail_at_construction(queue_target, options, message):
     kwargs = {"name": "events", **options}
     with pytest.raises(bucketq.InvalidOption, match=message):
-        bucketq.Queue(mongo_uri, **kwargs)
+        bucketq.Queue(queue_target, **kwargs)
 
 
 def test_bad_target_fails_at_construction():

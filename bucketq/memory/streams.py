@@ -1,0 +1,95 @@
+"""Change streams of ``bucketq.memory``: insert events, to the streams open at the time and, for a stream
+opened with ``start_at_operation_time``, from the last few seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import bson
+from bson import Timestamp
+from pymongo.errors import InvalidOperation
+
+from bucketq.memory.engine import STORED, Unsupported, compare, matches
+
+
+class Streams:
+    """Change streams of one client: the open ones, and the inserts of the last few seconds, for a stream
+    opened with ``start_at_operation_time``."""
+
+    KEEP_S = 10.0
+
+    def __init__(self) -> None:
+        self.open: set[ChangeStream] = set()
+        self.recent: deque[tuple[Timestamp, str, str, bytes]] = deque()
+        self._last = Timestamp(0, 0)
+
+    def publish(self, database: str, collection: str, raw: bytes) -> None:
+        seconds = int(time.time())
+        self._last = Timestamp(seconds, self._last.inc + 1 if seconds == self._last.time else 1)
+        self.recent.append((self._last, database, collection, raw))
+        while self.recent and self.recent[0][0].time < seconds - self.KEEP_S:
+            self.recent.popleft()
+        for stream in list(self.open):
+            stream.offer(self._last, database, collection, raw)
+
+
+# -- the sync interface (engine) -------------------------------------------------------------------------
+
+
+class ChangeStream:
+    """Insert events of one collection (the only ``$match``-filtered events this database makes)."""
+
+    def __init__(self, streams: Streams, database: str, collection: str, pipeline: list[Mapping[str, Any]],
+                 max_await_s: float, start: Timestamp | None) -> None:
+        self._streams = streams
+        self._ns = {"db": database, "coll": collection}
+        self._filters = []
+        for stage in pipeline:
+            if set(stage) != {"$match"}:
+                raise Unsupported("change streams of bucketq.memory take $match stages only")
+            self._filters.append(stage["$match"])
+        self._max_await_s = max_await_s
+        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        if start is not None:
+            for event in streams.recent:
+                if compare(event[0], start) >= 0:
+                    self.offer(*event)
+        streams.open.add(self)
+        self.alive = True
+
+    def offer(self, at: Timestamp, database: str, collection: str, raw: bytes) -> None:
+        if (database, collection) != (self._ns["db"], self._ns["coll"]):
+            return
+        doc = bson.decode(raw, codec_options=STORED)
+        event = {"_id": {"_data": f"{at.time:08x}{at.inc:08x}"}, "operationType": "insert", "clusterTime": at,
+                 "ns": dict(self._ns), "documentKey": {"_id": doc["_id"]}, "fullDocument": doc}
+        if all(matches(event, f) for f in self._filters):
+            self._events.put_nowait(event)
+
+    async def try_next(self) -> dict[str, Any] | None:
+        if not self.alive:
+            raise InvalidOperation("the change stream is closed")
+        try:
+            return await asyncio.wait_for(self._events.get(), self._max_await_s)
+        except TimeoutError:
+            return None
+
+    async def next(self) -> dict[str, Any]:
+        while True:
+            event = await self.try_next()
+            if event is not None:
+                return event
+
+    def __aiter__(self) -> ChangeStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        return await self.next()
+
+    async def close(self) -> None:
+        self.alive = False
+        self._streams.open.discard(self)
