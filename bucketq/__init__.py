@@ -7,6 +7,7 @@
 """
 
 from bucketq.codecs import Codec, CodecUnavailable, JsonCodec, MsgpackCodec
+from bucketq.control import list_queues
 from bucketq.core.format import FORMAT_VERSION
 from bucketq.errors import (
     AlreadyResolved,
@@ -17,6 +18,7 @@ from bucketq.errors import (
     InvalidOption,
     LeaseLost,
     MalformedBucket,
+    MessageHeld,
     PayloadTooLarge,
     QueueClosed,
     Reject,
@@ -25,6 +27,7 @@ from bucketq.errors import (
 )
 from bucketq.message import Message
 from bucketq.options import QueueOptions
+from bucketq.producer import Outgoing
 from bucketq.queue import Queue
 from bucketq.worker import BatchTiming, Worker
 
@@ -32,4 +35,5 @@ __all__ = [
     "FORMAT_VERSION", "AlreadyResolved", "BucketqError", "BufferFull", "Codec", "CodecUnavailable", "EncodeError", "InvalidOption",
     "JsonCodec", "LeaseLost", "MalformedBucket", "Message", "MsgpackCodec", "PayloadTooLarge", "Queue",
     "QueueClosed", "QueueOptions", "Reject", "Retry", "HandlerTimeout", "WriteFailed", "Worker", "BatchTiming",
+    "MessageHeld", "Outgoing", "list_queues",
 ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from pymongo.errors import OperationFailure, PyMongoError
 
+from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
 from bucketq.core import claims
@@ -90,6 +91,7 @@ class Consumer:
         self._owner = claims.owner_name()
         self._next_local_due: float | None = None  # monotonic time of the earliest retry bucket we wrote
         self._keys = KeyRecorder(store, clock)
+        self._metrics = metrics.for_queue(store.name, store.database.name)
 
     # -- reserving -----------------------------------------------------------------------------------------
 
@@ -163,6 +165,7 @@ class Consumer:
                     self._schedule_flush(holding)
                 continue
             bucket = held.bucket
+            self._metrics.consumed(1)
             return Message(holding.payloads[slot], bucket.message_id(slot), held.tries(slot),
                            bucket.headers[slot] or {}, bucket.enqueued_at(slot), bucket.keys[slot], self, holding,
                            slot)
@@ -170,6 +173,8 @@ class Consumer:
 
     async def _claim(self) -> bool:
         """Claim one due bucket. Returns whether a bucket was taken (even one that went to quarantine)."""
+        if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
+            return False
         now = self._clock.now()
         token = claims.new_token()
         spec = claims.claim(now, self._options.lease, token, self._owner)
@@ -233,6 +238,7 @@ class Consumer:
         entry["doc"].pop("lease", None)
         await self._store.quarantine_bucket(entry, claims.fenced(doc["_id"], token), claims.finish(now, token),
                                             claims.finished_by(doc["_id"], token))
+        self._metrics.quarantined(1)
 
     # -- resolving -----------------------------------------------------------------------------------------
 
@@ -320,6 +326,7 @@ class Consumer:
         held = holding.held
         applied = await self._execute(plan)  # raises: the plan stays pending, to be retried as it is
         held.outcome(plan, applied)
+        self._metrics.flushed(plan, applied)
         if not applied:
             log.warning("lease on bucket %s lost; its unflushed state was refused", held.bucket.id)
         elif plan.retry_docs:

@@ -59,3 +59,8 @@ class HandlerTimeout(BucketqError, TimeoutError):
 
 class MalformedBucket(BucketqError, ValueError):
     """A stored bucket does not match the documented format (docs/FORMAT.md)."""
+
+
+class MessageHeld(BucketqError, RuntimeError):
+    """``Queue.remove`` found the message in a bucket that a consumer holds under a live lease: it may be
+    handling the message now. Nothing was removed; try again once that consumer resolved it or its lease ended."""

@@ -18,6 +18,7 @@ from typing import Any
 import bson
 from bson.raw_bson import RawBSONDocument
 
+from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
@@ -27,6 +28,27 @@ from bucketq.options import QueueOptions, check_delay
 from bucketq.store import Store, retrying
 
 BUCKETS_PER_WRITE = 8
+
+
+class Outgoing:
+    """One message of ``push_many`` with options of its own, as ``push`` takes them:
+    ``await q.push_many([Outgoing(order, key=order["id"]), Outgoing(reminder, delay=3600), plain_payload])``.
+    Not a payload itself: no codec encodes it, so passing one to ``push`` fails instead of storing its fields."""
+
+    __slots__ = ("payload", "key", "delay", "at", "headers")
+
+    def __init__(self, payload: Any, *, key: str | None = None, delay: float | dt.timedelta | None = None,
+                 at: dt.datetime | None = None, headers: Mapping[str, Any] | None = None) -> None:
+        self.payload = payload
+        self.key = key
+        self.delay = delay
+        self.at = at
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        options = "".join(f", {name}={getattr(self, name)!r}" for name in self.__slots__[1:]
+                          if getattr(self, name) is not None)
+        return f"Outgoing({self.payload!r:.60}{options})"
 
 
 class _Many:
@@ -86,6 +108,7 @@ class Producer:
         self._closed = False
         self._now_at = -1.0
         self._now_cached = clock.now()
+        self._metrics = metrics.for_queue(store.name, store.database.name)
 
     def _now(self) -> dt.datetime:
         """The server clock, read at most once a millisecond: one datetime per push costs more than it tells."""
@@ -122,12 +145,19 @@ class Producer:
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None) -> list[str]:
-        """Push every payload; all are encoded first, so one bad payload fails the call before any is pushed."""
+        """Push every payload; all are encoded and checked first, so one bad payload or option fails the call
+        before any is pushed. An item may be an ``Outgoing`` carrying options of its own (key, delay or at,
+        headers); ``delay`` and ``headers`` apply to the items that set none."""
         prepared = []
-        for index, payload in enumerate(payloads):
+        for index, item in enumerate(payloads):
             try:
-                prepared.append(self._prepare(payload, delay, None, headers, None))
-            except (EncodeError, PayloadTooLarge) as exc:
+                if isinstance(item, Outgoing):
+                    timed = item.delay is not None or item.at is not None
+                    prepared.append(self._prepare(item.payload, item.delay if timed else delay, item.at,
+                                                  headers if item.headers is None else item.headers, item.key))
+                else:
+                    prepared.append(self._prepare(item, delay, None, headers, None))
+            except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
                 raise type(exc)(f"payload {index}: {exc}") from exc
         if not prepared:
             return []
@@ -268,6 +298,7 @@ class Producer:
         for bucket in batch:
             bucket.resolve(failed.get(bucket.id))
             self._acc.written(bucket)
+        self._metrics.written(batch, failed, self._clock)
         if len(failed) < len(batch) and self._on_written is not None:
             self._on_written()
         assert self._space is not None

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
+from pymongo import ReplaceOne
 from pymongo.errors import PyMongoError
 
 from bucketq import admin
@@ -15,10 +16,24 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_named
 from bucketq.connection import connect, redact_uri
 from bucketq.consumer import Consumer
+from bucketq.core import claims
 from bucketq.core.claims import LIVE, reap
+from bucketq.core.control import (
+    PAUSE,
+    check_message_id,
+    holders,
+    is_paused,
+    live_lease,
+    pending_slots,
+    purge_mark,
+    purged_by,
+    removal,
+    set_pause,
+    unfinished_messages,
+)
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.stats import shape_stats, stats_pipeline
-from bucketq.errors import InvalidOption, MalformedBucket, QueueClosed
+from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_names
 from bucketq.producer import Producer
@@ -26,6 +41,8 @@ from bucketq.store import Store, retrying
 from bucketq.wakeup import Wakeup
 
 HOUSEKEEPING_EVERY_S = 60.0
+REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
+PURGE_CHUNK = 1000
 log = logging.getLogger("bucketq")
 
 
@@ -269,6 +286,83 @@ class Queue:
             total += len(batch)
         if total:
             self._wakeup.notify()
+        return total
+
+    # -- operator controls (pause, remove, purge) ------------------------------------------------------------
+
+    async def pause(self) -> None:
+        """Pause the queue for every consumer, in every process: they stop claiming buckets within
+        ``bucketq.control.PAUSE_REFRESH_S`` (1 s), go on serving and flushing the buckets they already hold, and
+        claim again after ``resume()``. Pushes still work. Stored in the ``<name>.control`` collection."""
+        await self._write_pause(True)
+
+    async def resume(self) -> None:
+        """Undo ``pause()``: consumers claim again within ``PAUSE_REFRESH_S`` plus one poll interval."""
+        await self._write_pause(False)
+
+    async def paused(self) -> bool:
+        """Whether the queue is paused, read from the server now. Writes nothing."""
+        await self._ready(write=False)
+        paused = is_paused(await self._store.control.find_one(PAUSE))
+        self._store.pause.set(paused)
+        return paused
+
+    async def _write_pause(self, paused: bool) -> None:
+        await self._ready()
+        update = set_pause(paused, now=self._clock.now(), by=claims.owner_name())
+        await retrying(lambda _: self._store.control.update_one(PAUSE, update, upsert=True),
+                       timeout_s=self.options.write_timeout)
+        self._store.pause.set(paused)  # this process's consumer follows at once
+        if not paused:
+            self._wakeup.notify()
+
+    async def remove(self, message_id: str) -> bool:
+        """Remove a pending message by id so that no consumer delivers it: its slot is marked done, as an ack
+        would, in every bucket that holds it (a retry copy too). Returns True when removed, False when no
+        pending message has this id (unknown, already finished, or not yet written by its producer).
+
+        Raises ``MessageHeld``, removing nothing, when a consumer holds a bucket of it under a live lease: that
+        consumer may be handling the message now. A bucket whose lease expired is taken back from its late
+        claimant (whose writes are then refused). Finding retry copies scans the queue's buckets."""
+        message_id = check_message_id(message_id)
+        await self._ready()
+        removed = False
+        for _ in range(REMOVE_ATTEMPTS):
+            docs = await self._store.buckets.find(holders(message_id)).to_list(None)
+            now = self._clock.now()
+            found = [(doc, slots) for doc in docs if (slots := pending_slots(doc, message_id))]
+            for doc, _ in found:
+                if (lease := live_lease(doc, now)) is not None:
+                    raise MessageHeld(f"message {message_id!r} is in bucket {doc['_id']}, which "
+                                      f"{lease.get('owner', 'a consumer')} holds until {doc.get('due')}: it may be "
+                                      f"handling it now; remove it once it is resolved or the lease has ended"
+                                      f"{' (its other copies were removed)' if removed else ''}")
+            applied = [(await self._store.buckets.update_one(*removal(doc, slots, now))).matched_count
+                       for doc, slots in found]
+            removed = removed or any(applied)
+            if all(applied):  # else a bucket was claimed or released since it was read: read again
+                return removed
+        raise MessageHeld(f"message {message_id!r} kept being claimed while it was being removed; try again")
+
+    async def purge(self) -> int:
+        """Delete every message in the queue (ready, scheduled or in flight) and return how many there were.
+        Their buckets end as finished ones do, as tombstones, so a producer's late insert retry cannot store
+        one again; a consumer holding one has its writes refused (``LeaseLost``). Dead letters, quarantine
+        and dedupe keys are kept. Messages pushed while it runs may be purged or kept."""
+        await self._ready()
+        now = self._clock.now()
+        token = claims.new_token()
+        await retrying(lambda _: self._store.buckets.update_many(LIVE, purge_mark(now, token)),
+                       timeout_s=self.options.write_timeout)
+        total = 0
+        unreplaced = {**purged_by(token), "n": {"$exists": True}}  # a tombstone has no n
+        while batch := await self._store.buckets.find(unreplaced, {"n": 1, "done": 1},
+                                                      limit=PURGE_CHUNK).to_list(None):
+            total += sum(unfinished_messages(doc) for doc in batch)
+            tombstones = [ReplaceOne({"_id": doc["_id"], **purged_by(token)}, claims.finish(now, token))
+                          for doc in batch]
+            await retrying(lambda _: self._store.buckets.bulk_write(tombstones, ordered=False),
+                           timeout_s=self.options.write_timeout)
         return total
 
     # -- lifecycle -----------------------------------------------------------------------------------------

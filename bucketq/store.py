@@ -1,6 +1,7 @@
 """The queue's collections and the few server operations the shells run, with retries on transient errors.
 
-Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``.
+Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``,
+``name.control`` (operator controls: the pause document).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from bson.codec_options import DatetimeConversion
 from pymongo import ReturnDocument, WriteConcern
 from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
 
-from bucketq.core.format import DEAD_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.control import PauseGate
+from bucketq.core.control import PAUSE, initial_pause
+from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 
 T = TypeVar("T")
 DUPLICATE_KEY = 11000
@@ -64,6 +67,8 @@ class Store:
         self.dead = database[name + DEAD_SUFFIX].with_options(**wc)
         self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(**wc)
         self.inbox = database[name + INBOX_SUFFIX].with_options(**wc)
+        self.control = database[name + CONTROL_SUFFIX].with_options(**wc)
+        self.pause = PauseGate(self.control)  # shared: a pause this process writes holds for its consumer at once
         self.op_timeout_s = op_timeout_s
 
     async def ensure_indexes(self) -> None:
@@ -74,6 +79,7 @@ class Store:
         await self.dead.create_index("at")
         await self.quarantine.create_index("at")
         await self.inbox.create_index("at")
+        await self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
 
     # -- producer ------------------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bucketq import metrics
 from bucketq.errors import HandlerTimeout, InvalidOption, LeaseLost, Reject, Retry
 from bucketq.message import Message
 from bucketq.options import check_delay
@@ -72,6 +73,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self.handled = 0
         self.failed = 0
+        self._metrics = metrics.for_queue(queue.name, queue.database.name)
 
     def stop(self) -> None:
         """Ask for a graceful stop: running handlers finish, then state is flushed and buckets released."""
@@ -115,6 +117,7 @@ class Worker:
         except Exception as exc:
             failures = {m.id: exc for m in batch}
         processing = time.monotonic() - started
+        self._metrics.handled(processing)
         for message in batch:
             error = failures.get(message.id)
             try:

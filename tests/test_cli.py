@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import os
@@ -89,14 +90,16 @@ def jsonl(text: str) -> list:
 # -- help ------------------------------------------------------------------------------------------------------
 
 COMMANDS = [["stats"], ["peek"], ["push"], ["drain"], ["worker"], ["dead", "list"], ["dead", "requeue"],
-            ["dead", "purge"], ["quarantine", "list"], ["quarantine", "requeue"], ["quarantine", "purge"]]
+            ["dead", "purge"], ["quarantine", "list"], ["quarantine", "requeue"], ["quarantine", "purge"],
+            ["pause"], ["resume"], ["remove"], ["purge"]]
 
 
 def test_help_lists_every_command_and_tells_how_to_use_it() -> None:
     runner = CliRunner()
     top = runner.invoke(cli, ["--help"])
     assert top.exit_code == 0
-    for name in ("stats", "peek", "push", "drain", "worker", "dead", "quarantine"):
+    for name in ("stats", "peek", "push", "drain", "worker", "dead", "quarantine", "pause", "resume", "remove",
+                 "purge"):
         assert name in top.output
     for command in COMMANDS:
         result = runner.invoke(cli, [*command, "--help"])
@@ -409,26 +412,29 @@ def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: s
     ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
     out = tmp_path / "handled.jsonl"
     env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
-    proc = subprocess.Popen([*BQ, "worker", "tests.cli_handlers:record", "--queue", "tasks", "--concurrency", "2",
-                             "--db", db_name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=REPO)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
-            if out.exists() and len(out.read_text().splitlines()) >= 6:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, proc.communicate()[1]
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    proc, err = _work_until([*BQ, "worker", "tests.cli_handlers:record", "--queue", "tasks", "--concurrency", "2",
+                             "--db", db_name], env, lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "worker started" in err and "worker stopped" in err
     assert "handled a message for mongodb://app:***@db.example/app" in err and cli_handlers.PASSWORD not in err
     assert sorted(json.loads(line)["task"] for line in out.read_text().splitlines()) == list(range(6))
     row = stats(bq, "tasks")
     assert row["ready"] == row["in_flight"] == row["dead"] == 0
+
+
+def _work_until(argv: list[str], env: dict[str, str], done: Callable[[], bool]) -> tuple[subprocess.Popen, str]:
+    """Run a worker command until ``done()`` (within 30 s), then stop it with SIGTERM: the process and its stderr."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None and not done():
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    return proc, err
 
 
 @pytest.mark.parametrize("handler, fragment", [
@@ -440,3 +446,163 @@ def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: s
 ])
 def test_worker_bad_handler(bq: Run, handler: str, fragment: str) -> None:
     one_line_error(bq("worker", handler, "--queue", "tasks"), fragment)
+
+
+# -- operator controls: pause, resume, remove, purge -------------------------------------------------------------
+
+def test_pause_and_resume_commands(bq: Run, sync_db) -> None:
+    ok(bq("push", "events", "1"))
+    assert "paused queue 'events': consumers stop claiming within 1s" in ok(bq("pause", "events")).stdout
+    assert sync_db["events.control"].find_one({"_id": "pause"})["paused"] is True
+    assert "events (paused)" in ok(bq("stats")).stdout
+    assert "was already paused" in ok(bq("pause", "events")).stdout
+    drained = ok(bq("drain", "events", "--idle-timeout", "0.5"))
+    assert drained.stdout == "" and "queue 'events' is paused" in drained.stderr  # nothing claimed while paused
+    assert "resumed queue 'events'" in ok(bq("resume", "events")).stdout
+    assert "(paused)" not in ok(bq("stats")).stdout
+    assert jsonl(ok(bq("drain", "events", "--idle-timeout", "1")).stdout) == [1]
+    one_line_error(bq("pause", "ghost"), "unknown queue 'ghost'")
+
+
+def test_remove_command(bq: Run) -> None:
+    ok(bq("push", "events", input='{"n": 1}\n{"n": 2}\n{"n": 3}\n'))
+    ids = [p["id"] for p in jsonl(ok(bq("peek", "events", "--json")).stdout)]
+    assert ok(bq("remove", "events", ids[0], ids[2])).stdout.splitlines() == [f"removed {ids[0]}", f"removed {ids[2]}"]
+    partly = bq("remove", "events", ids[1], ids[0])  # the second was removed already
+    assert f"no pending message '{ids[0]}'" in one_line_error(partly, "1 of 2 message(s) not removed")
+    assert partly.stdout == f"removed {ids[1]}\n"
+    assert stats(bq, "events")["ready"] == 0
+    result = bq("remove", "events")
+    assert result.returncode == 2 and "Missing argument 'ID...'" in result.stderr
+
+
+def test_remove_command_refuses_a_held_message(bq: Run, mongo_uri: str, db_name: str, sync_db) -> None:
+    sync_db["events"].insert_one({**_bucket(["1"]), "due": dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5),
+                                  "lease": {"token": "t", "owner": "worker-7:42", "until": dt.datetime.now()}})
+    bucket_id = sync_db["events"].find_one()["_id"]
+    one_line_error(bq("remove", "events", f"{bucket_id}:0"), "not removed", "worker-7:42 holds until")
+
+
+def test_purge_command_asks_unless_yes(bq: Run, mongo_uri: str, db_name: str, sync_db) -> None:
+    ok(bq("push", "events", "1", "2", "3"))
+    ok(bq("push", "events", "4", "--delay", "1h"))
+    one_line_error(bq("purge", "events"), "not confirmed", "--yes")
+    declined = on_terminal([*BQ, "purge", "events", "--db", db_name], "n\n", _env(mongo_uri))
+    assert "Purge 4 message(s) (3 ready, 1 scheduled, 0 in flight) of queue 'events'? [y/N]" in declined.stderr
+    assert declined.returncode == 1 and "cancelled; nothing purged" in declined.stderr
+    assert "purged 4 message(s) of queue 'events'" in ok(bq("purge", "events", "--yes")).stdout
+    row = stats(bq, "events")
+    assert row["ready"] == row["scheduled"] == row["buckets"] == 0
+    assert "has no messages; nothing purged" in ok(bq("purge", "events", "--yes")).stdout
+
+
+# -- worker: queue options and hooks ---------------------------------------------------------------------------------
+
+def test_worker_options_are_generated_from_queue_options() -> None:
+    import dataclasses
+
+    from bucketq.cli.worker import worker
+    from bucketq.options import QueueOptions
+
+    options = {p.name: p for p in worker.params}
+    for field in dataclasses.fields(QueueOptions):
+        option = options.get(field.name)
+        assert option is not None, f"--{field.name.replace('_', '-')} is missing from bucketq worker"
+        assert option.help and option.help.endswith(f"[default: {field.default}]") and len(option.help) > 30
+    help_text = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).output
+    assert "--dedupe / --no-dedupe" in help_text and "--malformed [quarantine|skip]" in help_text
+    assert "--lease NUMBER" in help_text and "--max-attempts INTEGER" in help_text
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--lease", "0.5"], "InvalidOption: lease must be between 1 and 86400 seconds"),
+    (["--bucket-max-size", "0"], "InvalidOption: bucket_max_size must be between 1"),
+    (["--inbox-retention", "-1"], "InvalidOption: inbox_retention must be None (keep forever) or positive"),
+])
+def test_worker_refuses_bad_queue_options_before_connecting(bq: Run, args: list[str], fragment: str) -> None:
+    unreachable = "mongodb://127.0.0.1:1/db?connectTimeoutMS=300"
+    one_line_error(bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *args, uri=unreachable), fragment)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--max-attempts", "many"], "'many' is not an integer"),
+    (["--lease", "soon"], "'soon' is not a number"),
+    (["--malformed", "drop"], "'drop' is not one of 'quarantine', 'skip'"),
+])
+def test_worker_queue_option_types_are_usage_errors(bq: Run, args: list[str], fragment: str) -> None:
+    result = bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *args)
+    assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("hook, fragment", [
+    (["--on-error", "tests.cli_hooks"], "on-error 'tests.cli_hooks' must look like MODULE:FUNCTION"),
+    (["--after-batch", "tests.cli_hooks:nope"], "has no attribute 'nope' (the after-batch)"),
+    (["--on-error", "tests.missing_module:f"], "cannot import module 'tests.missing_module' for the on-error"),
+])
+def test_worker_bad_hooks(bq: Run, hook: list[str], fragment: str) -> None:
+    one_line_error(bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *hook), fragment)
+
+
+def test_worker_takes_queue_options_and_hooks(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
+    ok(bq("push", "tasks", input='{"n": 1}\n{"n": 2, "fail": true}\n{"n": 3}\n'))
+    out = tmp_path / "out.jsonl"
+    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    argv = [*BQ, "worker", "tests.cli_hooks:fail_marked", "--queue", "tasks", "--db", db_name, "--max-attempts", "1",
+            "--lease", "20", "--inbox-retention", "none", "--on-error", "tests.cli_hooks:on_error",
+            "--after-batch", "tests.cli_hooks:after_batch"]
+    proc, err = _work_until(argv, env, lambda: out.exists() and out.read_text().count('"batch"') >= 3)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    records = jsonl(out.read_text())
+    assert sorted(r["handled"] for r in records if "handled" in r) == [1, 3]
+    assert [r for r in records if "error" in r] == [{"error": "refusing 2", "n": 2, "tries": 0}]
+    assert sorted((r["batch"], r["failed"]) for r in records if "batch" in r) == [(1, 0), (1, 0), (1, 1)]
+    row = stats(bq, "tasks")
+    assert row["dead"] == 1 and row["ready"] == row["scheduled"] == 0  # --max-attempts 1: dead at the first failure
+
+
+# -- stats --watch: rates ------------------------------------------------------------------------------------------
+
+async def test_stats_watch_shows_messages_in_and_out_per_second(mongo_uri: str, db_name: str, bq: Run) -> None:
+    ok(bq("push", "events", "0"))
+    proc = subprocess.Popen([*BQ, "stats", "events", "--watch", "--json", "--interval", "3", "--db", db_name],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+    queue = Queue(mongo_uri, name="events", db=db_name, bucket_max_wait=0.005)
+    try:
+        first = json.loads(await asyncio.to_thread(proc.stdout.readline))  # type: ignore[union-attr]
+        await queue.push_many(list(range(1, 31)))  # 30 in
+        for _ in range(10):  # 10 out: the message pushed before, and 9 of the 30
+            message = await queue.reserve(timeout=5)
+            await message.ack(wait=True)
+        second = json.loads(await asyncio.to_thread(proc.stdout.readline))  # type: ignore[union-attr]
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = await asyncio.to_thread(proc.communicate, timeout=20)
+    finally:
+        proc.kill()
+        await queue.close()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert first["ready"] == 1 and first["rates"] is None  # no previous refresh to compare with
+    rates = second["rates"]
+    assert (rates["in"], rates["out"]) == (30, 10), second
+    assert 2.5 < rates["seconds"] < 10
+    assert rates["in_per_s"] == pytest.approx(30 / rates["seconds"], abs=0.1)
+    assert rates["out_per_s"] == pytest.approx(10 / rates["seconds"], abs=0.1)
+    assert second["ready"] + second["in_flight"] == 21
+
+
+def test_stats_watch_table_has_rate_columns(mongo_uri: str, db_name: str, bq: Run) -> None:
+    ok(bq("push", "events", "1"))
+    proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.3", "--db", db_name], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+    try:
+        rows = []
+        while len(rows) < 2:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, proc.communicate()[1]
+            if line.lstrip().startswith("events"):
+                rows.append(line.split())
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err
+    assert rows[0][-2:] == ["-", "-"] and rows[1][-2:] == ["0.0", "0.0"]  # in/s and out/s, known from the second

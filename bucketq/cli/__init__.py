@@ -3,6 +3,7 @@
 One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``entries`` (dead, quarantine),
 ``worker``, ``relay`` (the outbox relay). Shared pieces: ``common`` (options, connection, finding queues, running,
 one-line redacted errors, signals), ``params`` (durations), ``output`` (JSON and human formats).
+``control`` has the operator controls (pause, resume, remove, purge).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import click
 
 from bucketq.cli.common import log_to_stderr, redacted
+from bucketq.cli.control import pause, purge, remove, resume
 from bucketq.cli.entries import DEAD, QUARANTINE, group
 from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
@@ -48,10 +50,13 @@ def cli() -> None:
       bucketq push events '{"user": 1}'
       bucketq stats
       bucketq worker myapp.tasks:handle --queue events
+      bucketq pause events
     """
 
 
 for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE)):
+    cli.add_command(command)
+for command in (pause, resume, remove, purge):  # operator controls
     cli.add_command(command)
 
 

@@ -12,6 +12,7 @@ import functools
 import logging
 import re
 import signal
+import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -29,14 +30,13 @@ from pymongo.errors import (
 )
 
 from bucketq.connection import DEFAULT_DB, redact_uri
-from bucketq.core.format import SIDE_COLLECTION_SUFFIXES
+from bucketq.control import collection_names, is_queue
 from bucketq.errors import BucketqError
 from bucketq.queue import Queue
 
 T = TypeVar("T")
 MAX_MESSAGE = 300
 URI_ENV = "BUCKETQ_MONGODB_URI"
-BUCKET_FIELDS = ("v", "due", "lease")  # in every bucket and every tombstone (docs/FORMAT.md)
 
 
 # -- errors -------------------------------------------------------------------------------------------------
@@ -166,42 +166,16 @@ async def database(target: Target) -> AsyncIterator[Any]:
         await client.close()
 
 
-async def queue_names(db: Any) -> list[str]:
-    """The queues of a database (see ``_is_queue``), in name order."""
-    collections = await _collections(db)
-    return [n for n in sorted(collections) if await _is_queue(db, n, collections)]
-
-
 async def require_queue(db: Any, name: str) -> None:
     """Fail unless ``name`` is a queue: read commands must not create one, nor read an unrelated collection."""
-    collections = await _collections(db)
-    if name in collections and await _is_queue(db, name, collections):
+    collections = await collection_names(db)
+    if name in collections and await is_queue(db, name, collections):
         return
-    known = [n for n in sorted(collections) if await _is_queue(db, n, collections)]
+    known = [n for n in sorted(collections) if await is_queue(db, n, collections)]
     hint = f"queues: {', '.join(known[:10])}{', …' if len(known) > 10 else ''}" if known else "it has no queues"
     if name in collections:
         hint = f"a collection of that name holds no buckets; {hint}"
     raise CliError(f"unknown queue {name!r} in database {db.name!r} ({hint})")
-
-
-async def _collections(db: Any) -> set[str]:
-    """The database's collections, without views and ``system.*``."""
-    cursor = await db.list_collections()
-    return {info["name"] async for info in cursor
-            if info.get("type", "collection") == "collection" and not info["name"].startswith("system.")}
-
-
-async def _is_queue(db: Any, name: str, collections: set[str]) -> bool:
-    """Whether collection ``name`` holds a queue's buckets, told without writing and without opening a ``Queue``
-    on it: a ``.dead``, ``.quarantine`` or ``.inbox`` collection beside it (a queue's first write makes them),
-    or else a first document with the fields every bucket and tombstone has. Other collections are never
-    read beyond that one document."""
-    if name.endswith(SIDE_COLLECTION_SUFFIXES):
-        return False
-    if any(name + suffix in collections for suffix in SIDE_COLLECTION_SUFFIXES):
-        return True
-    first = await db[name].find_one({}, dict.fromkeys(BUCKET_FIELDS, 1))
-    return first is not None and all(field in first for field in BUCKET_FIELDS)
 
 
 @asynccontextmanager
@@ -215,6 +189,19 @@ async def open_queue(target: Target, name: str, *, must_exist: bool = True, **op
             yield queue
         finally:
             await queue.close()
+
+
+def confirm(question: str, verb: str, done: str) -> None:
+    """Ask on the terminal; without one (a script, a pipe) refuse rather than guess: --yes is the way."""
+    if not sys.stdin or not sys.stdin.isatty():
+        raise CliError(f"not confirmed (stdin is not a terminal); pass --yes to {verb} without asking")
+    try:
+        ok = click.confirm(question, default=False, err=True)
+    except click.Abort:
+        click.echo(err=True)
+        raise CliError(f"not confirmed; pass --yes to {verb} without asking") from None
+    if not ok:
+        raise CliError(f"cancelled; nothing {done}")
 
 
 # -- stop signals -------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ the entries as plain dicts (for JSON) and as a table."""
 from __future__ import annotations
 
 import datetime as dt
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +12,7 @@ import click
 from bson import ObjectId
 
 from bucketq.admin import entry_filter
-from bucketq.cli.common import CliError, Target, connection_options, open_queue, run
+from bucketq.cli.common import Target, confirm, connection_options, open_queue, run
 from bucketq.cli.output import console, preview, relative, table, to_json
 from bucketq.cli.params import DURATION
 from bucketq.codecs import codec_named
@@ -109,23 +108,10 @@ async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, y
             click.echo(f"no {kind.many} match; nothing {done}")
             return
         if not yes:
-            _confirm(f"{verb.capitalize()} {kind.count(matching)} of queue {name!r}?", verb, done)
+            confirm(f"{verb.capitalize()} {kind.count(matching)} of queue {name!r}?", verb, done)
         method = kind.methods[1] if verb == "requeue" else kind.methods[2]
         n = await getattr(queue, method)(**filters)
     click.echo(f"{done} {kind.count(n)} of queue {name!r}")
-
-
-def _confirm(question: str, verb: str, done: str) -> None:
-    """Ask on the terminal; without one (a script, a pipe) refuse rather than guess: --yes is the way."""
-    if not sys.stdin or not sys.stdin.isatty():
-        raise CliError(f"not confirmed (stdin is not a terminal); pass --yes to {verb} without asking")
-    try:
-        ok = click.confirm(question, default=False, err=True)
-    except click.Abort:
-        click.echo(err=True)
-        raise CliError(f"not confirmed; pass --yes to {verb} without asking") from None
-    if not ok:
-        raise CliError(f"cancelled; nothing {done}")
 
 
 def _ids(ids: tuple[str, ...]) -> list[Any] | None:

@@ -1,11 +1,20 @@
-"""Parameter types: durations such as ``90``, ``30s``, ``5m``, ``2h``, ``1d``, ``1h30m``."""
+"""Parameter types: durations such as ``90``, ``30s``, ``5m``, ``2h``, ``1d``, ``1h30m``; and one option per
+``QueueOptions`` field, generated from the dataclass."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import re
+import types
+import typing
+from collections.abc import Callable
 from typing import Any
 
 import click
+
+from bucketq.options import QueueOptions
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
@@ -31,3 +40,76 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+
+# -- queue options ---------------------------------------------------------------------------------------------
+
+_UNSET_TO_NONE = object()  # "--inbox-retention none": the option's value None, unlike an option not given
+_DOC_ENTRY = re.compile(r"^ {8}([a-z_]+(?:, [a-z_]+)*): (.*?)(?=^ {8}[a-z_]+(?:, [a-z_]+)*: |^ {4}\S|\Z)",
+                        re.M | re.S)
+
+
+class FieldValue(click.ParamType):
+    """A value of a ``QueueOptions`` field typed ``int``, ``float``, ``str`` or a union of them with None
+    (given as ``none``). Ranges are checked by ``QueueOptions`` itself, with its own messages."""
+
+    def __init__(self, types: tuple[type, ...]) -> None:
+        self.types = types
+        self.name = "|".join(["INTEGER" if int in types else "NUMBER" if float in types else "TEXT",
+                              *(["none"] if type(None) in types else [])])
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if type(None) in self.types and text.lower() == "none":
+            return _UNSET_TO_NONE
+        for kind in (int, float):
+            if kind in self.types:
+                with contextlib.suppress(ValueError):
+                    return kind(text)
+        if str in self.types:
+            return text
+        self.fail(f"{value!r} is not {'an integer' if int in self.types else 'a number'}"
+                  f"{' or none' if type(None) in self.types else ''}", param, ctx)
+
+
+def queue_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add one option per ``QueueOptions`` field, made from its type, default and docstring entry: ``--lease``,
+    ``--max-attempts``, ``--dedupe/--no-dedupe``, ``--malformed [quarantine|skip]``, ... The command receives
+    the options given (only those) as one ``queue_options`` dict, ready for ``Queue(**queue_options)``."""
+    names = [f.name for f in dataclasses.fields(QueueOptions)]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {n: kwargs.pop(n) for n in names}
+        options = {n: None if v is _UNSET_TO_NONE else v for n, v in given.items() if v is not None}
+        return command(*args, queue_options=options, **kwargs)
+
+    for option in reversed([_option(f, hint) for f, hint in _fields()]):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def _fields() -> list[tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(QueueOptions)
+    return [(f, hints[f.name]) for f in dataclasses.fields(QueueOptions)]
+
+
+def _option(f: dataclasses.Field, hint: Any) -> Callable[[Any], Any]:
+    flag = "--" + f.name.replace("_", "-")
+    help_text = f"{field_help().get(f.name, '')} [default: {f.default}]".strip()
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if bool in args:
+        return click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
+    if typing.get_origin(hint) is typing.Literal:
+        return click.option(flag, f.name, type=click.Choice(typing.get_args(hint)), help=help_text)
+    return click.option(flag, f.name, type=FieldValue(args), help=help_text)
+
+
+@functools.cache
+def field_help() -> dict[str, str]:
+    """Each ``QueueOptions`` field's entry in its docstring, on one line without reST markup."""
+    doc = QueueOptions.__doc__ or ""
+    return {name: " ".join(text.replace("``", "").split())
+            for names, text in _DOC_ENTRY.findall(doc) for name in names.split(", ")}

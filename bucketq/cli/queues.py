@@ -12,18 +12,21 @@ import time
 from typing import Any
 
 import click
+from bson import Timestamp
+from pymongo.errors import PyMongoError
 
 from bucketq.cli.common import (
     Target,
     connection_options,
     database,
+    one_line,
     open_queue,
-    queue_names,
     require_queue,
     run,
     stop_on_signals,
 )
 from bucketq.cli.output import age, console, preview, relative, table, to_json
+from bucketq.control import queue_names
 from bucketq.core.stats import STATS_KEYS
 from bucketq.message import Message
 from bucketq.queue import Queue
@@ -36,18 +39,24 @@ COLUMNS = {"ready": "ready", "scheduled": "scheduled", "in_flight": "in flight",
 
 @click.command()
 @click.argument("queue", required=False)
-@click.option("--watch", "-w", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
+@click.option("--watch", "-w", is_flag=True,
+              help="Refresh every --interval seconds until Ctrl-C, with the rates in and out (messages/s).")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, metavar="SECONDS",
               help="Refresh period of --watch.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON with the keys of Queue.stats() (a mapping by queue name when QUEUE is omitted); "
-                   "one line per refresh with --watch.")
+                   "one line per refresh with --watch, which adds \"rates\" (null until the second refresh).")
 @connection_options
 def stats(target: Target, queue: str | None, watch: bool, interval: float, as_json: bool) -> None:
     """Show message counts of QUEUE, or of every queue in the database.
 
     Counts ready, scheduled (delayed or backing off), in-flight (claimed) messages, dead letters and
-    quarantined entries, the number of buckets, and the age of the oldest ready message.
+    quarantined entries, the number of buckets, and the age of the oldest ready message. A paused queue is
+    marked "(paused)".
+
+    With --watch, "in/s" is the rate of messages written into the queue (pushes, and nacked messages
+    written again for their retry) and "out/s" the rate of messages finished (acked, nacked, dead-lettered,
+    removed), from one refresh to the next. They need change streams (a replica set).
 
     \b
     Examples:
@@ -64,6 +73,7 @@ async def _stats(target: Target, name: str | None, watch: bool, interval: float,
         if name is not None:
             await require_queue(db, name)
         queues: dict[str, Queue] = {}
+        flows: dict[str, Flow] = {}
         stop = asyncio.Event()
         try:
             with contextlib.ExitStack() as stack:
@@ -74,16 +84,93 @@ async def _stats(target: Target, name: str | None, watch: bool, interval: float,
                         live = stack.enter_context(_live(out))
                 while not stop.is_set():
                     for n in [name] if name else await queue_names(db):
-                        queues.setdefault(n, Queue(db, name=n))
+                        if n not in queues:
+                            queues[n] = Queue(db, name=n)
+                            if watch:
+                                flows[n] = await Flow.open(db, n)
                     rows = {n: await q.stats() for n, q in sorted(queues.items())}
-                    _show(out, live, rows, single=name is not None, as_json=as_json, db=db.name)
+                    if watch:
+                        for n, row in rows.items():
+                            row["rates"] = await flows[n].rates(row)
+                    paused = {n for n, q in queues.items() if await q.paused()}
+                    _show(out, live, rows, paused, single=name is not None, as_json=as_json, db=db.name)
                     if not watch:
                         break
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(stop.wait(), interval)
         finally:
+            for flow in flows.values():
+                await flow.close()
             for q in queues.values():
                 await q.close()
+
+
+class Flow:
+    """Messages into and out of one queue between refreshes of ``stats --watch``.
+
+    *In* is the number of messages in the buckets inserted meanwhile, as a change stream reports them (pushes,
+    nacked messages written again for their retry, requeued entries). *Out* is *in* less the growth of the
+    unfinished count (ready + scheduled + in flight): every message finished (acked, nacked, dead-lettered,
+    quarantined, removed, purged). Successive stats alone cannot split the two: a count that did not change
+    may be a thousand in and a thousand out. Without change streams (a server that is no replica set) the
+    rates are None."""
+
+    DRAIN_S = 0.5  # the most one refresh spends reading events; what is left is counted at the next one
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._inserted = 0
+        self._last: tuple[float, int] | None = None  # (monotonic time, unfinished count) at the last refresh
+
+    @classmethod
+    async def open(cls, db: Any, name: str) -> Flow:
+        server_now = (await db.client.admin.command("isMaster"))["localTime"]
+        try:
+            stream = await db[name].watch(
+                [{"$match": {"operationType": "insert", "fullDocument.n": {"$exists": True}}},
+                 {"$project": {"fullDocument.n": 1}}],
+                start_at_operation_time=Timestamp(int(server_now.timestamp()), 0), max_await_time_ms=50)
+        except PyMongoError as exc:
+            click.echo(f"no in/out rates for {name!r}: they need change streams ({one_line(str(exc))})", err=True)
+            stream = None
+        return cls(stream)
+
+    async def rates(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """In and out since the last call (None at the first, and without a change stream)."""
+        await self._drain()
+        now, unfinished = time.monotonic(), row["ready"] + row["scheduled"] + row["in_flight"]
+        inserted, self._inserted = self._inserted, 0
+        last, self._last = self._last, (now, unfinished)
+        if last is None or self._stream is None:
+            return None
+        return flow_rates(inserted, unfinished - last[1], now - last[0])
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.DRAIN_S
+        try:
+            while self._stream is not None and time.monotonic() < deadline:
+                event = await self._stream.try_next()
+                if event is None:
+                    return
+                n = (event.get("fullDocument") or {}).get("n")
+                self._inserted += n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+        except PyMongoError as exc:
+            click.echo(f"in/out rates stopped: the change stream failed ({one_line(str(exc))})", err=True)
+            await self.close()
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.close()
+
+
+def flow_rates(inserted: int, growth: int, seconds: float) -> dict[str, Any]:
+    """Messages in (``inserted``) and out (finished: in less the growth of the unfinished count), and their
+    rates per second over ``seconds``."""
+    finished = max(0, inserted - growth)
+    per_s = 1 / seconds if seconds > 0 else 0.0
+    return {"in": inserted, "out": finished, "seconds": round(seconds, 3), "in_per_s": round(inserted * per_s, 1),
+            "out_per_s": round(finished * per_s, 1)}
 
 
 def _live(out: Any) -> Any:
@@ -92,11 +179,12 @@ def _live(out: Any) -> Any:
     return Live(console=out, auto_refresh=False)
 
 
-def _show(out: Any, live: Any, rows: dict[str, dict[str, Any]], *, single: bool, as_json: bool, db: str) -> None:
+def _show(out: Any, live: Any, rows: dict[str, dict[str, Any]], paused: set[str], *, single: bool, as_json: bool,
+          db: str) -> None:
     if as_json:
         click.echo(to_json(next(iter(rows.values())) if single else rows))
         return
-    grid = _stats_table(rows, db)
+    grid = _stats_table(rows, paused, db)
     if live is not None:
         live.update(grid, refresh=True)
     elif not rows:
@@ -105,14 +193,22 @@ def _show(out: Any, live: Any, rows: dict[str, dict[str, Any]], *, single: bool,
         out.print(grid)
 
 
-def _stats_table(rows: dict[str, dict[str, Any]], db: str) -> Any:
+def _stats_table(rows: dict[str, dict[str, Any]], paused: set[str], db: str) -> Any:
     grid = table(title=f"{db} · {dt.datetime.now().strftime('%H:%M:%S')}", title_justify="left")
-    grid.add_column("queue")
+    grid.add_column("queue", no_wrap=True)
     for key in STATS_KEYS:
         grid.add_column(COLUMNS[key], justify="right")
+    watching = any("rates" in row for row in rows.values())
+    if watching:
+        grid.add_column("in/s", justify="right")
+        grid.add_column("out/s", justify="right")
     for name, row in rows.items():
         cells = [f"{row[k]:,}" for k in STATS_KEYS[:-1]]
-        grid.add_row(name, *cells, age(row["oldest_ready_age_s"]) if row["ready"] else "-")
+        cells.append(age(row["oldest_ready_age_s"]) if row["ready"] else "-")
+        if watching:
+            rates = row.get("rates")
+            cells += [f"{rates[k]:,.1f}" if rates else "-" for k in ("in_per_s", "out_per_s")]
+        grid.add_row(f"{name} (paused)" if name in paused else name, *cells)
     return grid
 
 
@@ -206,6 +302,8 @@ async def _drain(target: Target, name: str, *, discard: bool, meta: bool, limit:
     count = 0
     stop = asyncio.Event()
     async with open_queue(target, name) as queue:
+        if await queue.paused():
+            click.echo(f"queue {name!r} is paused: nothing is claimed until `bucketq resume {name}`", err=True)
         with stop_on_signals(stop.set):
             while (limit is None or count < limit) and not stop.is_set():
                 message = await _next(queue, idle, stop)

@@ -34,11 +34,11 @@ COPY_FIELDS_BYTES = 11 + 48 + 15
 
 UTC = dt.timezone.utc
 
-# Queue ``Q``'s side collections are ``Q.dead``, ``Q.quarantine`` and ``Q.inbox`` (docs/FORMAT.md, Collections):
-# named here once, so that the store, the batch shell and the CLI name them alike and the name check refuses a
-# queue named like another queue's side collection.
-DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX = ".dead", ".quarantine", ".inbox"
-SIDE_COLLECTION_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX)
+# Queue ``Q``'s side collections are ``Q.dead``, ``Q.quarantine``, ``Q.inbox`` and ``Q.control`` (docs/FORMAT.md,
+# Collections): named here once, so that the store, the batch shell and the CLI name them alike and the name check
+# refuses a queue named like another queue's side collection.
+DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX = ".dead", ".quarantine", ".inbox", ".control"
+SIDE_COLLECTION_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX)
 
 
 class Slot(NamedTuple):

@@ -1,0 +1,77 @@
+"""Operator controls that are not methods of one ``Queue``: the pause gate consumers consult before each claim,
+and finding the queues of a database (``bucketq.list_queues``, also the CLI's queue discovery)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bucketq.connection import connect
+from bucketq.core.control import PAUSE, is_paused
+from bucketq.core.format import SIDE_COLLECTION_SUFFIXES
+
+# A consumer reads the pause document at most this often, so it stops claiming within this many seconds of a
+# pause (plus one round trip), and starts again within this plus one poll interval of a resume.
+PAUSE_REFRESH_S = 1.0
+BUCKET_FIELDS = ("v", "due", "lease")  # in every bucket and every tombstone (docs/FORMAT.md)
+
+
+class PauseGate:
+    """Whether the queue is paused, as its ``Q.control`` document says, read again once ``refresh_s`` has passed
+    since the last read: one small read a second per consumer, not one per claim."""
+
+    def __init__(self, collection: Any, refresh_s: float = PAUSE_REFRESH_S) -> None:
+        self._collection = collection
+        self._refresh_s = refresh_s
+        self._paused = False
+        self._read_at = float("-inf")
+
+    async def holds(self) -> bool:
+        """True while the queue is paused (as last read): the caller must not claim a bucket."""
+        if time.monotonic() - self._read_at >= self._refresh_s:
+            self.set(is_paused(await self._collection.find_one(PAUSE, {"paused": 1})))
+        return self._paused
+
+    def set(self, paused: bool) -> None:
+        """What this process just wrote or read: in effect at once, without waiting for the next read."""
+        self._paused = paused
+        self._read_at = time.monotonic()
+
+
+# -- finding queues --------------------------------------------------------------------------------------------
+
+async def list_queues(target: Any, *, db: str | None = None) -> list[str]:
+    """The names of the queues in a database, sorted. ``target`` is what ``Queue`` takes: a URI, an
+    ``AsyncMongoClient``, an ``AsyncDatabase`` or a Motor client or database; ``db`` picks the database.
+    Reads only: no collection is made and no ``Queue`` is opened."""
+    connection = connect(target, db)
+    try:
+        return await queue_names(connection.database)
+    finally:
+        await connection.close()
+
+
+async def queue_names(database: Any) -> list[str]:
+    """The queues of ``database`` (see ``is_queue``), in name order."""
+    collections = await collection_names(database)
+    return [n for n in sorted(collections) if await is_queue(database, n, collections)]
+
+
+async def collection_names(database: Any) -> set[str]:
+    """The database's collections, without views and ``system.*``."""
+    cursor = await database.list_collections()
+    return {info["name"] async for info in cursor
+            if info.get("type", "collection") == "collection" and not info["name"].startswith("system.")}
+
+
+async def is_queue(database: Any, name: str, collections: set[str]) -> bool:
+    """Whether collection ``name`` holds a queue's buckets, told without writing and without opening a ``Queue``
+    on it: a side collection beside it (``.dead``, ``.quarantine``, ...: a queue's first write makes them),
+    or else a first document with the fields every bucket and tombstone has. Other collections are never
+    read beyond that one document."""
+    if name.endswith(SIDE_COLLECTION_SUFFIXES):
+        return False
+    if any(name + suffix in collections for suffix in SIDE_COLLECTION_SUFFIXES):
+        return True
+    first = await database[name].find_one({}, dict.fromkeys(BUCKET_FIELDS, 1))
+    return first is not None and all(field in first for field in BUCKET_FIELDS)
