@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,10 +32,12 @@ from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import (QUARANTINE_SUFFIX, StoredBucket, as_utc, parse_bucket, quarantined_bucket,
                                  quarantined_message)
+from bucketq.core.retry import RetrySchedule, is_transient
 from bucketq.errors import InvalidOption, MalformedBucket
-from bucketq.store import RETRY_FIRST_S, RETRY_MAX_S, is_transient
+from bucketq.options import check_database, check_delay, check_names, check_write_concern
 
 T = TypeVar("T")
+REAP_EVERY_S = 60.0
 DUPLICATE_KEY = 11000
 
 
@@ -74,7 +75,11 @@ class BatchQueue:
     def __init__(self, target: str | MongoClient | Database, *, name: str, db: str | None = None,
                  lease: float = 300.0, max_attempts: int = 5, backoff: Backoff | None = None,
                  codecs: Iterable[str] = ("json",), write_concern: int | str | None = None,
-                 op_timeout_s: float = 30.0) -> None:
+                 op_timeout_s: float = 30.0, tombstone_retention: float = 600.0) -> None:
+        check_names(name, db)
+        check_write_concern(write_concern)
+        if check_delay(tombstone_retention) <= op_timeout_s:
+            raise InvalidOption("tombstone_retention must exceed op_timeout_s (see QueueOptions.tombstone_retention)")
         if not 1 <= lease <= 86400:
             raise InvalidOption("lease must be between 1 and 86400 seconds")
         if not isinstance(max_attempts, int) or max_attempts < 1:
@@ -89,6 +94,7 @@ class BatchQueue:
             database = target if db is None else target.client[db]
         else:
             raise InvalidOption(f"BatchQueue needs a URI, a MongoClient or a Database, got {type(target).__name__}")
+        check_database(database, name, write_concern)
         wc = {"write_concern": WriteConcern(w=write_concern)} if write_concern is not None else {}
         self.name = name
         self.database = database
@@ -102,6 +108,8 @@ class BatchQueue:
         self.owner = claims.owner_name()
         self._host = self.owner.rsplit(":", 1)[0]
         self._clock = ServerClock()
+        self.tombstone_retention = float(tombstone_retention)
+        self._reaped_at: float | None = None
 
     def now(self) -> dt.datetime:
         if self._clock.stale:
@@ -110,10 +118,19 @@ class BatchQueue:
 
     # -- claim ---------------------------------------------------------------------------------------------
 
+    def reap_tombstones(self) -> int:
+        """Delete the tombstones of buckets finished more than ``tombstone_retention`` ago (the async queue's
+        housekeeping does the same); ``claim`` calls it at most once a minute."""
+        self._reaped_at = time.monotonic()
+        return self._retrying(lambda _: self.buckets.delete_many(
+            claims.reap(self.now(), self.tombstone_retention)).deleted_count)
+
     def claim(self, max_buckets: int) -> Batch | None:
         """Claim up to ``max_buckets`` due buckets under one new token; None when none is due."""
         if max_buckets < 1:
             raise InvalidOption("max_buckets must be at least 1")
+        if self._reaped_at is None or time.monotonic() - self._reaped_at > REAP_EVERY_S:
+            self.reap_tombstones()
         batch = Batch(claims.new_token(), self.now() + dt.timedelta(seconds=self.lease))
         while len(batch.buckets) < max_buckets:
             doc, reason = self._claim_one(batch.token)
@@ -212,8 +229,7 @@ class BatchQueue:
 
     def _quarantine(self, doc: dict[str, Any], token: str, reason: str) -> None:
         """The copy first (idempotent by ``_id``), then the fenced finish: as the consumer does."""
-        entry = quarantined_bucket(doc, reason=reason[:4000], at=self.now(), host=self._host, pid=os.getpid())
-        entry["doc"].pop("lease", None)
+        entry = quarantined_bucket(doc, reason=reason, at=self.now(), host=self._host, pid=os.getpid())
         self._insert_new(self.quarantine, [entry])
         self._fenced_write(token, {doc["_id"]: ReplaceOne(claims.fenced(doc["_id"], token),
                                                           claims.finish(self.now(), token))}, claims.finished_by)
@@ -229,7 +245,7 @@ class BatchQueue:
         for (bucket_id, slot), reason in batch.malformed.items():
             if bucket_id not in parsed:
                 parsed[bucket_id] = parse_bucket(held[bucket_id])
-            entries.append(quarantined_message(parsed[bucket_id], slot, reason=reason[:4000], at=at, host=self._host,
+            entries.append(quarantined_message(parsed[bucket_id], slot, reason=reason, at=at, host=self._host,
                                                pid=os.getpid()))
         self._insert_new(self.quarantine, entries)
 
@@ -269,18 +285,17 @@ class BatchQueue:
     def _retrying(self, op: Callable[[bool], T]) -> T:
         """Run ``op(retry)`` until it succeeds, retrying transient errors with backoff for up to ``op_timeout_s``;
         ``retry`` tells it that an earlier attempt may already have been applied."""
-        deadline = time.monotonic() + self.op_timeout_s
-        delay = RETRY_FIRST_S
+        schedule = RetrySchedule(self.op_timeout_s, time.monotonic())
         retry = False
         while True:
             try:
                 return op(retry)
             except PyMongoError as exc:
-                if not is_transient(exc) or time.monotonic() + delay > deadline:
+                wait = schedule.after(exc, time.monotonic())
+                if wait is None:
                     raise
             retry = True
-            time.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(RETRY_MAX_S, delay * 2)
+            time.sleep(wait)
 
     def close(self) -> None:
         if self._owned is not None:

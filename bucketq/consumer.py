@@ -25,10 +25,11 @@ from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
 from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
+from bucketq.core.retry import is_transient
 from bucketq.errors import InvalidOption, LeaseLost, MalformedBucket, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
-from bucketq.store import Store, is_transient
+from bucketq.store import Store
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
@@ -235,7 +236,6 @@ class Consumer:
         log.warning("bucket %s quarantined: %s", doc.get("_id"), reason)
         now = self._clock.now()
         entry = quarantined_bucket(doc, reason=reason, at=now, host=self._owner.split(":")[0], pid=os.getpid())
-        entry["doc"].pop("lease", None)
         await self._store.quarantine_bucket(entry, claims.fenced(doc["_id"], token), claims.finish(now, token),
                                             claims.finished_by(doc["_id"], token))
         self._metrics.quarantined(1)

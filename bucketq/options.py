@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
 from bucketq.errors import InvalidOption
@@ -191,6 +191,23 @@ def check_names(name: object, db: object) -> None:
     if len(longest.encode()) > MAX_NAMESPACE_BYTES:
         raise InvalidOption(f"queue name {name!r} is too long: its collection {longest!r} takes "
                             f"{len(longest.encode())} bytes in UTF-8, MongoDB allows {MAX_NAMESPACE_BYTES}")
+
+
+def check_database(database: Any, name: str, write_concern: int | str | None) -> None:
+    """What only the database handle tells: its name when the URI or the client chose it (it counts in the
+    namespace length), and whether the client's write concern, kept when ``write_concern`` is None, is
+    acknowledged."""
+    check_names(name, database.name)
+    if write_concern is None and not database.write_concern.acknowledged:
+        raise InvalidOption("the client's write concern is unacknowledged (w=0), and bucketq needs acknowledged "
+                            "writes: pass write_concern=1 or 'majority'")
+
+
+def check_write_concern(w: object) -> None:
+    """Refuse a ``w`` the server would not acknowledge (0, -1, True, ""): bucketq needs acknowledged writes."""
+    if w is not None and not _acknowledged(w):
+        raise InvalidOption(f"write_concern must be None, an int from 1 to {MAX_W}, 'majority' or a tag set "
+                            f"name: bucketq needs acknowledged writes, got {w!r}")
 
 
 MAX_DELAY_S = 100 * 365 * 86400.0  # a century: far enough for any schedule, near enough for datetime

@@ -71,11 +71,12 @@ from pymongo.errors import InvalidName, PyMongoError
 from bucketq.codecs import Codec
 from bucketq.connection import redact_uri
 from bucketq.core.format import MAX_BUCKET_BYTES, UTC, Slot, bucket_document, message_id, slot_bytes
+from bucketq.core.retry import is_transient
 from bucketq.errors import EncodeError, InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
 from bucketq.queue import Queue, _codec
-from bucketq.store import is_transient, retrying
+from bucketq.store import retrying
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq.outbox")

@@ -35,7 +35,7 @@ from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.stats import shape_stats, stats_pipeline
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClosed
 from bucketq.message import Message
-from bucketq.options import QueueOptions, check_names
+from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
 from bucketq.store import Store, retrying
 from bucketq.wakeup import Wakeup
@@ -65,7 +65,7 @@ class Queue:
         self.codec = _codec(codec)
         self.name = name
         self._connection = connect(target, db)
-        _check_database(self._connection.database, name, self.options.write_concern)
+        check_database(self._connection.database, name, self.options.write_concern)
         self._store = Store(self._connection.database, name, write_concern=self.options.write_concern,
                             op_timeout_s=self.options.write_timeout)
         self._clock = ServerClock()
@@ -392,16 +392,6 @@ class Queue:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _check_database(database: Any, name: str, write_concern: int | str | None) -> None:
-    """What only the database handle tells: its name when the URI or the client chose it (it counts in the
-    namespace length), and whether the client's write concern, kept when ``write_concern`` is None, is
-    acknowledged."""
-    check_names(name, database.name)
-    if write_concern is None and not database.write_concern.acknowledged:
-        raise InvalidOption("the client's write concern is unacknowledged (w=0), and bucketq needs acknowledged "
-                            "writes: pass write_concern=1 or 'majority'")
 
 
 def _codec(codec: str | Codec) -> Codec:

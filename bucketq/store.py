@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -20,37 +19,26 @@ from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError,
 from bucketq.control import PauseGate
 from bucketq.core.control import PAUSE, initial_pause
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.retry import RetrySchedule
 
 T = TypeVar("T")
 DUPLICATE_KEY = 11000
-RETRY_FIRST_S = 0.05
-RETRY_MAX_S = 2.0
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Errors after which the operation may or may not have been applied, and a retry may succeed."""
-    if isinstance(exc, ConnectionFailure):  # includes AutoReconnect, NetworkTimeout, NotPrimaryError
-        return True
-    if isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError"):
-        return True
-    return False
 
 
 async def retrying(op: Callable[[bool], Awaitable[T]], *, timeout_s: float) -> T:
     """Run ``op(retry)`` until it succeeds, retrying transient errors with backoff for up to ``timeout_s``.
     ``retry`` tells the operation that an earlier attempt may already have been applied."""
-    deadline = time.monotonic() + timeout_s
-    delay = RETRY_FIRST_S
-    attempt = 0
+    schedule = RetrySchedule(timeout_s, time.monotonic())
+    retry = False
     while True:
         try:
-            return await op(attempt > 0)
+            return await op(retry)
         except PyMongoError as exc:
-            if not is_transient(exc) or time.monotonic() + delay > deadline:
+            wait = schedule.after(exc, time.monotonic())
+            if wait is None:
                 raise
-        attempt += 1
-        await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-        delay = min(RETRY_MAX_S, delay * 2)
+        retry = True
+        await asyncio.sleep(wait)
 
 
 class Store:

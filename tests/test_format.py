@@ -14,7 +14,7 @@ from bucketq.core.format import FORMAT_VERSION
 
 FORMAT_MD = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 TYPES = {"objectId": ObjectId, "int": int, "string": str, "date": dt.datetime, "binData": bytes, "object": dict,
-         "null": type(None)}
+         "null": type(None), "bool": bool}
 
 
 def table(name: str) -> dict[str, tuple[str, bool]]:
@@ -105,6 +105,13 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
         check(doc, "dead-fields")
     for doc in sync_db["events.inbox"].find():
         check(doc, "inbox-fields")
+    for doc in sync_db["events.control"].find():
+        check(doc, "control-fields")
+    await q.pause()
+    await q.resume()
+    (control,) = list(sync_db["events.control"].find())
+    check(control, "control-fields")
+    assert control["_id"] == "pause" and control["paused"] is False and control["by"]
     tombstones = list(sync_db.events.find({"fin": {"$exists": True}}))
     assert tombstones, "finished buckets leave tombstones"
     for doc in tombstones:

@@ -257,22 +257,27 @@ def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: 
         "h": bucket.headers[slot],
         "k": bucket.keys[slot],
         "tries": tries,
-        "error": error,
+        "error": error[:MAX_REASON_CHARS],
         "at": at,
         "enqueued_at": bucket.enqueued_at(slot),
         "origin": {"bucket": bucket.id, "slot": slot},
     }
 
 
+# A reason (an exception's text) is kept to this many characters: room for it is part of STATE_HEADROOM.
+MAX_REASON_CHARS = 4000
+
+
 def quarantined_bucket(doc: Mapping[str, Any], *, reason: str, at: dt.datetime, host: str, pid: int) -> dict[str, Any]:
-    """A quarantine entry for a whole bucket: the original document kept as it was."""
-    return {"_id": doc.get("_id", ObjectId()), "kind": "bucket", "reason": reason, "doc": dict(doc), "at": at,
-            "host": host, "pid": pid}
+    """A quarantine entry for a whole bucket: the original document kept as it was, without its lease."""
+    kept = {k: v for k, v in doc.items() if k != "lease"}
+    return {"_id": doc.get("_id", ObjectId()), "kind": "bucket", "reason": reason[:MAX_REASON_CHARS], "doc": kept,
+            "at": at, "host": host, "pid": pid}
 
 
 def quarantined_message(bucket: StoredBucket, slot: int, *, reason: str, at: dt.datetime, host: str,
                         pid: int) -> dict[str, Any]:
     """A quarantine entry for one message of an otherwise good bucket (``malformed="skip"``)."""
-    return {"_id": bucket.message_id(slot), "kind": "message", "reason": reason, "enc": bucket.codec,
+    return {"_id": bucket.message_id(slot), "kind": "message", "reason": reason[:MAX_REASON_CHARS], "enc": bucket.codec,
             "p": bucket.payloads[slot], "h": bucket.headers[slot], "k": bucket.keys[slot],
             "origin": {"bucket": bucket.id, "slot": slot}, "at": at, "host": host, "pid": pid}

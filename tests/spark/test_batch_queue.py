@@ -226,3 +226,22 @@ async def test_commit_that_cannot_quarantine_finishes_nothing(make_queue, sync_d
     with pytest.raises(PermissionError):
         bq.commit(batch)
     assert sync_db.events.find_one({"_id": bucket["_id"]})["lease"]["token"] == batch.token  # still held, intact
+
+
+def test_claims_reap_old_tombstones(mongo_uri, db_name, sync_db):
+    sync_db.events.insert_many([
+        {"_id": ObjectId(), "v": 1, "due": claims.TOMBSTONE_DUE, "lease": None,
+         "fin": {"token": "t", "at": dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=age)}}
+        for age in (5, 3600)])
+    with BatchQueue(mongo_uri, name="events", db=db_name, op_timeout_s=1, tombstone_retention=60) as bq:
+        assert bq.claim(10) is None
+    assert [d["fin"]["token"] for d in sync_db.events.find()] == ["t"], "the old tombstone is reaped, the new kept"
+
+
+@pytest.mark.parametrize("kwargs", [{"name": "events.dead"}, {"name": "a..b"}, {"db": "a b"}, {"write_concern": 0},
+                                    {"tombstone_retention": 1, "op_timeout_s": 30}])
+def test_bad_names_and_options_are_invalid_option(mongo_uri, kwargs):
+    import bucketq
+
+    with pytest.raises(bucketq.InvalidOption):
+        BatchQueue(mongo_uri, **{"name": "events", "db": "bq", **kwargs})
