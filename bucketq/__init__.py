@@ -27,13 +27,14 @@ from bucketq.errors import (
 )
 from bucketq.message import Message
 from bucketq.options import QueueOptions
+from bucketq.outbox import Outbox
 from bucketq.producer import Outgoing
 from bucketq.queue import Queue
 from bucketq.worker import BatchTiming, Worker
 
 __all__ = [
-    "FORMAT_VERSION", "AlreadyResolved", "BucketqError", "BufferFull", "Codec", "CodecUnavailable", "EncodeError", "InvalidOption",
-    "JsonCodec", "LeaseLost", "MalformedBucket", "Message", "MsgpackCodec", "PayloadTooLarge", "Queue",
-    "QueueClosed", "QueueOptions", "Reject", "Retry", "HandlerTimeout", "WriteFailed", "Worker", "BatchTiming",
-    "MessageHeld", "Outgoing", "list_queues",
+    "FORMAT_VERSION", "AlreadyResolved", "BatchTiming", "BucketqError", "BufferFull", "Codec", "CodecUnavailable",
+    "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket", "Message",
+    "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
+    "Reject", "Retry", "Worker", "WriteFailed", "list_queues",
 ]
