@@ -7,11 +7,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars test unit demo devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars lint test unit demo devserver devserver-stop bench bench-quick stress stress-quick clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
-	@echo "make test          install everything, then run the test suite"
+	@echo "make test          install everything, lint, then run the test suite"
+	@echo "make lint          ruff (bucketq spark tests bench devtools) and mypy (bucketq)"
 	@echo "make unit          the tests on the in-memory database (bucketq.memory), in parallel: no JVM, no jars"
 	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"
 	@echo "make devserver-stop"
@@ -30,7 +31,11 @@ jars: $(STAMP)
 	$(PY) -m devtools.jars testserver > /dev/null
 	$(PY) -m devtools.jars spark > /dev/null
 
-test: venv jars
+lint: venv
+	$(PY) -m ruff check bucketq spark tests bench devtools
+	$(PY) -m mypy
+
+test: venv jars lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: venv

@@ -125,7 +125,8 @@ def table(rows: list[dict], server: str, real_mongod: bool) -> str:
     lines.append("  ".join(h.rjust(w) if k > 4 else h.ljust(w) for k, (h, w, _) in enumerate(COLUMNS)) + "  notes")
     for r in rows:
         cells = [f(r) for _, _, f in COLUMNS]
-        text = "  ".join(c.rjust(w) if k > 4 else c.ljust(w) for k, (c, (_, w, _)) in enumerate(zip(cells, COLUMNS)))
+        text = "  ".join(c.rjust(w) if k > 4 else c.ljust(w)
+                         for k, (c, (_, w, _)) in enumerate(zip(cells, COLUMNS, strict=True)))
         lines.append(f"{text}  {(r.get('notes') or '')[:90]}")
     lines.append("cmds/1k: server commands per 1000 messages (command monitoring); cpu s/1k: client CPU seconds")
     lines.append("per 1000 messages; rss MB: peak RSS summed over the contender's processes; p50/p99: push->handler")
@@ -153,7 +154,7 @@ def chart(rows: list[dict], server: str, real_mongod: bool, path: Path) -> None:
     if not count:
         return
     fig, axes = plt.subplots(1, count, figsize=(max(9.0, 5.2 * count), 4.8), squeeze=False)
-    for ax, scenario in zip(axes[0], panels):
+    for ax, scenario in zip(axes[0], panels, strict=False):
         mine = [r for r in rows if r["scenario"] == scenario and r.get("write_concern", "1") == "1"]
         cells = sorted({(r["payload_bytes"], r["processes"]) for r in mine})
         names = [c for c in ALL if any(r["contender"] == c for r in mine)]

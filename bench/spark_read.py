@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"server: {srv.label}")
     for name in LAYOUTS:
         f = out[name]
-        print(f"{name:8} {f['docs']:>7} docs  {f['rows']:>7} rows  {f['seconds']:7.3f} s  {f['rows_per_s']:>10,.0f} rows/s")
+        print(f"{name:8} {f['docs']:>7} docs  {f['rows']:>7} rows  {f['seconds']:7.3f} s  "
+              f"{f['rows_per_s']:>10,.0f} rows/s")
     print(f"speedup (bucketq / naive): {out['speedup']:.2f}x")
     print(json.dumps(out))
 

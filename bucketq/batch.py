@@ -30,8 +30,14 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from bucketq.clock import ServerClock
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
-from bucketq.core.format import (QUARANTINE_SUFFIX, StoredBucket, as_utc, parse_bucket, quarantined_bucket,
-                                 quarantined_message)
+from bucketq.core.format import (
+    QUARANTINE_SUFFIX,
+    StoredBucket,
+    as_utc,
+    parse_bucket,
+    quarantined_bucket,
+    quarantined_message,
+)
 from bucketq.core.retry import RetrySchedule, is_transient
 from bucketq.errors import InvalidOption, MalformedBucket
 from bucketq.options import check_database, check_delay, check_names, check_write_concern
@@ -95,11 +101,11 @@ class BatchQueue:
         else:
             raise InvalidOption(f"BatchQueue needs a URI, a MongoClient or a Database, got {type(target).__name__}")
         check_database(database, name, write_concern)
-        wc = {"write_concern": WriteConcern(w=write_concern)} if write_concern is not None else {}
+        wc = WriteConcern(w=write_concern) if write_concern is not None else None  # None: the database's
         self.name = name
         self.database = database
-        self.buckets = database[name].with_options(**wc)
-        self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(**wc)
+        self.buckets = database[name].with_options(write_concern=wc)
+        self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(write_concern=wc)
         self.lease = float(lease)
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff()

@@ -116,7 +116,8 @@ _INT = (int,)
 _NUM = (int, float)
 _TYPES: dict[str, tuple[type, ...]] = {
     "bucket_max_size": _INT, "bucket_max_bytes": _INT, "max_buffered_bytes": _INT, "max_in_flight_writes": _INT,
-    "max_attempts": _INT, "bucket_max_wait": _NUM, "bucket_min_wait": _NUM, "due_granularity": _NUM, "write_timeout": _NUM, "lease": _NUM,
+    "max_attempts": _INT, "bucket_max_wait": _NUM, "bucket_min_wait": _NUM, "due_granularity": _NUM,
+    "write_timeout": _NUM, "lease": _NUM,
     "state_flush_period": _NUM, "retry_base": _NUM, "retry_factor": _NUM, "retry_max": _NUM, "retry_jitter": _NUM,
     "quarantine_retention": _NUM, "inbox_retention": _NUM, "tombstone_retention": _NUM, "poll_interval": _NUM,
     "drain_timeout": _NUM, "dedupe": (bool,), "change_streams": (bool,),

@@ -269,7 +269,8 @@ def plan(docs: Sequence[Mapping[str, Any]], *, field: str, namespace: str, now: 
         if not isinstance(events, list):
             batch.rejects.append(Reject(doc["_id"], events, f"{field} must be an array of events", whole=True))
             continue
-        due, ids = start, {}  # type: dict  # a dict: the ids in their order
+        due = start
+        ids: dict[ObjectId, None] = {}  # a dict: the ids in their order
         for value in events:
             try:
                 parsed = parse_event(value)

@@ -222,7 +222,8 @@ class Producer:
             self._commit_soon = True
             if self._loop is None:
                 self._start()
-            self._loop.call_soon(self._commit)  # type: ignore[union-attr]
+            assert self._loop is not None
+            self._loop.call_soon(self._commit)
         if sealed:
             self._sealed.extend(sealed)
             self._kick_writers()
@@ -252,8 +253,8 @@ class Producer:
         if deadline != self._linger_at:
             self._stop_linger()
             if deadline is not None:
-                self._linger = self._loop.call_later(max(0.0, deadline - time.monotonic()),  # type: ignore[union-attr]
-                                                     self._on_linger)
+                assert self._loop is not None  # _commit runs on the loop, after _start
+                self._linger = self._loop.call_later(max(0.0, deadline - time.monotonic()), self._on_linger)
                 self._linger_at = deadline
 
     def _on_linger(self) -> None:

@@ -361,7 +361,8 @@ class Queue:
             total += sum(unfinished_messages(doc) for doc in batch)
             tombstones = [ReplaceOne({"_id": doc["_id"], **purged_by(token)}, claims.finish(now, token))
                           for doc in batch]
-            await retrying(lambda _: self._store.buckets.bulk_write(tombstones, ordered=False),
+            # B023 is a false alarm: the lambda is awaited within this iteration, on this batch's tombstones.
+            await retrying(lambda _: self._store.buckets.bulk_write(tombstones, ordered=False),  # noqa: B023
                            timeout_s=self.options.write_timeout)
         return total
 

@@ -85,7 +85,7 @@ class Store:
                     continue
                 failed[docs[err["index"]]["_id"]] = OperationFailure(err.get("errmsg", "write failed"), err.get("code"))
             if exc.details.get("writeConcernErrors"):
-                raise ConnectionFailure(f"write concern not satisfied: {exc.details['writeConcernErrors']}")
+                raise ConnectionFailure(f"write concern not satisfied: {exc.details['writeConcernErrors']}") from exc
             return failed
         except DuplicateKeyError:
             return {}

@@ -51,8 +51,9 @@ class Worker:
                  batch_size: int | None = None, on_error: ErrorHook | None = None,
                  after_batch: TimingHook | None = None, handle_signals: bool = True,
                  handler_timeout: float | None = None) -> None:
+        # An object whose __call__ is async counts too; B004 would have callable(), which cannot tell that.
         if not inspect.iscoroutinefunction(handler) and not inspect.iscoroutinefunction(
-                getattr(handler, "__call__", None)):
+                getattr(handler, "__call__", None)):  # noqa: B004
             raise InvalidOption("handler must be an async function")
         if not isinstance(concurrency, int) or not 1 <= concurrency <= 1024:
             raise InvalidOption("concurrency must be an int between 1 and 1024")

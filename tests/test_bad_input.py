@@ -15,7 +15,6 @@ import asyncio
 import collections
 import dataclasses
 import datetime as dt
-import decimal
 import enum
 import math
 import uuid
@@ -118,7 +117,7 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, float):
         return a == b or (math.isnan(a) and math.isnan(b))
     if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     return a == b

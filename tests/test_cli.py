@@ -22,8 +22,8 @@ from bucketq import Queue
 from bucketq.cli import cli
 from bucketq.cli.params import parse_duration
 from bucketq.core import claims
-from tests import cli_handlers
 from bucketq.core.stats import STATS_KEYS
+from tests import cli_handlers
 
 REPO = Path(__file__).resolve().parent.parent
 BQ = [sys.executable, "-m", "bucketq.cli"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from itertools import pairwise
 
 import pytest
 from bson import ObjectId
@@ -348,7 +349,7 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
     for rs in duplicated.values():
         assert any(r["pid"] == victim.pid for r in rs), "a duplicate that no crash explains"
         spans = sorted((r["start"], r["end"]) for r in rs)
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "processed by two consumers at once"
+        assert all(a[1] <= b[0] for a, b in pairwise(spans)), "processed by two consumers at once"
         assert max(r["tries"] for r in rs) >= 1
     if dedupe:
         assert not duplicated, f"{len(duplicated)} duplicates with dedupe on"

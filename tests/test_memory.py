@@ -268,7 +268,8 @@ def test_bucketqs_writes_agree_with_the_server(mongo_uri, steps):
     name = f"bq_mem_{ObjectId()}"
     with MongoClient(mongo_uri, tz_aware=True) as client:
         try:
-            _agree(client[name].events, _seed() + [_bucket(1, due="soon", lease="z"), _bucket(n="x", done="y", created=5)],
+            _agree(client[name].events,
+                   _seed() + [_bucket(1, due="soon", lease="z"), _bucket(n="x", done="y", created=5)],
                    steps, stats=True)
         finally:
             client.drop_database(name)

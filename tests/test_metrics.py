@@ -146,7 +146,7 @@ def test_counting_allocates_nothing_per_call(reader):
     assert isinstance(otel_metrics, metrics.OtelMetrics)
     plan = FlushPlan(ObjectId(), "token", {0: SlotState.ACKED, 1: SlotState.RETRY})
     for recorder in (metrics.NOOP, otel_metrics):
-        assert _growth(lambda: recorder.consumed(1)) < 512  # 20,000 calls: anything kept per call would show
-        assert _growth(lambda: recorder.flushed(plan, True)) < 512
+        assert _growth(lambda r=recorder: r.consumed(1)) < 512  # 20,000 calls: anything kept per call would show
+        assert _growth(lambda r=recorder: r.flushed(plan, True)) < 512
     totals = metrics._TOTALS["events", "allocation-test"]
     assert (totals.consumed, totals.acked, totals.nacked) == (20_001, 20_001, 20_001)  # each call counted

@@ -164,7 +164,8 @@ async def test_the_source_may_be_any_async_collection_motor_too(make_queue, mong
         assert await Outbox(motor[db_name].orders, make_queue()).run_once() == 4
     finally:
         motor.close()
-    assert sync_db.events.count_documents({}) == 4 and sync_db.orders.count_documents({"_outbox.0": {"$exists": 1}}) == 0
+    assert sync_db.events.count_documents({}) == 4
+    assert sync_db.orders.count_documents({"_outbox.0": {"$exists": 1}}) == 0
 
 
 def _relay_proc(mongo_uri: str, db_name: str, *flags: str) -> subprocess.CompletedProcess:
@@ -190,7 +191,8 @@ async def test_relay_sigkilled_between_queue_write_and_pull_then_restarted_dupli
     restarted = await asyncio.to_thread(_relay_proc, mongo_uri, db_name)
     assert restarted.returncode == 0, restarted.stderr
     assert sum(len(d["_outbox"]) for d in sync_db.orders.find()) == 0
-    expected = {event_bucket_id(f"{db_name}.orders", d, e) for d, e in zip(sorted(list(range(30)) * 2), ids)}
+    expected = {event_bucket_id(f"{db_name}.orders", d, e)
+                for d, e in zip(sorted(list(range(30)) * 2), ids, strict=True)}
     assert {d["_id"] for d in sync_db.events.find()} == expected
     rest = await _consume_all(make_queue())
     seen = [(m.payload["order"], m.payload["seq"]) for m in first + rest]
@@ -453,7 +455,8 @@ def test_cli_relay_once_relays_what_is_waiting(mongo_uri, db_name, sync_db):
                           capture_output=True, text=True, timeout=60, env=_cli_env(mongo_uri))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("relayed 6 event(s) from 'orders' to 'events' in ")
-    assert sync_db.events.count_documents({}) == 6 and sync_db.orders.count_documents({"_outbox.0": {"$exists": 1}}) == 0
+    assert sync_db.events.count_documents({}) == 6
+    assert sync_db.orders.count_documents({"_outbox.0": {"$exists": 1}}) == 0
 
 
 def test_cli_relay_runs_until_sigterm(mongo_uri, db_name, sync_db):

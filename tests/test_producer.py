@@ -290,7 +290,7 @@ async def test_memory_stays_bounded_under_a_producer_faster_than_the_server(mong
         peak = 0
         payload = "y" * 500
         futures = []
-        for i in range(3000):
+        for _ in range(3000):
             futures.append(asyncio.ensure_future(q.push(payload)))
             await asyncio.sleep(0)
             peak = max(peak, q._producer.buffered_bytes)

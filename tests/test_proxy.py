@@ -125,7 +125,8 @@ def test_commands_are_parsed_with_their_document_sequences_and_fingerprinted_by_
     command = parse_command(message)
     assert (command.name, command.collection, command.request_id) == ("insert", "events", 7)
     assert command.body["documents"] == [{"_id": 1}, {"_id": 2}]
-    again = parse_command(_op_msg(9, {"insert": "events", "$db": "d", "lsid": 1}, {"documents": [{"_id": 1}, {"_id": 2}]}))
+    again = parse_command(_op_msg(9, {"insert": "events", "$db": "d", "lsid": 1},
+                                  {"documents": [{"_id": 1}, {"_id": 2}]}))
     other = parse_command(_op_msg(9, {"insert": "events", "$db": "d"}, {"documents": [{"_id": 3}]}))
     assert command.fingerprint == again.fingerprint != other.fingerprint
 

@@ -80,7 +80,9 @@ def redacted() -> Iterator[None]:
     try:
         yield
     except click.ClickException as exc:
-        exc.message = redact_uri(exc.message)
+        # click types message Final, but it is a plain attribute that format_message() reads; a new exception
+        # in its place would lose the class and so the exit code (2 for usage errors)
+        exc.message = redact_uri(exc.message)  # type: ignore[misc]
         raise
     except (click.exceptions.Exit, click.Abort):
         raise

@@ -20,6 +20,7 @@ from bucketq.cli.params import DURATION
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, WriteFailed
 from bucketq.queue import Queue
 
+
 class BadInput(Exception):
     def __init__(self, where: str, reason: str) -> None:
         super().__init__(f"{where}: {reason}")

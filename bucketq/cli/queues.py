@@ -253,7 +253,7 @@ def _peek_table(entries: list[dict[str, Any]]) -> Any:
     now = dt.datetime.now(dt.timezone.utc)
     grid = table()
     for column, justify in (("id", "left"), ("due", "left"), ("tries", "right"), ("payload", "left")):
-        grid.add_column(column, justify=justify, no_wrap=column != "payload")  # type: ignore[arg-type]
+        grid.add_column(column, justify=justify, no_wrap=column != "payload")
     for e in entries:
         if "malformed" in e:
             grid.add_row(str(e.get("bucket")), "-", "-", f"[red]malformed bucket: {escape(e['malformed'])}[/]")

@@ -33,8 +33,8 @@ def relay(target: Target, collection: str, queue: str, field: str, batch_size: i
     The application adds events (bucketq.outbox.event(...)) to a document's FIELD array in the same update as
     its own change; the relay inserts each into the queue, then removes it from the document. Several relays
     at once, or a relay killed at any point and restarted (within the queue's tombstone_retention), never
-    duplicate or lose an event. Malformed events are set aside into FIELD_rejected, with the reason. On SIGTERM or Ctrl-C, the pass in progress ends and the relay exits
-    with code 0.
+    duplicate or lose an event. Malformed events are set aside into FIELD_rejected, with the reason. On SIGTERM
+    or Ctrl-C, the pass in progress ends and the relay exits with code 0.
 
     \b
     Examples:

@@ -123,7 +123,7 @@ class Accumulator:
         bucket.waiters.append(waiter)
         bucket.size_bytes += slot_size
         self.buffered_bytes += slot_size
-        if key != NOW and (bucket.latest_due is None or due > bucket.latest_due):  # type: ignore[operator]
+        if key != NOW and due is not None and (bucket.latest_due is None or due > bucket.latest_due):
             bucket.latest_due = due
         if len(bucket.slots) >= self.max_size or bucket.size_bytes >= self.max_bytes:
             sealed.append(self._seal(key, now_wall))
@@ -163,6 +163,7 @@ class Accumulator:
         # Due at once: visible from the moment it is written. Delayed: the latest due time of its messages,
         # which is at most one window (granularity) after any member's own due time.
         due = now_wall if key == NOW else bucket.latest_due
+        assert due is not None  # every add to a delayed bucket sets latest_due
         document = bucket_document(bucket.id, bucket.slots, codec=self.codec, created=bucket.created, due=due)
         self.in_flight += 1
         return SealedBucket(document, bucket.waiters, bucket.size_bytes, immediate=key == NOW)

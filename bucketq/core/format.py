@@ -9,7 +9,7 @@ import datetime as dt
 import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import bson
 from bson import ObjectId
@@ -226,7 +226,7 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     )
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 

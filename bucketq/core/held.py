@@ -259,12 +259,14 @@ class HeldBucket:
         """Nacked messages, grouped by due window into new buckets due at their own retry times, split
         so that no bucket exceeds the size limits."""
         windows: dict[int, list[int]] = {}
+        retry_at: dict[int, dt.datetime] = {}
         for slot, r in retries.items():
             assert r.retry_at is not None
+            retry_at[slot] = r.retry_at
             windows.setdefault(math.floor(r.retry_at.timestamp() / self.policy.granularity), []).append(slot)
         docs = []
         for slots in windows.values():
-            due = max(retries[s].retry_at for s in slots)  # type: ignore[type-var]
+            due = max(retry_at[s] for s in slots)
             copies = [self.bucket.slot(s, tries=self.tries(s) + 1) for s in sorted(slots)]
             docs += bucket_documents(copies, codec=self.bucket.codec, created=now, due=due)
         return docs

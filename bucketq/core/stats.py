@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bucketq.core.claims import LIVE
@@ -41,7 +41,7 @@ def stats_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
     ]
 
 
-def shape_stats(rows: list[Mapping[str, Any]], *, dead: int, quarantined: int, now: dt.datetime) -> dict[str, Any]:
+def shape_stats(rows: Sequence[Mapping[str, Any]], *, dead: int, quarantined: int, now: dt.datetime) -> dict[str, Any]:
     row = rows[0] if rows else {}
     oldest = row.get("oldest_ready")
     return {

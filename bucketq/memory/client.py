@@ -10,7 +10,7 @@ import copy
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from bson import Timestamp
 from bson.codec_options import CodecOptions
@@ -38,11 +38,17 @@ T = TypeVar("T")
 DEFAULT_DB = "bucketq"
 
 
+class Runner(Protocol):
+    """Runs ``apply`` as one recorded operation (``MemoryClient.run`` with the operation bound)."""
+
+    def __call__(self, apply: Callable[[], T], /) -> Awaitable[T]: ...
+
+
 class AsyncCursor:
     """An async cursor (``to_list``, ``async for``, ``next``, ``close``) whose query runs, as one recorded
     operation, at the first read."""
 
-    def __init__(self, cursor: Cursor, run: Callable[[Callable[[], T]], Awaitable[T]]) -> None:
+    def __init__(self, cursor: Cursor, run: Runner) -> None:
         self._cursor = cursor
         self._run = run
 
@@ -121,7 +127,7 @@ class MemoryCollection:
     async def _run(self, op: Operation, apply: Callable[[], T]) -> T:
         return await self.sync.database.client.run(op, apply)
 
-    def _runner(self, op: Operation) -> Callable[[Callable[[], T]], Awaitable[T]]:
+    def _runner(self, op: Operation) -> Runner:
         return functools.partial(self.sync.database.client.run, op)
 
     async def insert_many(self, documents: Iterable[MutableMapping[str, Any]], ordered: bool = True,
@@ -260,7 +266,8 @@ class MemoryDatabase:
 
     async def list_collections(self, **kwargs: Any) -> AsyncCursor:
         op = Operation("listCollections", "list_collections", self.name)
-        return AsyncCursor(await self.client.run(op, self.sync.list_collections), functools.partial(self.client.run, op))
+        return AsyncCursor(await self.client.run(op, self.sync.list_collections),
+                           functools.partial(self.client.run, op))
 
     async def drop_collection(self, name: str, **kwargs: Any) -> None:
         await self.client.run(Operation("drop", "drop_collection", self.name, name),

@@ -10,8 +10,8 @@ import copy
 import datetime as dt
 import functools
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any, TypeGuard
 
 import bson
 from bson import Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
@@ -22,7 +22,8 @@ from bucketq.errors import BucketqError
 
 UTC = dt.timezone.utc
 # How documents are held: dates as aware UTC datetimes, or DatetimeMS beyond Python's range.
-STORED = CodecOptions(tz_aware=True, tzinfo=UTC, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+STORED: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True, tzinfo=UTC,
+                                                    datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 _INT64 = (-(2**63), 2**63 - 1)
 _MISSING: Any = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
@@ -90,13 +91,13 @@ def compare(a: Any, b: Any) -> int:
     if ra == 2:
         return _sign(_number(a), _number(b))
     if ra == 4:
-        for (ka, va), (kb, vb) in zip(a.items(), b.items()):
+        for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=False):
             step = _sign(_rank(va), _rank(vb)) or _sign(ka, kb) or compare(va, vb)
             if step:
                 return step
         return _sign(len(a), len(b))
     if ra == 5:
-        for va, vb in zip(a, b):
+        for va, vb in zip(a, b, strict=False):
             step = compare(va, vb)
             if step:
                 return step
@@ -234,7 +235,7 @@ def _operator(name: str, arg: Any, found: list[Any], spec: Mapping[str, Any]) ->
     if name == "$exists":
         return bool(found) == bool(arg)
     if name == "$type":
-        wanted = set()
+        wanted: set[Any] = set()  # type codes, or an unknown alias that matches nothing
         for t in arg if isinstance(arg, list) else [arg]:
             wanted |= _NUMBER_CODES if t == "number" else {_TYPE_CODES.get(t, t)}
         return any(_type_code(leaf) in wanted for leaf in _leaves(found))
@@ -257,7 +258,7 @@ def _as_list(name: str, arg: Any) -> list[Any]:
     return arg
 
 
-def is_operators(value: Any) -> bool:
+def is_operators(value: Any) -> TypeGuard[Mapping[str, Any]]:
     return isinstance(value, Mapping) and bool(value) and next(iter(value)).startswith("$")
 
 
@@ -298,8 +299,12 @@ def _sort_value(doc: Mapping[str, Any], path: str, direction: int) -> Any:
 def sort_documents(docs: Iterable[Mapping[str, Any]], sort: list[tuple[str, int]]) -> list[Mapping[str, Any]]:
     out = list(docs)
     for path, direction in reversed(sort):  # stable sorts, last key first
-        out.sort(key=lambda d, p=path, s=direction: _sort_key(_sort_value(d, p, s)), reverse=direction < 0)
+        out.sort(key=_sort_by(path, direction), reverse=direction < 0)
     return out
+
+
+def _sort_by(path: str, direction: int) -> Callable[[Mapping[str, Any]], Any]:
+    return lambda doc: _sort_key(_sort_value(doc, path, direction))
 
 
 def sort_spec(sort: Any) -> list[tuple[str, int]]:
@@ -661,7 +666,7 @@ def _project_stage(doc: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def _group_stage(docs: list[Mapping[str, Any]], spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _group_stage(docs: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     groups: dict[bytes, tuple[Any, list[Mapping[str, Any]]]] = {}
     for doc in docs:
         key = evaluate(spec["_id"], doc)
@@ -679,7 +684,8 @@ def _group_stage(docs: list[Mapping[str, Any]], spec: Mapping[str, Any]) -> list
     return out
 
 
-def aggregate_documents(docs: list[Mapping[str, Any]], pipeline: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def aggregate_documents(docs: Sequence[Mapping[str, Any]],
+                        pipeline: list[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
     """Run an aggregation pipeline (``$match``, ``$project``, ``$group``, ``$sort``, ``$skip``, ``$limit``,
     ``$count``) over ``docs``."""
     for stage in pipeline:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -352,7 +352,7 @@ class SyncCollection:
             return found, sum(self._rewrite(s, change) for s in found), None
         return [], 0, self._insert_new(change(upsert_seed(as_stored(filter, self.codec_options) or {}), True))
 
-    def _updater(self, update: Mapping[str, Any]) -> Change:
+    def _updater(self, update: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Change:
         if not is_operators(update) or not all(k.startswith("$") for k in update):
             raise ValueError("update only works with $ operators")
         unknown = set(update) - UPDATE_OPERATORS

@@ -30,7 +30,6 @@ from bson import ObjectId
 from bucketq.batch import Batch, BatchQueue
 from bucketq.core.backoff import Backoff
 from bucketq.errors import BucketqError, InvalidOption
-
 from bucketq_spark.reader import ReadOptions, decode_options, payload_struct, read_messages
 from bucketq_spark.sinks import Sink
 

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from bucketq.core import claims
 from bucketq.errors import InvalidOption
-
 from bucketq_spark.session import PAGINATE_INTO_PARTITIONS, SINGLE_PARTITION
 
 if TYPE_CHECKING:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 Msg = tuple[int, int, int]
@@ -196,7 +197,7 @@ def _unexplained(records: list[Mapping[str, Any]], committed: list[Mapping[str, 
     and the flush was refused: LeaseLost), and each delivery came from a later claim than the one before
     (more tries), after the lease the earlier consumer believed it held."""
     in_time = sorted(records, key=lambda r: r["at"])
-    if any(b["tries"] <= a["tries"] for a, b in zip(in_time, in_time[1:])):
+    if any(b["tries"] <= a["tries"] for a, b in pairwise(in_time)):
         return "stored_again" if len({r["tries"] for r in records}) < len(records) else "stale_lease"
     for a in committed:
         if any(a["at"] < b["at"] < a["at"] + a.get("lease", 0.0) - OVERLAP_SLACK_S for b in records):
@@ -205,7 +206,7 @@ def _unexplained(records: list[Mapping[str, Any]], committed: list[Mapping[str, 
     lease_lost = [(r["pid"], str(r["mid"]).split(":")[0]) in consumers.buckets_lost for r in earlier]
     if dedupe:
         return "keyed_ack_after_lease" if any(lease_lost) else "keyed_ack_repeated"
-    if not all(r["pid"] in killed_pids or lost for r, lost in zip(earlier, lease_lost)):
+    if not all(r["pid"] in killed_pids or lost for r, lost in zip(earlier, lease_lost, strict=True)):
         return "ack_not_kept"
     return None
 

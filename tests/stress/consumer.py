@@ -156,9 +156,9 @@ async def main() -> int:
 
     async def ack(messages: list[bucketq.Message], ids: list[str]) -> None:
         results = await asyncio.gather(*(m.ack() for m in messages), return_exceptions=True)
-        acked = [i for i, r in zip(ids, results) if r is None]
-        lost = [i for i, r in zip(ids, results) if isinstance(r, bucketq.LeaseLost)]
-        failed = [(m, i, r) for m, i, r in zip(messages, ids, results)
+        acked = [i for i, r in zip(ids, results, strict=True) if r is None]
+        lost = [i for i, r in zip(ids, results, strict=True) if isinstance(r, bucketq.LeaseLost)]
+        failed = [(m, i, r) for m, i, r in zip(messages, ids, results, strict=True)
                   if r is not None and not isinstance(r, bucketq.LeaseLost)]
         if acked:
             log.write("ack " + " ".join(acked))

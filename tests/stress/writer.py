@@ -3,7 +3,8 @@
 [--unkeyed]``.
 
 Pushes messages ``(W, G, 0..)`` with up to ``--window`` pushes pending, until ``--target`` of them were
-acknowledged (``push`` returned); each with its dedupe key, or none with ``--unkeyed``. Its log is the harness's record of what the queue owes:
+acknowledged (``push`` returned); each with its dedupe key, or none with ``--unkeyed``. Its log is the harness's
+record of what the queue owes:
 
     t A B    seqs A..B-1 are about to be pushed (written before any of them is handed to ``push``)
     ok S     ``push`` of seq S returned: the message is durable and must be processed
