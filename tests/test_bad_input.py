@@ -168,7 +168,7 @@ ODD_SCALARS = st.one_of(
               st.just(Ellipsis), st.just(print)),
 )
 ODD_KEYS = st.one_of(SURROGATES, st.integers(-3, 3), st.none(), st.booleans(), st.floats(allow_nan=False),
-                     st.tuples(st.integers(0, 2), st.integers(0, 2)), st.builds(Code, st.text(max_size=3)))
+                     st.tuples(st.integers(0, 2), st.integers(0, 2)))  # bson.Code is unhashable: no key
 
 
 class ListSubclass(list):

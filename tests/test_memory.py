@@ -419,16 +419,18 @@ async def test_an_idle_consumer_wakes_by_stream_or_by_polling(change_streams):
     database = MemoryDatabase(client=MemoryClient(change_streams=change_streams))
     consumer = bucketq.Queue(database, name="events", **{**QUICK, "poll_interval": 0.1})
     producer = bucketq.Queue(database, name="events", **QUICK)
-    assert await consumer.reserve(timeout=0.3) is None
-    waiter = asyncio.ensure_future(consumer.reserve(timeout=5))
-    await asyncio.sleep(0.2)
-    pushed = time.monotonic()
-    await producer.push("hello")
-    message = await waiter
-    assert time.monotonic() - pushed <= 0.5  # the reserve waits up to 5 s otherwise
-    assert consumer._wakeup.streaming is change_streams
-    await message.ack()
-    await asyncio.gather(consumer.close(), producer.close())
+    try:  # closed even when an assertion fails, so that no background task outlives the test's event loop
+        assert await consumer.reserve(timeout=0.3) is None
+        waiter = asyncio.ensure_future(consumer.reserve(timeout=5))
+        await asyncio.sleep(0.2)
+        pushed = time.monotonic()
+        await producer.push("hello")
+        message = await waiter
+        assert time.monotonic() - pushed <= 0.5  # the reserve waits up to 5 s otherwise
+        assert consumer._wakeup.streaming is change_streams
+        await message.ack()
+    finally:
+        await asyncio.gather(consumer.close(), producer.close())
 
 
 async def test_a_queue_takes_a_memory_client_or_database_and_its_db_option():
