@@ -62,7 +62,6 @@ from typing import Any, NamedTuple
 import bson
 from bson import ObjectId
 from bson.codec_options import DatetimeConversion
-from bson.raw_bson import RawBSONDocument
 from pymongo import UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
@@ -70,9 +69,9 @@ from pymongo.errors import InvalidName, PyMongoError
 
 from bucketq.codecs import Codec
 from bucketq.connection import redact_uri
-from bucketq.core.format import MAX_BUCKET_BYTES, UTC, Slot, bucket_document, message_id, slot_bytes
+from bucketq.core.format import MAX_BUCKET_BYTES, UTC, Slot, bucket_document, encode_slot, message_id, slot_bytes
 from bucketq.core.retry import is_transient
-from bucketq.errors import EncodeError, InvalidOption, PayloadTooLarge
+from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
 from bucketq.queue import Queue, _codec
@@ -88,35 +87,6 @@ ORDER_STEP = dt.timedelta(milliseconds=1)
 
 
 # -- both ways ---------------------------------------------------------------------------------------------------
-
-def encode_slot(codec: Codec, payload: Any, headers: Mapping[str, Any] | None, key: str | None) -> tuple[Slot, int]:
-    """The message as a bucket stores it, and its size (``slot_bytes``). Raises ``EncodeError`` for what cannot be
-    stored, ``InvalidOption`` for headers that are no mapping or a key that is no string. Headers are encoded now:
-    what the caller does with its dict afterwards changes nothing stored."""
-    try:
-        stored = codec.dump(payload)
-    except Exception as exc:
-        raise EncodeError(f"cannot encode {type(payload).__name__} payload with the {codec.name} codec: {exc}") \
-            from exc
-    snapshot = None
-    if headers is not None:
-        if not isinstance(headers, Mapping):
-            raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
-        if headers:
-            try:
-                snapshot = RawBSONDocument(bson.encode(headers))
-            except Exception as exc:
-                raise EncodeError(f"headers cannot be stored as BSON: {exc}") from exc
-    if key is not None:
-        if not isinstance(key, str):
-            raise InvalidOption(f"key must be a string, got {type(key).__name__}")
-        if not key.isascii():
-            try:
-                key.encode()
-            except UnicodeEncodeError as exc:
-                raise EncodeError(f"key is not valid UTF-8 text: {exc}") from None
-    return Slot(stored, snapshot, key), slot_bytes(stored, len(snapshot.raw) if snapshot is not None else 0, key)
-
 
 def single_bucket(bucket_id: ObjectId, slot: Slot, *, codec: str, now: dt.datetime,
                   due: dt.datetime | None) -> dict[str, Any]:

@@ -15,14 +15,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-import bson
-from bson.raw_bson import RawBSONDocument
-
 from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
-from bucketq.core.format import Slot, slot_bytes
+from bucketq.core.format import Slot, encode_slot
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.store import Store, retrying
@@ -175,33 +172,11 @@ class Producer:
                  headers: Mapping[str, Any] | None, key: str | None) -> tuple[Slot, int, dt.datetime | None]:
         if self._closed:
             raise QueueClosed("the queue was drained or closed; it takes no more pushes")
-        try:
-            stored = self._codec.dump(payload)
-        except Exception as exc:
-            raise EncodeError(f"cannot encode {type(payload).__name__} payload with the {self._codec.name} codec: "
-                              f"{exc}") from exc
-        snapshot = None  # encoded now: what the caller does with its dict afterwards changes nothing stored
-        if headers is not None:
-            if not isinstance(headers, Mapping):
-                raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
-            if headers:
-                try:
-                    snapshot = RawBSONDocument(bson.encode(headers))
-                except Exception as exc:
-                    raise EncodeError(f"headers cannot be stored as BSON: {exc}") from exc
-        if key is not None:
-            if not isinstance(key, str):
-                raise InvalidOption(f"key must be a string, got {type(key).__name__}")
-            if not key.isascii():
-                try:
-                    key.encode()
-                except UnicodeEncodeError as exc:
-                    raise EncodeError(f"key is not valid UTF-8 text: {exc}") from None
-        size = slot_bytes(stored, len(snapshot.raw) if snapshot is not None else 0, key)
+        slot, size = encode_slot(self._codec, payload, headers, key)
         if not self._acc.fits(size):
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
-        return Slot(stored, snapshot, key), size, self._due(delay, at)
+        return slot, size, self._due(delay, at)
 
     def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
         if delay is not None and at is not None:

@@ -13,8 +13,9 @@ from typing import Any, NamedTuple, TypeGuard
 
 import bson
 from bson import ObjectId
+from bson.raw_bson import RawBSONDocument
 
-from bucketq.errors import MalformedBucket
+from bucketq.errors import EncodeError, InvalidOption, MalformedBucket
 
 FORMAT_VERSION = 1
 MAX_BUCKET_SIZE = 65536
@@ -67,6 +68,36 @@ def slot_bytes(payload: str | bytes, headers_size: int = 0, key: str | None = No
     if key is not None:
         total += len(key.encode()) + 12
     return total + 8  # room for the slot's null in `h`/`k` when only some slots have them
+
+
+def encode_slot(codec: Any, payload: Any, headers: Mapping[str, Any] | None,
+                key: str | None) -> tuple[Slot, int]:
+    """The message as a bucket stores it, and its size (``slot_bytes``). Raises ``EncodeError`` for what cannot be
+    stored, ``InvalidOption`` for headers that are no mapping or a key that is no string. Headers are encoded now:
+    what the caller does with its dict afterwards changes nothing stored."""
+    try:
+        stored = codec.dump(payload)
+    except Exception as exc:
+        raise EncodeError(f"cannot encode {type(payload).__name__} payload with the {codec.name} codec: {exc}") \
+            from exc
+    snapshot = None
+    if headers is not None:
+        if not isinstance(headers, Mapping):
+            raise InvalidOption(f"headers must be a mapping, got {type(headers).__name__}")
+        if headers:
+            try:
+                snapshot = RawBSONDocument(bson.encode(headers))
+            except Exception as exc:
+                raise EncodeError(f"headers cannot be stored as BSON: {exc}") from exc
+    if key is not None:
+        if not isinstance(key, str):
+            raise InvalidOption(f"key must be a string, got {type(key).__name__}")
+        if not key.isascii():
+            try:
+                key.encode()
+            except UnicodeEncodeError as exc:
+                raise EncodeError(f"key is not valid UTF-8 text: {exc}") from None
+    return Slot(stored, snapshot, key), slot_bytes(stored, len(snapshot.raw) if snapshot is not None else 0, key)
 
 
 def copy_bytes(slot: Slot) -> int:
