@@ -30,7 +30,9 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from bucketq.clock import ServerClock
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
+from bucketq.core.control import PAUSE, is_paused
 from bucketq.core.format import (
+    CONTROL_SUFFIX,
     QUARANTINE_SUFFIX,
     StoredBucket,
     as_utc,
@@ -106,6 +108,7 @@ class BatchQueue:
         self.database = database
         self.buckets = database[name].with_options(write_concern=wc)
         self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(write_concern=wc)
+        self.control = database[name + CONTROL_SUFFIX]
         self.lease = float(lease)
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff()
@@ -132,9 +135,12 @@ class BatchQueue:
             claims.reap(self.now(), self.tombstone_retention)).deleted_count)
 
     def claim(self, max_buckets: int) -> Batch | None:
-        """Claim up to ``max_buckets`` due buckets under one new token; None when none is due."""
+        """Claim up to ``max_buckets`` due buckets under one new token; None when none is due or the queue is
+        paused (``Queue.pause``)."""
         if max_buckets < 1:
             raise InvalidOption("max_buckets must be at least 1")
+        if is_paused(self._retrying(lambda _: self.control.find_one(PAUSE, {"paused": 1}))):
+            return None  # paused by an operator (Queue.pause): claim nothing, as the async consumers do
         if self._reaped_at is None or time.monotonic() - self._reaped_at > REAP_EVERY_S:
             self.reap_tombstones()
         batch = Batch(claims.new_token(), self.now() + dt.timedelta(seconds=self.lease))

@@ -245,3 +245,17 @@ def test_bad_names_and_options_are_invalid_option(mongo_uri, kwargs):
 
     with pytest.raises(bucketq.InvalidOption):
         BatchQueue(mongo_uri, **{"name": "events", "db": "bq", **kwargs})
+
+
+async def test_a_paused_queue_gives_batch_claims_nothing(mongo_uri, db_name):
+    import bucketq
+
+    async with bucketq.Queue(mongo_uri, name="events", db=db_name, bucket_max_wait=0.005) as q:
+        await q.push_many([1, 2, 3])
+        await q.pause()
+        with BatchQueue(mongo_uri, name="events", db=db_name) as bq:
+            assert bq.claim(10) is None, "a batch job claimed from a paused queue"
+            await q.resume()
+            batch = bq.claim(10)
+            assert batch is not None and batch.messages == 3
+            bq.commit(batch)
