@@ -9,6 +9,7 @@
 from bucketq.codecs import Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.control import list_queues
 from bucketq.core.format import FORMAT_VERSION
+from bucketq.core.stream import Position
 from bucketq.errors import (
     AlreadyResolved,
     BucketqError,
@@ -26,15 +27,18 @@ from bucketq.errors import (
     WriteFailed,
 )
 from bucketq.message import Message
-from bucketq.options import QueueOptions
+from bucketq.options import QueueOptions, StreamOptions
 from bucketq.outbox import Outbox
 from bucketq.producer import Outgoing
 from bucketq.queue import Queue
+from bucketq.stream import Stream
+from bucketq.stream_reader import StreamMessage, StreamReader
 from bucketq.worker import BatchTiming, Worker
 
 __all__ = [
     "FORMAT_VERSION", "AlreadyResolved", "BatchTiming", "BucketqError", "BufferFull", "Codec", "CodecUnavailable",
     "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket", "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
-    "Reject", "Retry", "Worker", "WriteFailed", "list_queues",
+    "Position", "Reject", "Retry", "Stream", "StreamMessage", "StreamOptions", "StreamReader", "Worker", "WriteFailed",
+    "list_queues",
 ]

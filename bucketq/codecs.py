@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from bucketq.errors import MalformedBucket
+from bucketq.errors import InvalidOption, MalformedBucket
 
 
 @runtime_checkable
@@ -110,3 +110,15 @@ def codec_named(name: str) -> Codec:
 def codec_for(name: str, preferred: Codec) -> Codec:
     """The codec a bucket names in ``enc``: the queue's own when it matches, else a built-in one."""
     return preferred if name == preferred.name else codec_named(name)
+
+
+def codec_option(codec: str | Codec) -> Codec:
+    """The ``codec=`` option of a queue or stream: a codec's name or a codec object; ``InvalidOption`` else."""
+    if isinstance(codec, str):
+        try:
+            return codec_named(codec)
+        except ValueError as exc:
+            raise InvalidOption(str(exc)) from None
+    if not isinstance(codec, Codec):
+        raise InvalidOption("codec must be a name or an object with name, dump and load")
+    return codec

@@ -67,14 +67,14 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import InvalidName, PyMongoError
 
-from bucketq.codecs import Codec
+from bucketq.codecs import Codec, codec_option
 from bucketq.connection import redact_uri
 from bucketq.core.format import MAX_BUCKET_BYTES, UTC, Slot, bucket_document, encode_slot, message_id, slot_bytes
 from bucketq.core.retry import is_transient
 from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
-from bucketq.queue import Queue, _codec
+from bucketq.queue import Queue
 from bucketq.store import retrying
 from bucketq.wakeup import Wakeup
 
@@ -138,7 +138,7 @@ def event(payload: Any, *, key: str | None = None, headers: Mapping[str, Any] | 
     ``PayloadTooLarge``, ``InvalidOption``), never the relay. ``delay`` counts from when the relay moves the
     event (normally milliseconds after the write); ``at`` is an absolute, timezone-aware time. ``id``, a new
     ObjectId, is the event's identity: the same event pushed twice to one document is enqueued once."""
-    resolved = _codec(codec)
+    resolved = codec_option(codec)
     slot, size = encode_slot(resolved, payload, headers, key)
     if size > MAX_BUCKET_BYTES:
         raise PayloadTooLarge(f"encoded event takes {size} bytes; a bucket holds at most {MAX_BUCKET_BYTES}")

@@ -13,7 +13,7 @@ from pymongo.errors import PyMongoError
 
 from bucketq import admin
 from bucketq.clock import ServerClock
-from bucketq.codecs import Codec, codec_for, codec_named
+from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.connection import connect, redact_uri
 from bucketq.consumer import Consumer
 from bucketq.core import claims
@@ -62,7 +62,7 @@ class Queue:
         if unknown:
             raise InvalidOption(f"unknown option(s): {', '.join(sorted(unknown))}")
         self.options = QueueOptions(**options)
-        self.codec = _codec(codec)
+        self.codec = codec_option(codec)
         self.name = name
         self._connection = connect(target, db)
         check_database(self._connection.database, name, self.options.write_concern)
@@ -394,13 +394,3 @@ class Queue:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-
-def _codec(codec: str | Codec) -> Codec:
-    if isinstance(codec, str):
-        try:
-            return codec_named(codec)
-        except ValueError as exc:
-            raise InvalidOption(str(exc)) from None
-    if not isinstance(codec, Codec):
-        raise InvalidOption("codec must be a name or an object with name, dump and load")
-    return codec

@@ -71,24 +71,32 @@ class Store:
 
     # -- producer ------------------------------------------------------------------------------------------
 
-    async def insert_new(self, collection: Any, docs: list[dict]) -> dict[Any, BaseException]:
+    async def insert_new(self, collection: Any, docs: list[dict], *,
+                         duplicate_is_mine: Callable[[dict], Awaitable[bool]] | None = None
+                         ) -> dict[Any, BaseException]:
         """Insert documents whose ``_id`` the client made. A duplicate key on ``_id`` means the document is
-        already there (an earlier attempt got through), so it counts as stored. Returns the ``_id``s that
+        already there (an earlier attempt got through), so it counts as stored; with ``duplicate_is_mine``, only
+        when that says so (a stream's sequence may hold a reader's gap marker instead). Returns the ``_id``s that
         failed for good, with their errors; raises on transient errors so the caller can retry."""
+        duplicates: list[dict] = []
+        failed: dict[Any, BaseException] = {}
         try:
             await collection.insert_many(docs, ordered=False)
-            return {}
         except BulkWriteError as exc:
-            failed: dict[Any, BaseException] = {}
             for err in exc.details.get("writeErrors", []):
                 if err.get("code") == DUPLICATE_KEY:
+                    duplicates.append(docs[err["index"]])
                     continue
                 failed[docs[err["index"]]["_id"]] = OperationFailure(err.get("errmsg", "write failed"), err.get("code"))
             if exc.details.get("writeConcernErrors"):
                 raise ConnectionFailure(f"write concern not satisfied: {exc.details['writeConcernErrors']}") from exc
-            return failed
         except DuplicateKeyError:
-            return {}
+            duplicates = docs
+        if duplicate_is_mine is not None:
+            for doc in duplicates:
+                if not await duplicate_is_mine(doc):
+                    failed[doc["_id"]] = DuplicateKeyError(f"_id {doc['_id']!r} holds another document", DUPLICATE_KEY)
+        return failed
 
     async def insert_copies(self, collection: Any, docs: list[dict]) -> None:
         """Insert idempotent copies (retry buckets, dead letters, quarantine entries): failures raise."""
@@ -109,16 +117,20 @@ class Store:
         # Not retried: a claim that got through but whose reply was lost simply expires with its lease.
         return await self.buckets.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
 
-    async def update_fenced(self, query: dict, update: dict, *, mine: dict | None = None) -> bool:
+    async def update_fenced(self, query: dict, update: dict, *, mine: dict | None = None,
+                            collection: Any = None) -> bool:
         """Apply a write fenced by the claimant's token; True when it was applied, False when it was refused
         (the lease was lost). A retry after an ambiguous error that matches nothing counts as applied only if
         ``mine`` matches: a filter that nothing but this token's own earlier attempt can satisfy (a release
         clears the token but records it). Without ``mine``, such a retry means the lease was lost: done slots
-        or a missing bucket may be another claimant's work, never proof of ours."""
+        or a missing bucket may be another claimant's work, never proof of ours. ``collection``: another than
+        the buckets' (a stream's claims)."""
+        target = self.buckets if collection is None else collection
 
         async def op(retry: bool) -> bool:
-            result = await self.buckets.update_one(query, update)
-            return result.matched_count == 1 or (retry and mine is not None and await self._matches(mine))
+            result = await target.update_one(query, update)
+            return result.matched_count == 1 or (
+                retry and mine is not None and await target.find_one(mine, {"_id": 1}) is not None)
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 

@@ -1,0 +1,300 @@
+"""``Stream``: an append-only log of bucket documents read by named reader groups (docs/FORMAT.md, Streams).
+
+    async with bucketq.Stream("mongodb://localhost:27017", name="events") as stream:
+        await stream.push({"order": 1})                  # Position(seq, slot) once stored
+        async with stream.reader("audit", start="beginning") as reader:
+            msg = await reader.read(timeout=5)
+            await msg.ack()                              # the group's committed position moves past it
+
+Pushes go through the queue's producer (group commit, backpressure, retries); the stream's ``StreamStore``
+gives each written bucket its sequence. Nothing is deleted on ack: retention deletes the oldest buckets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import PyMongoError
+
+from bucketq.clock import ServerClock
+from bucketq.codecs import Codec, codec_option
+from bucketq.connection import connect, redact_uri
+from bucketq.core import stream as core
+from bucketq.core.format import CLAIMS_SUFFIX, GROUPS_SUFFIX, MAX_BUCKET_SIZE, SEQ_SUFFIX
+from bucketq.core.stream import GroupState, Position, RetentionCut
+from bucketq.errors import InvalidOption, QueueClosed
+from bucketq.options import StreamOptions, check_database, check_names
+from bucketq.producer import Outgoing, Producer
+from bucketq.store import Store, retrying
+from bucketq.stream_reader import StreamReader
+
+HOUSEKEEPING_EVERY_S = 60.0
+log = logging.getLogger("bucketq")
+
+
+class StreamStore(Store):
+    """The stream's collections: ``S`` (buckets and gap markers), ``S.groups``, ``S.claims``, ``S.seq``. As the
+    producer's store it gives each bucket the producer writes its sequence (``insert_new``)."""
+
+    def __init__(self, database: Any, name: str, *, write_concern: int | str | None, op_timeout_s: float) -> None:
+        super().__init__(database, name, write_concern=write_concern, op_timeout_s=op_timeout_s)
+        options = {"codec_options": self.buckets.codec_options, "write_concern": self.buckets.write_concern}
+        self.groups = database[name + GROUPS_SUFFIX].with_options(**options)
+        self.claims = database[name + CLAIMS_SUFFIX].with_options(**options)
+        self.counter = database[name + SEQ_SUFFIX].with_options(**options)
+
+    async def ensure_indexes(self) -> None:
+        await self.buckets.create_index("created")  # reset(at=...)
+        await self.claims.create_index([("g", 1), ("e", 1), ("s", 1)])
+
+    async def counter_state(self) -> tuple[int, int]:
+        """(last sequence allocated, retention floor): 0 and the first sequence before any write."""
+        doc = await self.counter.find_one({"_id": core.COUNTER_ID}) or {}
+        return int(doc.get("last", 0)), int(doc.get("floor", core.FIRST_SEQUENCE))
+
+    async def insert_new(self, collection: Any, docs: list[dict], **_: Any) -> dict[Any, BaseException]:
+        """Insert the producer's sealed buckets as stream buckets. The first attempt allocates their sequences
+        (one ``$inc`` for the whole write) and sets them as the sealed documents' ``_id``, so that the pushes
+        resolve to ``"<sequence>:<slot>"``; a retry keeps them. A duplicate counts as stored only if it is this
+        producer's own bucket (``b``), not a reader's gap marker."""
+        fresh = [d for d in docs if "b" not in d]
+        if fresh:
+            query, update = core.allocate(len(fresh))
+            counter = await self.counter.find_one_and_update(query, update, upsert=True,
+                                                             return_document=ReturnDocument.AFTER)
+            first = counter["last"] - len(fresh) + 1
+            for offset, doc in enumerate(fresh):
+                doc["b"], doc["_id"] = doc["_id"], first + offset
+        buckets = [core.stream_bucket(d) for d in docs]
+
+        async def mine(doc: dict) -> bool:
+            return await self.buckets.find_one(core.own_bucket(doc["_id"], doc["b"]), {"_id": 1}) is not None
+
+        return await super().insert_new(self.buckets, buckets, duplicate_is_mine=mine)
+
+
+class Stream:
+    """A stream stored as bucket documents in the collection ``name``, read by named groups.
+
+    ``target``, ``db`` and ``codec`` as for ``Queue``; other keywords are ``StreamOptions``. A stream's name
+    follows a queue's naming rules and must not be a queue's name.
+    """
+
+    def __init__(self, target: Any, *, name: str, db: str | None = None, codec: str | Codec = "json",
+                 **options: Any) -> None:
+        check_names(name, db)
+        unknown = set(options) - set(StreamOptions.__dataclass_fields__)
+        if unknown:
+            raise InvalidOption(f"unknown option(s): {', '.join(sorted(unknown))}")
+        self.options = StreamOptions(**options)
+        self.codec = codec_option(codec)
+        self.name = name
+        self._connection = connect(target, db)
+        check_database(self._connection.database, name, self.options.write_concern)
+        self.store = StreamStore(self._connection.database, name, write_concern=self.options.write_concern,
+                                 op_timeout_s=self.options.write_timeout)
+        self.clock = ServerClock()
+        self._producer = Producer(self.store, self.codec, self.options.queue_options, self.clock,
+                                  before_write=self.ready)
+        self._readers: set[StreamReader] = set()
+        self._indexed = False
+        self._setup: asyncio.Future[None] | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def database(self) -> Any:
+        return self._connection.database
+
+    async def ready(self, *, write: bool = True) -> None:
+        """Measure the server clock (again every few minutes) and, before the first write, create the indexes
+        and start housekeeping if a retention option is set."""
+        if self._closed:
+            raise QueueClosed("the stream is closed")
+        while self.clock.stale or (write and not self._indexed):
+            if self._setup is None or self._setup.done():
+                self._setup = asyncio.ensure_future(self._set_up(write))
+            await asyncio.shield(self._setup)
+        if write and self._housekeeping is None and self._retains:
+            self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep(), name="bucketq-retention")
+
+    async def _set_up(self, write: bool) -> None:
+        if self.clock.stale:
+            await retrying(lambda _: self.clock.sync(self.database), timeout_s=self.options.write_timeout)
+        if write and not self._indexed:
+            await retrying(lambda _: self.store.ensure_indexes(), timeout_s=self.options.write_timeout)
+            self._indexed = True
+
+    # -- producing -----------------------------------------------------------------------------------------
+
+    async def push(self, payload: Any, *, headers: Mapping[str, Any] | None = None,
+                   key: str | None = None) -> Position:
+        """Append a message; return its position once the bucket holding it is stored. Raises ``WriteFailed``
+        when it was not stored (its bucket's sequence may then be a gap for good)."""
+        await self.ready()
+        return Position.parse(await self._producer.push(payload, headers=headers, key=key))
+
+    async def push_many(self, payloads: Iterable[Any], *, headers: Mapping[str, Any] | None = None) -> list[Position]:
+        """Append every payload (an ``Outgoing`` item may carry its own ``key`` and ``headers``, no delay),
+        in order; return their positions."""
+        items = list(payloads)
+        for index, item in enumerate(items):
+            if isinstance(item, Outgoing) and (item.delay is not None or item.at is not None):
+                raise InvalidOption(f"payload {index}: a stream has no delayed messages (delay/at)")
+        await self.ready()
+        return [Position.parse(p) for p in await self._producer.push_many(items, headers=headers)]
+
+    async def flush(self) -> None:
+        """Write every open bucket now and wait for all writes."""
+        await self._producer.flush()
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def reader(self, group: str, *, start: str | Position | dt.datetime = "end") -> StreamReader:
+        """A reader in ``group``; the readers of one group (in any process) share its messages, each read by
+        one of them. ``start`` applies only when the group does not exist yet: "beginning" (the oldest
+        message retained), "end" (the next message pushed), a position, or a time (as ``reset(at=)``)."""
+        reader = StreamReader(self, core.check_group_name(group), start)
+        self._readers.add(reader)
+        return reader
+
+    async def start_position(self, start: str | Position | dt.datetime) -> Position:
+        """The position that ``start`` names: see ``reader``."""
+        last, floor = await self.store.counter_state()
+        if isinstance(start, dt.datetime):
+            if start.tzinfo is None:
+                raise InvalidOption("at must be a timezone-aware datetime")
+            first = await self.store.buckets.find_one({"created": {"$gte": start}, "gap": {"$ne": True}},
+                                                      {"_id": 1}, sort=[("_id", 1)])
+            return Position(max(floor, first["_id"] if first else last + 1))
+        if start == "beginning":
+            return Position(floor)
+        if start == "end":
+            return Position(last + 1)
+        if isinstance(start, str) and ":" not in start:
+            raise InvalidOption(f"start must be 'beginning', 'end', a position or a datetime, got {start!r}")
+        position = Position.parse(start)
+        return position if position.seq >= floor else Position(floor)
+
+    async def reset(self, group: str, to: str | Position | None = None, *, at: dt.datetime | None = None) -> Position:
+        """Move ``group`` (created if missing) to ``to`` ("beginning", "end" or a position) or to the first
+        message pushed at or after ``at``; return its new committed position. Its readers drop what they hold
+        and read on from there: messages before it are skipped, messages after it read again (replay)."""
+        if (to is None) == (at is None):
+            raise InvalidOption("reset takes a position ('beginning', 'end', a Position) or at=, one of them")
+        await self.ready()
+        start = await self.start_position(at if at is not None else to)  # type: ignore[arg-type]
+        await self.store.groups.update_one({"_id": core.check_group_name(group)},
+                                           core.reset_update(start, self.clock.now()), upsert=True)
+        return start
+
+    async def groups(self) -> list[GroupState]:
+        """Every reader group of the stream, by name."""
+        await self.ready(write=False)
+        cursor = self.store.groups.find({}, sort=[("_id", 1)])
+        return [GroupState.parse(doc) async for doc in cursor]
+
+    async def delete_group(self, group: str) -> bool:
+        """Forget a group and its claims; True if it existed."""
+        await self.ready(write=False)
+        await self.store.claims.delete_many({"g": group})
+        return (await self.store.groups.delete_one({"_id": group})).deleted_count == 1
+
+    async def stats(self) -> dict[str, Any]:
+        """``last_sequence`` (sequence of the last bucket allocated), ``floor`` (the oldest sequence retention
+        keeps), ``buckets``, and per group in ``groups``: ``position`` (committed), ``lag_messages``, ``lag_s``
+        (age of the oldest message it has not read and acked) and ``expired`` (messages retention deleted
+        before the group read them). Writes nothing."""
+        await self.ready(write=False)
+        now = self.clock.now()
+        last, floor = await self.store.counter_state()
+        groups = {}
+        for group in await self.groups():
+            buckets = self.store.buckets.find({"_id": {"$gte": group.committed.seq}}, {"n": 1, "created": 1, "gap": 1})
+            claims = self.store.claims.find({"g": group.name, "e": group.epoch, "s": {"$gte": group.committed.seq}},
+                                            {"s": 1, "fin": 1, "done": 1})
+            settled = {c["s"]: (MAX_BUCKET_SIZE if c.get("fin") else len(c.get("done", []))) async for c in claims}
+            groups[group.name] = core.lag(group, [d async for d in buckets], settled, now)
+        return {"last_sequence": last, "floor": floor, "buckets": await self.store.buckets.count_documents({}),
+                "groups": groups}
+
+    # -- retention -----------------------------------------------------------------------------------------
+
+    @property
+    def _retains(self) -> bool:
+        o = self.options
+        return any(v is not None for v in (o.retention_age, o.retention_messages, o.retention_bytes))
+
+    async def apply_retention(self) -> dict[str, int]:
+        """Delete the buckets beyond the retention options now: ``{"floor": ..., "deleted": ...}``. A group
+        whose committed position is below the new floor jumps to it and counts the messages it lost in
+        ``expired``."""
+        await self.ready()
+        o = self.options
+        cut = RetentionCut(self.clock.now(), o.retention_age, o.retention_messages, o.retention_bytes)
+        async for doc in self.store.buckets.find({}, {"created": 1, "n": 1, "bytes": 1}, sort=[("_id", -1)]):
+            if not cut.take(doc["_id"], doc["created"], doc.get("n", 0), doc.get("bytes", 0)):
+                break
+        if cut.floor is None:
+            return {"floor": (await self.store.counter_state())[1], "deleted": 0}
+        await self.store.counter.update_one({"_id": core.COUNTER_ID}, {"$max": {"floor": cut.floor}}, upsert=True)
+        for group in await self.groups():
+            await self.expire_group(group, cut.floor)
+        deleted = (await self.store.buckets.delete_many({"_id": {"$lt": cut.floor}})).deleted_count
+        await self.store.claims.delete_many({"s": {"$lt": cut.floor}})
+        return {"floor": cut.floor, "deleted": deleted}
+
+    async def expire_group(self, group: GroupState, floor: int) -> None:
+        """Move a group left below the retention floor up to it, counting what it lost (read before deletion:
+        once deleted, it would count as 0)."""
+        if group.committed.seq >= floor:
+            return
+        unread = self.store.buckets.find({"_id": {"$gte": group.committed.seq, "$lt": floor}, "gap": {"$ne": True}},
+                                         {"n": 1})
+        lost = sum([d.get("n", 0) async for d in unread]) - group.committed.slot
+        await self.store.groups.update_one(*core.expire_update(group, floor, max(0, lost), self.clock.now()))
+
+    async def _housekeep(self) -> None:
+        while True:
+            try:
+                await self.apply_retention()
+            except PyMongoError as exc:
+                log.warning("stream retention failed, will retry: %s", redact_uri(str(exc)))
+            await asyncio.sleep(HOUSEKEEPING_EVERY_S)
+
+    # -- shutting down -------------------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Stop taking pushes and write everything buffered; close the readers (their acks written)."""
+        await self._producer.drain()
+        await self._close_readers()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            await self.drain()
+        finally:
+            self._closed = True
+            if self._housekeeping is not None:
+                self._housekeeping.cancel()
+            await self._connection.close()
+
+    async def _close_readers(self) -> None:
+        readers, self._readers = self._readers, set()
+        await asyncio.gather(*(r.close() for r in readers), return_exceptions=True)
+
+    def forget(self, reader: StreamReader) -> None:
+        self._readers.discard(reader)
+
+    async def __aenter__(self) -> Stream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+

@@ -1,0 +1,242 @@
+"""A reader of a stream's group: claims the group's next buckets, hands out their messages, writes acks, and
+moves the group's committed position forward (docs/FORMAT.md, Reader groups).
+
+Delivery is at-least-once: a message is read twice by a group only when the reader that had it stopped (killed,
+lease lost, group reset) before its ack was written. Acks are written every ``state_flush_period`` and at once
+when a bucket's last message is acked; a bucket held by a reader that died is read again, from its unwritten
+acks on, once its ``lease`` expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from typing import TYPE_CHECKING, Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError, PyMongoError
+
+from bucketq.codecs import codec_for
+from bucketq.core import stream as core
+from bucketq.core.claims import new_token, owner_name
+from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Position
+from bucketq.errors import LeaseLost, QueueClosed
+from bucketq.options import check_timeout
+
+if TYPE_CHECKING:
+    from bucketq.stream import Stream
+
+
+class StreamMessage:
+    """``position``, ``payload``, ``headers`` and ``created`` (when its bucket was opened) of one message read
+    by a group; ``ack()`` once it is processed."""
+
+    __slots__ = ("position", "payload", "headers", "created", "_reader", "_held")
+
+    def __init__(self, position: Position, payload: Any, headers: dict[str, Any], created: dt.datetime,
+                 reader: StreamReader, held: HeldBucket) -> None:
+        self.position = position
+        self.payload = payload
+        self.headers = headers
+        self.created = created
+        self._reader = reader
+        self._held = held
+
+    async def ack(self) -> None:
+        """The group has read this message. Written with the next flush, or at once when it completes its bucket.
+        Raises ``LeaseLost`` when this reader no longer holds the bucket (the message will be read again)."""
+        await self._reader.ack(self._held, self.position.slot)
+
+    def __repr__(self) -> str:
+        return f"StreamMessage(position={str(self.position)!r}, payload={self.payload!r:.60})"
+
+
+class StreamReader:
+    def __init__(self, stream: Stream, group: str, start: str | Position | dt.datetime) -> None:
+        self._stream = stream
+        self._store = stream.store
+        self._options = stream.options
+        self.group = group
+        self._start = start
+        self._token = new_token()
+        self._owner = owner_name()
+        self._held: dict[int, HeldBucket] = {}
+        self._holes = HoleWatch(self._options.gap_wait)
+        self._joined = False  # the group exists (created with ``start`` if it did not)
+        self._epoch: int | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def read(self, timeout: float | None = None) -> StreamMessage | None:
+        """The group's next message; None when none arrives within ``timeout`` seconds."""
+        messages = await self.read_many(1, timeout)
+        return messages[0] if messages else None
+
+    async def read_many(self, n: int, timeout: float | None = None) -> list[StreamMessage]:
+        """Up to ``n`` of the group's next messages, in position order within each bucket; waits up to
+        ``timeout`` seconds for the first. Empty when none arrives in time."""
+        wait = check_timeout(timeout)
+        deadline = None if wait is None else time.monotonic() + wait
+        await self._ready()
+        while True:
+            messages = self._take(n)
+            if messages:
+                return messages
+            if await self._claim_next():
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return []
+            await asyncio.sleep(self._options.poll_interval if left is None else min(left, self._options.poll_interval))
+
+    async def _ready(self) -> None:
+        if self._closed:
+            raise QueueClosed("the reader is closed")
+        await self._stream.ready()
+        if not self._joined:
+            start = await self._stream.start_position(self._start)
+            now = self._stream.clock.now()
+            await self._store.groups.update_one({"_id": self.group},
+                                                {"$setOnInsert": core.group_document(self.group, start, now)},
+                                                upsert=True)
+            self._joined = True
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-stream-acks")
+
+    def _take(self, n: int) -> list[StreamMessage]:
+        out: list[StreamMessage] = []
+        for held in self._held.values():
+            codec = codec_for(held.codec, self._stream.codec)
+            for slot in held.take(n - len(out)):
+                out.append(StreamMessage(Position(held.seq, slot), codec.load(held.payloads[slot]),
+                                         held.headers[slot] or {}, held.created, self, held))
+            if len(out) >= n:
+                break
+        return out
+
+    # -- claiming ------------------------------------------------------------------------------------------
+
+    async def _group(self) -> GroupState:
+        doc = await self._store.groups.find_one({"_id": self.group})
+        if doc is None:  # deleted meanwhile: start again as the reader was asked to
+            self._joined = False
+            await self._ready()
+            doc = await self._store.groups.find_one({"_id": self.group})
+        group = GroupState.parse(doc)
+        if group.epoch != self._epoch:  # reset: what this reader holds belongs to the old epoch
+            self._held.clear()
+            self._epoch = group.epoch
+        return group
+
+    async def _claim_next(self) -> bool:
+        """Commit what the group has settled, then claim its next unclaimed bucket; mark holes that waited
+        ``gap_wait`` as gaps. True when this reader got a bucket or marked a gap (look again at once)."""
+        group = await self._group()
+        last, floor = await self._store.counter_state()
+        if group.committed.seq < floor:
+            await self._stream.expire_group(group, floor)
+            return True
+        start = group.committed.seq
+        window = {"$gte": start, "$lt": start + core.SCAN_BUCKETS}
+        docs = [d async for d in self._store.buckets.find({"_id": window}, {"gap": 1}, sort=[("_id", 1)])]
+        claims = [c async for c in self._store.claims.find({"g": group.name, "e": group.epoch, "s": window},
+                                                           {"s": 1, "fin": 1, "lease": 1})]
+        present = [d["_id"] for d in docs]
+        settled = {d["_id"] for d in docs if d.get("gap")} | {c["s"] for c in claims if c.get("fin")}
+        now = self._stream.clock.now()
+        committed = core.advance(start, present, settled)
+        if committed > start:
+            await self._store.groups.update_one(*core.commit(group, committed, now))
+        busy = settled | set(self._held) | {c["s"] for c in claims if c.get("lease") and c["lease"]["until"] > now}
+        for seq in present:
+            if seq not in busy and await self._claim(group, seq, now):
+                return True
+        filled = False
+        for seq in self._holes.due(core.missing_sequences(start, present, last), time.monotonic()):
+            try:
+                await self._store.buckets.insert_one(core.gap_marker(seq, now, self._owner))
+                filled = True
+            except DuplicateKeyError:  # the producer's bucket landed after all
+                filled = True
+        return filled
+
+    async def _claim(self, group: GroupState, seq: int, now: dt.datetime) -> bool:
+        query, update = core.claim(group, seq, now, self._options.lease, self._token, self._owner)
+        try:  # not retried: a claim whose reply was lost expires with its lease
+            claim = await self._store.claims.find_one_and_update(query, update, upsert=True,
+                                                                 return_document=ReturnDocument.AFTER)
+        except DuplicateKeyError:  # another reader holds it, or finished it meanwhile
+            return False
+        doc = await self._store.buckets.find_one({"_id": seq})
+        if doc is None:  # deleted by retention since the scan: the next scan moves the group past it
+            return True
+        held = HeldBucket.parse(doc, claim, group.epoch, self._token)
+        if held.complete:  # every slot skipped (a reset into this bucket's last slot): nothing to read
+            await self._finish(held)
+            return True
+        self._held[seq] = held
+        return True
+
+    # -- acks ----------------------------------------------------------------------------------------------
+
+    async def ack(self, held: HeldBucket, slot: int) -> None:
+        if self._held.get(held.seq) is not held:
+            raise LeaseLost(f"this reader no longer holds bucket {held.seq} of group {self.group!r}; "
+                            "the message will be read again")
+        held.acked.add(slot)
+        if held.complete:
+            await self._finish(held)
+
+    async def _finish(self, held: HeldBucket) -> None:
+        """Write the bucket's claim as finished (fenced by this reader's token), then commit what it settles."""
+        self._held.pop(held.seq, None)
+        applied = await self._store.update_fenced(core.claimed_by(held.cid, held.token),
+                                                  core.finish_claim(held.token, sorted(held.done | held.acked)),
+                                                  mine=core.finished_by(held.cid, held.token),
+                                                  collection=self._store.claims)
+        if not applied:
+            raise LeaseLost(f"the lease on bucket {held.seq} of group {self.group!r} expired before its last ack "
+                            "was written; its unacked messages will be read again")
+
+    async def flush(self, *, release: bool = False) -> None:
+        """Write the acks not written yet and extend this reader's leases (``release``: end them, so that another
+        reader of the group takes the unacked messages at once); drop the buckets whose lease was lost."""
+        until = core.NEVER if release else self._stream.clock.now() + dt.timedelta(seconds=self._options.lease)
+        for held in list(self._held.values()):
+            unwritten = held.unwritten()
+            applied = await self._store.update_fenced(core.claimed_by(held.cid, held.token),
+                                                      core.extend_claim(until, unwritten),
+                                                      collection=self._store.claims)
+            if applied:
+                held.written(unwritten)
+            elif self._held.get(held.seq) is held:
+                del self._held[held.seq]
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._options.state_flush_period)
+            try:
+                await self.flush()
+            except PyMongoError:
+                pass  # written at the next flush; a lease lost meanwhile means a redelivery, never a loss
+
+    async def close(self) -> None:
+        """Write the acks not written yet, hand back the buckets held (their unacked messages go to another reader
+        of the group, or to this group's next reader), and stop."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._flusher is not None:
+            self._flusher.cancel()
+        try:
+            await self.flush(release=True)
+        finally:
+            self._held.clear()
+            self._stream.forget(self)
+
+    async def __aenter__(self) -> StreamReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
