@@ -34,6 +34,7 @@ from bucketq.store import Store, retrying
 from bucketq.stream_reader import StreamReader
 
 HOUSEKEEPING_EVERY_S = 60.0
+ALLOCATION_ATTEMPTS = 5
 log = logging.getLogger("bucketq")
 
 
@@ -47,6 +48,7 @@ class StreamStore(Store):
         self.groups = database[name + GROUPS_SUFFIX].with_options(**options)
         self.claims = database[name + CLAIMS_SUFFIX].with_options(**options)
         self.counter = database[name + SEQ_SUFFIX].with_options(**options)
+        self._allocating = asyncio.Lock()
 
     async def ensure_indexes(self) -> None:
         await self.buckets.create_index("created")  # reset(at=...)
@@ -61,21 +63,36 @@ class StreamStore(Store):
         """Insert the producer's sealed buckets as stream buckets. The first attempt allocates their sequences
         (one ``$inc`` for the whole write) and sets them as the sealed documents' ``_id``, so that the pushes
         resolve to ``"<sequence>:<slot>"``; a retry keeps them. A duplicate counts as stored only if it is this
-        producer's own bucket (``b``), not a reader's gap marker."""
-        fresh = [d for d in docs if "b" not in d]
-        if fresh:
-            query, update = core.allocate(len(fresh))
+        producer's own bucket (``b``); a gap marker there fails the bucket for good. Another producer's bucket
+        there means the counter handed one sequence out twice, which MongoDB's atomic ``$inc`` never does
+        (mongo-java-server's findAndModify does, under concurrent requests): the bucket gets a new sequence."""
+        await self._allocate([d for d in docs if "b" not in d])
+        for _attempt in range(ALLOCATION_ATTEMPTS):
+            failed = await super().insert_new(self.buckets, [core.stream_bucket(d) for d in docs],
+                                              duplicate_is_mine=self._is_mine)
+            taken = [d for d in docs if d["_id"] in failed
+                     and await self.buckets.find_one({"_id": d["_id"], "gap": {"$ne": True}}, {"_id": 1})]
+            if not taken:
+                return failed
+            for doc in taken:
+                doc["_id"] = doc.pop("b")
+            await self._allocate(taken)
+        return failed
+
+    async def _allocate(self, fresh: list[dict]) -> None:
+        """Give each sealed bucket its sequence, one write's buckets at once, in the order sealed."""
+        if not fresh:
+            return
+        query, update = core.allocate(len(fresh))
+        async with self._allocating:  # writers allocate in the order they start: a producer's order is kept
             counter = await self.counter.find_one_and_update(query, update, upsert=True,
                                                              return_document=ReturnDocument.AFTER)
-            first = counter["last"] - len(fresh) + 1
-            for offset, doc in enumerate(fresh):
-                doc["b"], doc["_id"] = doc["_id"], first + offset
-        buckets = [core.stream_bucket(d) for d in docs]
+        first = counter["last"] - len(fresh) + 1
+        for offset, doc in enumerate(fresh):
+            doc["b"], doc["_id"] = doc["_id"], first + offset
 
-        async def mine(doc: dict) -> bool:
-            return await self.buckets.find_one(core.own_bucket(doc["_id"], doc["b"]), {"_id": 1}) is not None
-
-        return await super().insert_new(self.buckets, buckets, duplicate_is_mine=mine)
+    async def _is_mine(self, doc: dict) -> bool:
+        return await self.buckets.find_one(core.own_bucket(doc["_id"], doc["b"]), {"_id": 1}) is not None
 
 
 class Stream:
@@ -242,7 +259,7 @@ class Stream:
                 break
         if cut.floor is None:
             return {"floor": (await self.store.counter_state())[1], "deleted": 0}
-        await self.store.counter.update_one({"_id": core.COUNTER_ID}, {"$max": {"floor": cut.floor}}, upsert=True)
+        await self.store.counter.update_one(*core.raise_floor(cut.floor))
         for group in await self.groups():
             await self.expire_group(group, cut.floor)
         deleted = (await self.store.buckets.delete_many({"_id": {"$lt": cut.floor}})).deleted_count

@@ -97,9 +97,7 @@ class StreamReader:
         if not self._joined:
             start = await self._stream.start_position(self._start)
             now = self._stream.clock.now()
-            await self._store.groups.update_one({"_id": self.group},
-                                                {"$setOnInsert": core.group_document(self.group, start, now)},
-                                                upsert=True)
+            await self._store.groups.update_one(*core.join_group(self.group, start, now), upsert=True)
             self._joined = True
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-stream-acks")

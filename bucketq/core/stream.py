@@ -114,9 +114,11 @@ def missing_sequences(start: int, present: Iterable[int], last_allocated: int, l
 
 # -- reader groups ------------------------------------------------------------------------------------------
 
-def group_document(name: str, start: Position, now: dt.datetime) -> dict[str, Any]:
-    """A new group, reading from ``start``. ``e`` (epoch) counts resets: claims of an older epoch are ignored."""
-    return {"_id": name, "e": 0, "s": start.seq, "i": start.slot, "at": now, "created": now, "expired": 0}
+def join_group(name: str, start: Position, now: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update) for an upsert: the group, created reading from ``start`` if it does not exist. ``e``
+    (epoch) counts resets: claims of an older epoch are ignored."""
+    return {"_id": name}, {"$setOnInsert": {"e": 0, "s": start.seq, "i": start.slot, "at": now, "created": now,
+                                            "expired": 0}}
 
 
 def reset_update(start: Position, now: dt.datetime) -> dict:
@@ -282,6 +284,12 @@ class RetentionCut:
             self.floor = seq + 1
             return False
         return True
+
+
+def raise_floor(floor: int) -> tuple[dict, dict]:
+    """(filter, update): the counter's retention ``floor`` moves up to ``floor``, never down."""
+    return ({"_id": COUNTER_ID, "$or": [{"floor": {"$lt": floor}}, {"floor": {"$exists": False}}]},
+            {"$set": {"floor": floor}})
 
 
 def expire_update(group: GroupState, floor: int, lost: int, now: dt.datetime) -> tuple[dict, dict]:

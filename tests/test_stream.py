@@ -1,0 +1,303 @@
+"""Streams (issue 14): positions, reader groups sharing work, replay, retention, lag, and the faults that would
+break them: a lost insert reply, a producer killed between allocating a sequence and inserting its bucket,
+buckets landing out of order, an insert landing after its sequence was marked a gap, a reader killed holding a
+bucket, a lease lost to another reader, a lost reply on a claim's finish."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import bucketq
+from bucketq import Position
+from bucketq.core.stream import COUNTER_ID
+
+pytestmark = pytest.mark.backends("memory", "server")
+
+
+@pytest.fixture
+async def make_stream(queue_target: Any, db_name: str, sync_db) -> AsyncIterator:
+    made: list[bucketq.Stream] = []
+
+    def make(name: str = "ev", target: object = None, **options: object) -> bucketq.Stream:
+        options = {"poll_interval": 0.01, "state_flush_period": 0.05, **options}
+        stream = bucketq.Stream(target or queue_target, name=name, db=db_name, **options)
+        made.append(stream)
+        return stream
+
+    yield make
+    for stream in made:
+        try:
+            await stream.close()
+        except Exception:  # a test may have left it failing on purpose
+            pass
+
+
+async def read_all(reader: bucketq.StreamReader, *, ack: bool = True, timeout: float = 0.3,
+                   n: int = 100) -> list[bucketq.StreamMessage]:
+    """Every message the reader gets until none comes for ``timeout`` seconds, acked."""
+    out = []
+    while batch := await reader.read_many(n, timeout=timeout):
+        for message in batch:
+            if ack:
+                await message.ack()
+        out.extend(batch)
+    return out
+
+
+async def test_positions_increase_and_a_group_reads_everything_in_order(make_stream):
+    stream = make_stream(bucket_max_size=4)
+    first = await stream.push_many(range(10))
+    second = await stream.push_many(range(10, 13))
+    positions = first + second
+    assert positions == sorted(positions) and len(set(positions)) == 13
+    assert positions[0] == Position(1, 0) and positions[4] == Position(2, 0)
+    async with stream.reader("audit", start="beginning") as reader:
+        got = await read_all(reader)
+    assert [m.payload for m in got] == list(range(13))
+    assert [m.position for m in got] == positions
+    stats = await stream.stats()
+    assert stats["groups"]["audit"]["lag_messages"] == 0 and stats["groups"]["audit"]["lag_s"] == 0.0
+    assert stats["groups"]["audit"]["position"] == str(Position(positions[-1].seq + 1, 0))
+
+
+async def test_groups_are_independent_and_a_new_group_at_the_end_reads_only_what_follows(make_stream):
+    stream = make_stream()
+    await stream.push_many(["a", "b"])
+    audit = stream.reader("audit", start="beginning")
+    search = stream.reader("search", start="beginning")
+    late = stream.reader("late", start="end")
+    assert [m.payload for m in await read_all(audit)] == ["a", "b"]
+    assert await late.read(timeout=0.1) is None  # joins the group at the end
+    await stream.push("c")
+    assert [m.payload for m in await read_all(search)] == ["a", "b", "c"]
+    assert [m.payload for m in await read_all(audit)] == ["c"]
+    assert [m.payload for m in await read_all(late)] == ["c"]
+    assert {g.name for g in await stream.groups()} == {"audit", "search", "late"}
+
+
+async def test_readers_of_one_group_share_the_messages_each_read_once(make_stream):
+    stream = make_stream(bucket_max_size=5)
+    for start in range(0, 200, 10):
+        await stream.push_many(range(start, start + 10))
+    readers = [stream.reader("workers", start="beginning") for _ in range(3)]
+    seen: list[list[int]] = [[], [], []]
+
+    async def work(index: int) -> None:
+        while batch := await readers[index].read_many(3, timeout=0.3):
+            for message in batch:
+                seen[index].append(message.payload)
+                await message.ack()
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(work(i) for i in range(3)))
+    everything = sorted(seen[0] + seen[1] + seen[2])
+    assert everything == list(range(200))
+    assert sum(1 for s in seen if s) >= 2  # the work was shared
+    assert (await stream.stats())["groups"]["workers"]["lag_messages"] == 0
+
+
+async def test_lag_counts_unacked_messages_and_their_age(make_stream):
+    stream = make_stream()
+    await stream.push_many(range(5))
+    reader = stream.reader("g", start="beginning")
+    messages = await reader.read_many(2, timeout=1)
+    await messages[0].ack()
+    await reader.flush()
+    await asyncio.sleep(0.05)
+    lag = (await stream.stats())["groups"]["g"]
+    assert lag["lag_messages"] == 4 and lag["lag_s"] >= 0.05
+
+
+async def test_reset_replays_from_a_position_a_time_or_the_beginning_and_skips_to_the_end(make_stream):
+    stream = make_stream()
+    await stream.push_many(["a", "b", "c"])
+    await asyncio.sleep(0.05)
+    middle = dt.datetime.now(dt.timezone.utc)
+    await asyncio.sleep(0.05)
+    positions = await stream.push_many(["d", "e"])
+    reader = stream.reader("g", start="beginning")
+    assert len(await read_all(reader)) == 5
+    assert await stream.reset("g", positions[1]) == positions[1]
+    assert [m.payload for m in await read_all(reader)] == ["e"]
+    await stream.reset("g", at=middle)
+    assert [m.payload for m in await read_all(reader)] == ["d", "e"]
+    await stream.reset("g", "beginning")
+    assert [m.payload for m in await read_all(reader)] == ["a", "b", "c", "d", "e"]
+    await stream.reset("g", "beginning")
+    await stream.reset("g", "end")
+    await stream.push("f")
+    assert [m.payload for m in await read_all(reader)] == ["f"]
+    with pytest.raises(bucketq.InvalidOption):
+        await stream.reset("g")
+    with pytest.raises(bucketq.InvalidOption):
+        await stream.reset("g", "nowhere")
+
+
+async def test_a_reset_while_a_reader_holds_a_bucket_replays_it_whole(make_stream):
+    stream = make_stream()
+    await stream.push_many(["a", "b"])
+    reader = stream.reader("g", start="beginning")
+    first = await reader.read(timeout=1)
+    await first.ack()  # written to the claim of the old epoch: counts for nothing after the reset
+    await reader.flush()
+    await stream.reset("g", "beginning")
+    payloads = [m.payload for m in await read_all(reader)]
+    assert payloads[-2:] == ["a", "b"]  # "b" may come first from the bucket held before the reset
+    assert (await stream.stats())["groups"]["g"] == {"position": "2:0", "lag_messages": 0, "lag_s": 0.0,
+                                                     "expired": 0}
+
+
+async def test_retention_by_messages_deletes_the_oldest_and_a_group_behind_counts_what_it_lost(make_stream, sync_db):
+    stream = make_stream(bucket_max_size=2, retention_messages=4)
+    slow = stream.reader("slow", start="beginning")
+    await slow.read(timeout=0)  # joins the group at the beginning
+    for i in range(0, 10, 2):
+        await stream.push_many([i, i + 1])
+    result = await stream.apply_retention()
+    assert result == {"floor": 4, "deleted": 3}
+    assert sync_db["ev"].count_documents({}) == 2
+    stats = await stream.stats()
+    assert stats["floor"] == 4 and stats["groups"]["slow"]["expired"] == 6
+    assert [m.payload for m in await read_all(slow)] == [6, 7, 8, 9]
+    fresh = stream.reader("fresh", start="beginning")
+    assert [m.payload for m in await read_all(fresh)] == [6, 7, 8, 9]
+
+
+async def test_retention_by_age_keeps_young_buckets(make_stream):
+    stream = make_stream(retention_age=0.2)
+    await stream.push("old")
+    await asyncio.sleep(0.3)
+    await stream.push("young")
+    assert (await stream.apply_retention())["deleted"] == 1
+    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"))] == ["young"]
+
+
+async def test_a_reader_that_dies_holding_a_bucket_leaves_only_its_unwritten_acks_to_read_again(make_stream):
+    stream = make_stream(lease=1, state_flush_period=0.05)
+    await stream.push_many(range(6))
+    dying = stream.reader("g", start="beginning")
+    messages = await dying.read_many(6, timeout=1)
+    for message in messages[:2]:
+        await message.ack()
+    await dying.flush()  # acks of 0 and 1 written
+    await messages[2].ack()  # not written: this reader dies before its next flush
+    dying._flusher.cancel()  # killed: no more writes from it
+    other = stream.reader("g")
+    assert await other.read(timeout=0.3) is None  # the dead reader's lease still holds the bucket
+    got = await read_all(other, timeout=1.5)
+    assert [m.payload for m in got] == [2, 3, 4, 5]  # 2 again: its ack was in the window; 0 and 1 never
+
+
+async def test_a_reader_whose_lease_passed_to_another_cannot_finish_the_bucket(make_stream):
+    stream = make_stream(lease=1, state_flush_period=0.3)
+    await stream.push_many(["a", "b"])
+    slow = stream.reader("g", start="beginning")
+    held = await slow.read_many(2, timeout=1)
+    slow._flusher.cancel()  # stalled: its lease is not extended
+    await asyncio.sleep(1.1)
+    fast = stream.reader("g")
+    assert [m.payload for m in await read_all(fast)] == ["a", "b"]
+    await held[0].ack()
+    with pytest.raises(bucketq.LeaseLost):
+        await held[1].ack()
+    assert (await stream.stats())["groups"]["g"]["lag_messages"] == 0
+
+
+async def test_the_cli_view_of_group_names_refuses_bad_names(make_stream):
+    stream = make_stream()
+    for bad in ("", "a\0b", 3):
+        with pytest.raises(bucketq.InvalidOption):
+            stream.reader(bad)
+
+
+# -- faults injected on the in-memory database --------------------------------------------------------------
+
+async def test_a_lost_insert_reply_stores_the_bucket_once(make_stream, memory_db):
+    stream = make_stream(target=memory_db)
+    lost = memory_db.faults.lose_reply("insert_many", collection="ev")
+    positions = await stream.push_many(["a", "b"])
+    assert lost.hits == 1 and positions == [Position(1, 0), Position(1, 1)]
+    assert memory_db.sync["ev"].count_documents({}) == 1
+    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"))] == ["a", "b"]
+
+
+async def test_a_producer_killed_between_allocation_and_insert_stalls_readers_only_for_gap_wait(make_stream,
+                                                                                               memory_db):
+    stream = make_stream(target=memory_db, gap_wait=0.5)
+    await stream.push("a")
+    memory_db.sync["ev.seq"].update_one({"_id": COUNTER_ID}, {"$inc": {"last": 1}})  # sequence 2: never written
+    await stream.push("c")
+    reader = stream.reader("g", start="beginning")
+    got = await read_all(reader, timeout=1.0)
+    assert [m.payload for m in got] == ["a", "c"]
+    gap = memory_db.sync["ev"].find_one({"_id": 2})
+    assert gap["gap"] is True
+    assert (await stream.stats())["groups"]["g"]["position"] == "4:0"
+
+
+async def test_buckets_landing_out_of_order_never_let_the_group_commit_past_the_missing_one(make_stream,
+                                                                                            memory_db):
+    stream = make_stream(target=memory_db, gap_wait=30)
+    landed = asyncio.Event()
+    memory_db.faults.delay("insert_many", collection="ev", until=landed)
+    early = asyncio.ensure_future(stream.push("first"))  # sequence 1, held back on its way
+    while memory_db.sync["ev.seq"].find_one({"_id": COUNTER_ID}) is None:
+        await asyncio.sleep(0.01)
+    await stream.push("second")  # sequence 2 lands first
+    reader = stream.reader("g", start="beginning")
+    got = await read_all(reader, timeout=0.3)
+    assert [m.payload for m in got] == ["second"]
+    assert memory_db.sync["ev.groups"].find_one({"_id": "g"})["s"] == 1  # not past the missing sequence 1
+    landed.set()
+    assert await early == Position(1, 0)
+    assert [m.payload for m in await read_all(reader)] == ["first"]
+    assert memory_db.sync["ev.groups"].find_one({"_id": "g"})["s"] == 3
+
+
+async def test_an_insert_landing_after_its_sequence_was_marked_a_gap_is_refused(make_stream, memory_db):
+    stream = make_stream(target=memory_db, gap_wait=0.2)
+    landed = asyncio.Event()
+    memory_db.faults.delay("insert_many", collection="ev", until=landed)
+    late = asyncio.ensure_future(stream.push("late"))
+    while memory_db.sync["ev.seq"].find_one({"_id": COUNTER_ID}) is None:
+        await asyncio.sleep(0.01)
+    await stream.push("next")
+    reader = stream.reader("g", start="beginning")
+    assert [m.payload for m in await read_all(reader, timeout=0.6)] == ["next"]
+    assert memory_db.sync["ev"].find_one({"_id": 1})["gap"] is True
+    landed.set()
+    with pytest.raises(bucketq.WriteFailed):
+        await late  # never stored: the push says so, and no reader ever sees it
+    assert memory_db.sync["ev"].find_one({"_id": 1})["gap"] is True
+    assert await read_all(stream.reader("other", start="beginning")) != []
+    assert [m.payload for m in await read_all(stream.reader("fresh", start="beginning"))] == ["next"]
+
+
+async def test_a_lost_reply_on_the_finish_of_a_bucket_counts_as_applied(make_stream, memory_db):
+    stream = make_stream(target=memory_db)
+    await stream.push_many(["a", "b"])
+    reader = stream.reader("g", start="beginning")
+    messages = await reader.read_many(2, timeout=1)
+    lost = memory_db.faults.lose_reply("update_one", collection="ev.claims",
+                                       where=lambda op: "$set" in op.update and op.update["$set"].get("fin"))
+    for message in messages:
+        await message.ack()
+    assert lost.hits == 1
+    assert await reader.read(timeout=0.2) is None
+    assert (await stream.stats())["groups"]["g"]["position"] == "2:0"
+
+
+async def test_options_are_validated(make_stream):
+    for bad in ({"gap_wait": 0}, {"retention_messages": 0}, {"retention_age": "1d"}, {"lease": 0},
+                {"delay": 1}):
+        with pytest.raises(bucketq.InvalidOption):
+            make_stream(**bad)
+    with pytest.raises(bucketq.InvalidOption):
+        await make_stream().push_many([bucketq.Outgoing("x", delay=5)])
+    with pytest.raises(bucketq.InvalidOption):
+        bucketq.Stream("mongodb://localhost", name="q.groups")
