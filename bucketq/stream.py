@@ -130,14 +130,14 @@ class Stream:
 
     async def ready(self, *, write: bool = True) -> None:
         """Measure the server clock (again every few minutes) and, before the first write, create the indexes
-        and start housekeeping if a retention option is set."""
+        and start housekeeping (retention, old claims)."""
         if self._closed:
             raise QueueClosed("the stream is closed")
         while self.clock.stale or (write and not self._indexed):
             if self._setup is None or self._setup.done():
                 self._setup = asyncio.ensure_future(self._set_up(write))
             await asyncio.shield(self._setup)
-        if write and self._housekeeping is None and self._retains:
+        if write and self._housekeeping is None:
             self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep(), name="bucketq-retention")
 
     async def _set_up(self, write: bool) -> None:
@@ -250,21 +250,23 @@ class Stream:
     async def apply_retention(self) -> dict[str, int]:
         """Delete the buckets beyond the retention options now: ``{"floor": ..., "deleted": ...}``. A group
         whose committed position is below the new floor jumps to it and counts the messages it lost in
-        ``expired``."""
+        ``expired``. Also deletes the claims behind each group's committed position."""
         await self.ready()
         o = self.options
         cut = RetentionCut(self.clock.now(), o.retention_age, o.retention_messages, o.retention_bytes)
-        async for doc in self.store.buckets.find({}, {"created": 1, "n": 1, "bytes": 1}, sort=[("_id", -1)]):
-            if not cut.take(doc["_id"], doc["created"], doc.get("n", 0), doc.get("bytes", 0)):
-                break
-        if cut.floor is None:
-            return {"floor": (await self.store.counter_state())[1], "deleted": 0}
-        await self.store.counter.update_one(*core.raise_floor(cut.floor))
+        if self._retains:
+            async for doc in self.store.buckets.find({}, {"created": 1, "n": 1, "bytes": 1}, sort=[("_id", -1)]):
+                if not cut.take(doc["_id"], doc["created"], doc.get("n", 0), doc.get("bytes", 0)):
+                    break
+        deleted = 0
+        if cut.floor is not None:
+            await self.store.counter.update_one(*core.raise_floor(cut.floor))
+            for group in await self.groups():
+                await self.expire_group(group, cut.floor)
+            deleted = (await self.store.buckets.delete_many({"_id": {"$lt": cut.floor}})).deleted_count
         for group in await self.groups():
-            await self.expire_group(group, cut.floor)
-        deleted = (await self.store.buckets.delete_many({"_id": {"$lt": cut.floor}})).deleted_count
-        await self.store.claims.delete_many({"s": {"$lt": cut.floor}})
-        return {"floor": cut.floor, "deleted": deleted}
+            await self.store.claims.delete_many(core.claims_behind(group))
+        return {"floor": (await self.store.counter_state())[1], "deleted": deleted}
 
     async def expire_group(self, group: GroupState, floor: int) -> None:
         """Move a group left below the retention floor up to it, counting what it lost (read before deletion:

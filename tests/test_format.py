@@ -155,3 +155,46 @@ async def test_skip_mode_message_quarantine_entry_matches(make_queue, sync_db):
 ])
 def test_the_type_checker_itself(value, expression, ok):
     assert matches(value, expression) is ok
+
+
+async def test_stream_documents_match_the_format(queue_target, db_name, sync_db):
+    import bucketq
+    from bucketq.core.stream import COUNTER_ID
+
+    async with bucketq.Stream(queue_target, name="log", db=db_name, gap_wait=0.1, poll_interval=0.01) as stream:
+        await stream.push_many([{"i": 1}, "two"])
+        await stream.push({"h": True}, headers={"trace": "x"}, key="k-1")
+        sync_db["log.seq"].update_one({"_id": COUNTER_ID}, {"$inc": {"last": 1}})  # a producer killed: a hole
+        await stream.push(b"\x00".decode())
+        reader = stream.reader("audit", start="beginning")
+        first = await reader.read_many(2, timeout=2)
+        await first[0].ack()
+        await reader.flush()
+        for message in first[1:]:
+            await message.ack()
+        while batch := await reader.read_many(10, timeout=0.5):
+            for message in batch[:-1]:
+                await message.ack()
+        await reader.flush()
+        await stream.reset("replay", at=dt.datetime.now(dt.timezone.utc))
+        await stream.apply_retention()
+    buckets = list(sync_db["log"].find({"gap": {"$exists": False}}))
+    assert len(buckets) == 3
+    for doc in buckets:
+        check(doc, "stream-bucket-fields")
+        assert doc["n"] == len(doc["p"]) and all(len(doc[f]) == doc["n"] for f in "hk" if f in doc)
+    (gap,) = list(sync_db["log"].find({"gap": {"$exists": True}}))
+    check(gap, "stream-gap-fields")
+    assert gap["_id"] == 3
+    (counter,) = list(sync_db["log.seq"].find())
+    check(counter, "stream-seq-fields")
+    groups = list(sync_db["log.groups"].find())
+    assert {g["_id"] for g in groups} == {"audit", "replay"}
+    for doc in groups:
+        check(doc, "stream-group-fields")
+    claims = list(sync_db["log.claims"].find())
+    assert claims and any(not c["fin"] for c in claims)  # the last bucket: its last message unacked
+    for doc in claims:
+        check(doc, "stream-claim-fields")
+        check(doc["lease"], "lease-fields")
+        assert doc["_id"] == {"g": doc["g"], "e": doc["e"], "s": doc["s"]}

@@ -292,6 +292,11 @@ def raise_floor(floor: int) -> tuple[dict, dict]:
             {"$set": {"floor": floor}})
 
 
+def claims_behind(group: GroupState) -> dict:
+    """The group's claims that count for nothing any more: of another epoch, or behind its committed sequence."""
+    return {"g": group.name, "$or": [{"e": {"$ne": group.epoch}}, {"s": {"$lt": group.committed.seq}}]}
+
+
 def expire_update(group: GroupState, floor: int, lost: int, now: dt.datetime) -> tuple[dict, dict]:
     """(filter, update): a group whose committed position fell below the retention floor jumps to it, and
     counts the messages it never read in ``expired``."""
