@@ -8,7 +8,7 @@ from typing import Any
 
 from bucketq.connection import connect
 from bucketq.core.control import PAUSE, is_paused
-from bucketq.core.format import SIDE_COLLECTION_SUFFIXES
+from bucketq.core.format import SEQ_SUFFIX, SIDE_COLLECTION_SUFFIXES
 
 # A consumer reads the pause document at most this often, so it stops claiming within this many seconds of a
 # pause (plus one round trip), and starts again within this plus one poll interval of a resume.
@@ -69,7 +69,7 @@ async def is_queue(database: Any, name: str, collections: set[str]) -> bool:
     on it: a side collection beside it (``.dead``, ``.quarantine``, ...: a queue's first write makes them),
     or else a first document with the fields every bucket and tombstone has. Other collections are never
     read beyond that one document."""
-    if name.endswith(SIDE_COLLECTION_SUFFIXES):
+    if name.endswith(SIDE_COLLECTION_SUFFIXES) or name + SEQ_SUFFIX in collections:  # the latter: a stream
         return False
     if any(name + suffix in collections for suffix in SIDE_COLLECTION_SUFFIXES):
         return True

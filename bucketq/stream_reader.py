@@ -135,6 +135,25 @@ class StreamReader:
         if group.committed.seq < floor:
             await self._stream.expire_group(group, floor)
             return True
+        present, settled, claims = await self._commit(group)
+        now = self._stream.clock.now()
+        busy = settled | set(self._held) | {c["s"] for c in claims if c.get("lease") and c["lease"]["until"] > now}
+        for seq in present:
+            if seq not in busy and await self._claim(group, seq, now):
+                return True
+        filled = False
+        missing = core.missing_sequences(group.committed.seq, present, last)
+        for seq in self._holes.due(missing, time.monotonic()):
+            try:
+                await self._store.buckets.insert_one(core.gap_marker(seq, now, self._owner))
+            except DuplicateKeyError:  # the producer's bucket landed after all
+                pass
+            filled = True
+        return filled
+
+    async def _commit(self, group: GroupState) -> tuple[list[int], set[int], list[dict[str, Any]]]:
+        """Move the group's committed position past what is settled from it on (``core.advance``); return the
+        sequences present in the scanned window, those settled, and the group's claims there."""
         start = group.committed.seq
         window = {"$gte": start, "$lt": start + core.SCAN_BUCKETS}
         docs = [d async for d in self._store.buckets.find({"_id": window}, {"gap": 1}, sort=[("_id", 1)])]
@@ -142,22 +161,10 @@ class StreamReader:
                                                            {"s": 1, "fin": 1, "lease": 1})]
         present = [d["_id"] for d in docs]
         settled = {d["_id"] for d in docs if d.get("gap")} | {c["s"] for c in claims if c.get("fin")}
-        now = self._stream.clock.now()
         committed = core.advance(start, present, settled)
         if committed > start:
-            await self._store.groups.update_one(*core.commit(group, committed, now))
-        busy = settled | set(self._held) | {c["s"] for c in claims if c.get("lease") and c["lease"]["until"] > now}
-        for seq in present:
-            if seq not in busy and await self._claim(group, seq, now):
-                return True
-        filled = False
-        for seq in self._holes.due(core.missing_sequences(start, present, last), time.monotonic()):
-            try:
-                await self._store.buckets.insert_one(core.gap_marker(seq, now, self._owner))
-                filled = True
-            except DuplicateKeyError:  # the producer's bucket landed after all
-                filled = True
-        return filled
+            await self._store.groups.update_one(*core.commit(group, committed, self._stream.clock.now()))
+        return present, settled, claims
 
     async def _claim(self, group: GroupState, seq: int, now: dt.datetime) -> bool:
         query, update = core.claim(group, seq, now, self._options.lease, self._token, self._owner)
@@ -196,6 +203,9 @@ class StreamReader:
         if not applied:
             raise LeaseLost(f"the lease on bucket {held.seq} of group {self.group!r} expired before its last ack "
                             "was written; its unacked messages will be read again")
+        group = await self._group()
+        if group.epoch == held.epoch and group.committed.seq == held.seq:  # this bucket held the group back
+            await self._commit(group)
 
     async def flush(self, *, release: bool = False) -> None:
         """Write the acks not written yet and extend this reader's leases (``release``: end them, so that another

@@ -3,7 +3,7 @@
 One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``entries`` (dead, quarantine),
 ``worker``, ``relay`` (the outbox relay). Shared pieces: ``common`` (options, connection, finding queues, running,
 one-line redacted errors, signals), ``params`` (durations), ``output`` (JSON and human formats).
-``control`` has the operator controls (pause, resume, remove, purge).
+``control`` has the operator controls (pause, resume, remove, purge); ``stream`` a stream's reader groups.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from bucketq.cli.entries import DEAD, QUARANTINE, group
 from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
 from bucketq.cli.relay import relay
+from bucketq.cli.stream import stream
 from bucketq.cli.worker import worker
 
 __all__ = ["cli", "main"]
@@ -54,7 +55,7 @@ def cli() -> None:
     """
 
 
-for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE)):
+for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE), stream):
     cli.add_command(command)
 for command in (pause, resume, remove, purge):  # operator controls
     cli.add_command(command)
