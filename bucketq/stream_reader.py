@@ -62,6 +62,7 @@ class StreamReader:
         self._token = new_token()
         self._owner = owner_name()
         self._held: dict[int, HeldBucket] = {}
+        self._lost: list[int] = []  # buckets dropped since the last flush() call: their leases were lost
         self._holes = HoleWatch(self._options.gap_wait)
         self._joined = False  # the group exists (created with ``start`` if it did not)
         self._epoch: int | None = None
@@ -207,9 +208,11 @@ class StreamReader:
         if group.epoch == held.epoch and group.committed.seq == held.seq:  # this bucket held the group back
             await self._commit(group)
 
-    async def flush(self, *, release: bool = False) -> None:
+    async def flush(self, *, release: bool = False) -> list[int]:
         """Write the acks not written yet and extend this reader's leases (``release``: end them, so that another
-        reader of the group takes the unacked messages at once); drop the buckets whose lease was lost."""
+        reader of the group takes the unacked messages at once). Returns the sequences of the buckets whose
+        lease was lost since the last call (by this flush or a background one): they were dropped, and their
+        messages whose acks were not written yet will be read again."""
         until = core.NEVER if release else self._stream.clock.now() + dt.timedelta(seconds=self._options.lease)
         for held in list(self._held.values()):
             unwritten = held.unwritten()
@@ -220,6 +223,9 @@ class StreamReader:
                 held.written(unwritten)
             elif self._held.get(held.seq) is held:
                 del self._held[held.seq]
+                self._lost.append(held.seq)
+        lost, self._lost = self._lost, []
+        return lost
 
     async def _flush_loop(self) -> None:
         while True:

@@ -26,6 +26,9 @@ The report (JSON, the last line of stdout):
                    lost_replies / lost_requests by target (bucket_insert, fenced_write), delayed_retries
                    (losses whose retry was held back past the lease: lost, held_back), command faults that
                    found no command (unfired), clock_steps_s (each consumer wall-clock step, in seconds)
+    stream         the stream run after the queue's (issue 14; ``--no-streams`` skips it): two groups of one
+                   stream, one with readers SIGKILLed at random, and a writer killed; lost, duplicated,
+                   duplicates_explained, unexpected per group and in total (see ``streams.py``)
     modes          per dedupe mode run: ok, written, lost, duplicated, duplicates_explained, unexpected
     throughput (write, crash_recovery, drain, total), errors
 

@@ -58,6 +58,7 @@ def parse(argv: list[str]) -> Config:
                         "(0: as fast as possible)")
     parser.add_argument("--timeout", type=float, help="seconds before the run is abandoned")
     parser.add_argument("--keep", action="store_true", help="keep the logs and the database for a post-mortem")
+    parser.add_argument("--no-streams", action="store_true", help="skip the stream run (tests/stress/streams.py)")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
     values = {f.name: getattr(base, f.name) for f in fields(Config)}
@@ -76,6 +77,7 @@ def parse(argv: list[str]) -> Config:
     if args.timeout is not None:
         values["timeout_s"] = args.timeout
     values["keep"] = args.keep
+    values["streams"] = not args.no_streams
     config = Config(**values)
     if min(config.writers, config.messages_per_writer, config.consumers) < 1 or config.crashers < 0:
         parser.error("writers, messages per writer and consumers must be at least 1, crashers at least 0")

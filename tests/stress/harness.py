@@ -55,6 +55,7 @@ from tests.proxy import Command, Rule, TcpProxy
 from tests.stress.accounting import account, parse_consumer_logs, parse_writer_log
 from tests.stress.common import LEASE_S, die_with_parent
 from tests.stress.consumer import KILL_POINTS
+from tests.stress.streams import StreamConfig, run_streams
 
 ROOT = Path(__file__).resolve().parents[2]
 TICK_S = 0.1
@@ -91,6 +92,7 @@ class Config:
     write_seconds: float = 40.0
     timeout_s: float = 600.0
     keep: bool = False
+    streams: bool = True  # then the stream run (tests/stress/streams.py) on the same server
 
     @property
     def total(self) -> int:
@@ -760,12 +762,20 @@ def run(config: Config) -> dict[str, Any]:
                 reports.append(harness.run())
             finally:
                 harness.cleanup()
+        streams = run_streams(uri, StreamConfig(seed=config.seed, keep=config.keep)) if config.streams else None
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(h2_dir, ignore_errors=True)
     report = reports[0] if len(reports) == 1 else _combine(reports)
     report["modes"] = {("on" if r["dedupe"] else "off"): {k: r[k] for k in MODE_KEYS} for r in reports}
+    if streams is not None:
+        report["stream"] = streams
+        if not streams["ok"]:
+            report["ok"] = False
+            report["failures"] = [*report["failures"], f"stream: lost {streams['lost']}, duplicated "
+                                  f"{streams['duplicated']}, unexpected {streams['unexpected']}, "
+                                  f"errors {streams['errors']}"]
     report["server"] = "BUCKETQ_MONGODB_URI" if server is None else "mongo-java-server (H2 file backend)"
     report["seed"] = config.seed
     report["config"] = asdict(config)
