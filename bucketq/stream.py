@@ -156,6 +156,14 @@ class Stream:
         await self.ready()
         return Position.parse(await self._producer.push(payload, headers=headers, key=key))
 
+    def push_nowait(self, payload: Any, *, headers: Mapping[str, Any] | None = None,
+                    key: str | None = None) -> asyncio.Future[str]:
+        """Buffer a message and return a future of its position as text, ``"<sequence>:<slot>"``
+        (``Position.parse`` makes it a ``Position``), for callers who pipeline: no wrapper per message. Raises
+        ``BufferFull`` instead of waiting when ``max_buffered_bytes`` is reached. Set up first (one ``push``, or
+        ``await stream.ready()``) or the first write does it."""
+        return self._producer.push_nowait(payload, headers=headers, key=key)
+
     async def push_many(self, payloads: Iterable[Any], *, headers: Mapping[str, Any] | None = None) -> list[Position]:
         """Append every payload (an ``Outgoing`` item may carry its own ``key`` and ``headers``, no delay),
         in order; return their positions."""

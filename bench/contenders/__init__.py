@@ -10,7 +10,8 @@ from bench.contenders import keuss
 ALL = ("bucketq", "keuss", "naive", "floor")
 QUEUE_SCENARIOS = frozenset({"push", "consume", "end_to_end", "latency"})
 SCENARIOS = {
-    "bucketq": QUEUE_SCENARIOS | {"consume_batch"},  # consume_batch: reserve_many, for batch handlers
+    # consume_batch: reserve_many, for batch handlers; stream_push: push to a bucketq.Stream (issue 14)
+    "bucketq": QUEUE_SCENARIOS | {"consume_batch", "stream_push"},
     "keuss": QUEUE_SCENARIOS,
     "naive": QUEUE_SCENARIOS,
     "floor": frozenset({"push", "consume", "latency", "encode", "decode"}),  # latency: one insert's round trip

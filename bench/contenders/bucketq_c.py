@@ -1,7 +1,7 @@
 """bucketq contender: the library under test, through its public async API.
 
 push: push_nowait per message with at most ``window`` un-acknowledged pushes, done when every push is
-durable. consume: ``concurrency`` tasks doing reserve + ack; consume_batch: the same with ``reserve_many``
+durable. stream_push: the same into a ``bucketq.Stream``. consume: ``concurrency`` tasks doing reserve + ack; consume_batch: the same with ``reserve_many``
 (batches of ``BATCH``, each message acked on its own), as a batch handler would. end_to_end: both at once in
 one process.
 latency: sequential awaited pushes on an idle queue with default options, each timed; then, untimed, what
@@ -168,7 +168,10 @@ async def _with_queue(ctx: Ctx, role: Role) -> None:
     client: AsyncMongoClient = AsyncMongoClient(s["uri"], event_listeners=[ctx.commands], w=write_concern(s))
     tuned = {"bucket_max_size": s["bucket_max_size"], "bucket_max_wait": s["bucket_max_wait_s"]}
     try:
-        q = bucketq.Queue(client, name=s["queue"], db=s["db"], **({} if s["role"] == "latency" else tuned))
+        if s["role"] == "stream_push":  # the same producer, writing a stream: sequences allocated per write
+            q = bucketq.Stream(client, name=s["queue"], db=s["db"], **tuned)
+        else:
+            q = bucketq.Queue(client, name=s["queue"], db=s["db"], **({} if s["role"] == "latency" else tuned))
         async with q:
             await role(ctx, q)
     finally:
@@ -181,4 +184,5 @@ def _sync(role: Role) -> Callable[[Ctx], None]:
 
 if __name__ == "__main__":
     main({"fill": _sync(fill), "push": _sync(push), "consume": _sync(consume), "end_to_end": _sync(end_to_end),
-          "latency": _sync(latency), "consume_batch": _sync(lambda ctx, q: consume(ctx, q, BATCH))})
+          "latency": _sync(latency), "consume_batch": _sync(lambda ctx, q: consume(ctx, q, BATCH)),
+          "stream_push": _sync(push)})
