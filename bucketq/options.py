@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
@@ -162,44 +163,48 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
+# The queue options a stream takes too, with the same meaning and checks (``QueueOptions``).
+STREAM_QUEUE_OPTIONS = ("bucket_max_size", "bucket_max_bytes", "bucket_max_wait", "bucket_min_wait",
+                        "max_buffered_bytes", "max_in_flight_writes", "write_timeout", "write_concern", "lease",
+                        "state_flush_period", "poll_interval")
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     """Every tunable of a stream (``bucketq.Stream``). Times are in seconds, sizes in bytes.
 
-    Producer: bucket_max_size, bucket_max_bytes, bucket_max_wait, bucket_min_wait, max_buffered_bytes,
-        max_in_flight_writes, write_timeout, write_concern: as for a queue (``QueueOptions``).
-    Readers:
-        lease: seconds a group's claim on a bucket lasts without being extended; a reader that dies holding one
-            stalls nothing else, but its bucket's unacked messages wait this long to be read again.
-        state_flush_period: seconds between writes of acks (which also extend leases); a bucket's claim is
-            finished at once when its last message is acked.
-        gap_wait: seconds a reader waits for an allocated sequence to land before it marks it a gap for good
-            (a producer killed after allocating, or whose write failed). A producer's write landing later is
-            refused (its pushes raise ``WriteFailed``). Readers of every group wait this long behind such a hole.
-        poll_interval: seconds between scans when a reader finds nothing to read.
-    Retention (housekeeping, every minute and on ``apply_retention()``): the oldest buckets are deleted once
-        older than ``retention_age``, or past ``retention_messages`` messages or ``retention_bytes`` payload
-        bytes counted from the newest. None: no limit. All None (the default): keep everything.
+    ``queue``: the options a stream shares with a queue (``STREAM_QUEUE_OPTIONS``, as ``QueueOptions`` describes
+    them): the producer's, and for readers ``lease`` (how long a group's claim on a bucket lasts without being
+    extended: a reader that dies holding one delays its unacked messages this long), ``state_flush_period``
+    (between writes of acks, which also extend leases; a bucket's claim is finished at once when its last
+    message is acked) and ``poll_interval`` (between scans when a reader finds nothing to read).
+
+    gap_wait: seconds a reader waits for an allocated sequence to land before it marks it a gap for good (a
+        producer killed after allocating, or whose write failed). A producer's write landing later is refused
+        (its pushes raise ``WriteFailed``). Every group's committed position waits this long behind such a hole.
+    retention_age, retention_messages, retention_bytes: housekeeping (every minute, and ``apply_retention()``)
+        deletes the oldest buckets once older than ``retention_age``, or past ``retention_messages`` messages or
+        ``retention_bytes`` payload bytes counted from the newest. None: no limit. All None (the default): keep
+        everything.
     """
 
-    bucket_max_size: int = 1024
-    bucket_max_bytes: int = 8 * 1024 * 1024
-    bucket_max_wait: float = 0.5
-    bucket_min_wait: float = 0.0
-    max_buffered_bytes: int = 64 * 1024 * 1024
-    max_in_flight_writes: int = 2
-    write_timeout: float = 30.0
-    write_concern: int | str | None = None
-    lease: float = 30.0
-    state_flush_period: float = 0.5
     gap_wait: float = 35.0
-    poll_interval: float = 0.1
     retention_age: float | None = None
     retention_messages: int | None = None
     retention_bytes: int | None = None
+    queue: QueueOptions = field(default_factory=QueueOptions)
+
+    @classmethod
+    def from_keywords(cls, options: Mapping[str, Any]) -> StreamOptions:
+        """The options of ``Stream(**options)``; ``InvalidOption`` names an unknown or bad one."""
+        own = {k: v for k, v in options.items() if k in cls.__dataclass_fields__ and k != "queue"}
+        shared = {k: v for k, v in options.items() if k in STREAM_QUEUE_OPTIONS}
+        unknown = set(options) - set(own) - set(shared)
+        if unknown:
+            raise InvalidOption(f"unknown option(s): {', '.join(sorted(unknown))}")
+        return cls(**own, queue=QueueOptions(**shared))
 
     def __post_init__(self) -> None:
-        QueueOptions(**self._shared())  # validates the options a stream shares with a queue
         for name in ("gap_wait", "retention_age"):
             value = getattr(self, name)
             _check(value is None and name != "gap_wait" or _type_ok(value, _NUM, False) and 0 < value <= MAX_DELAY_S,
@@ -211,12 +216,9 @@ class StreamOptions:
                    "None (no limit) or a positive int")
 
     @property
-    def queue_options(self) -> QueueOptions:
-        """The producer's and lease options as a ``QueueOptions``, for the producer a stream shares with queues."""
-        return QueueOptions(**self._shared())
-
-    def _shared(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in QueueOptions.__dataclass_fields__}
+    def retains(self) -> bool:
+        """Whether any retention limit is set."""
+        return any(v is not None for v in (self.retention_age, self.retention_messages, self.retention_bytes))
 
 
 MAX_NAMESPACE_BYTES = 255  # MongoDB's limit on "<db>.<collection>" (unsharded collections)

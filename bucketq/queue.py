@@ -37,6 +37,7 @@ from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClo
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
+from bucketq.setup import SetUp
 from bucketq.store import Store, retrying
 from bucketq.wakeup import Wakeup
 
@@ -73,8 +74,8 @@ class Queue:
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
                                   on_written=self._wakeup.notify, before_write=self._ready)
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup)
-        self._indexed = False
-        self._setup: asyncio.Future[None] | None = None
+        self._setup = SetUp(self._connection.database, self._clock, self._store.ensure_indexes,
+                            self.options.write_timeout)
         self._housekeeping: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -83,23 +84,10 @@ class Queue:
         return self._connection.database
 
     async def _ready(self, *, write: bool = True) -> None:
-        """Set up before use: measure the server clock (again every few minutes) and, before the first write,
-        create the indexes. Read-only callers (``write=False``) create nothing, so reads leave a database as
-        it was. Concurrent callers share one setup and all resume together: pushes made while a queue sets
-        up still reach the producer in one burst and share buckets."""
+        """Set up before use (``bucketq.setup``): the server clock, and the indexes before the first write."""
         if self._closed:
             raise QueueClosed("the queue is closed")
-        while self._clock.stale or (write and not self._indexed):
-            if self._setup is None or self._setup.done():
-                self._setup = asyncio.ensure_future(self._set_up(write))
-            await asyncio.shield(self._setup)
-
-    async def _set_up(self, write: bool) -> None:
-        if self._clock.stale:
-            await retrying(lambda _: self._clock.sync(self._connection.database), timeout_s=self.options.write_timeout)
-        if write and not self._indexed:
-            await retrying(lambda _: self._store.ensure_indexes(), timeout_s=self.options.write_timeout)
-            self._indexed = True
+        await self._setup.ready(write=write)
 
     # -- producing -----------------------------------------------------------------------------------------
 

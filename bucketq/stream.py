@@ -30,7 +30,8 @@ from bucketq.core.stream import GroupState, Position, RetentionCut
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import StreamOptions, check_database, check_names
 from bucketq.producer import Outgoing, Producer
-from bucketq.store import Store, retrying
+from bucketq.setup import SetUp
+from bucketq.store import Store
 from bucketq.stream_reader import StreamReader
 
 HOUSEKEEPING_EVERY_S = 60.0
@@ -105,22 +106,19 @@ class Stream:
     def __init__(self, target: Any, *, name: str, db: str | None = None, codec: str | Codec = "json",
                  **options: Any) -> None:
         check_names(name, db)
-        unknown = set(options) - set(StreamOptions.__dataclass_fields__)
-        if unknown:
-            raise InvalidOption(f"unknown option(s): {', '.join(sorted(unknown))}")
-        self.options = StreamOptions(**options)
+        self.options = StreamOptions.from_keywords(options)
         self.codec = codec_option(codec)
         self.name = name
         self._connection = connect(target, db)
-        check_database(self._connection.database, name, self.options.write_concern)
-        self.store = StreamStore(self._connection.database, name, write_concern=self.options.write_concern,
-                                 op_timeout_s=self.options.write_timeout)
+        shared = self.options.queue
+        check_database(self._connection.database, name, shared.write_concern)
+        self.store = StreamStore(self._connection.database, name, write_concern=shared.write_concern,
+                                 op_timeout_s=shared.write_timeout)
         self.clock = ServerClock()
-        self._producer = Producer(self.store, self.codec, self.options.queue_options, self.clock,
+        self._producer = Producer(self.store, self.codec, shared, self.clock,
                                   before_write=self.ready)
         self._readers: set[StreamReader] = set()
-        self._indexed = False
-        self._setup: asyncio.Future[None] | None = None
+        self._setup = SetUp(self.database, self.clock, self.store.ensure_indexes, shared.write_timeout)
         self._housekeeping: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -129,23 +127,13 @@ class Stream:
         return self._connection.database
 
     async def ready(self, *, write: bool = True) -> None:
-        """Measure the server clock (again every few minutes) and, before the first write, create the indexes
-        and start housekeeping (retention, old claims)."""
+        """Set up before use (``bucketq.setup``); before the first write also start housekeeping (retention,
+        old claims)."""
         if self._closed:
             raise QueueClosed("the stream is closed")
-        while self.clock.stale or (write and not self._indexed):
-            if self._setup is None or self._setup.done():
-                self._setup = asyncio.ensure_future(self._set_up(write))
-            await asyncio.shield(self._setup)
+        await self._setup.ready(write=write)
         if write and self._housekeeping is None:
             self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep(), name="bucketq-retention")
-
-    async def _set_up(self, write: bool) -> None:
-        if self.clock.stale:
-            await retrying(lambda _: self.clock.sync(self.database), timeout_s=self.options.write_timeout)
-        if write and not self._indexed:
-            await retrying(lambda _: self.store.ensure_indexes(), timeout_s=self.options.write_timeout)
-            self._indexed = True
 
     # -- producing -----------------------------------------------------------------------------------------
 
@@ -250,11 +238,6 @@ class Stream:
 
     # -- retention -----------------------------------------------------------------------------------------
 
-    @property
-    def _retains(self) -> bool:
-        o = self.options
-        return any(v is not None for v in (o.retention_age, o.retention_messages, o.retention_bytes))
-
     async def apply_retention(self) -> dict[str, int]:
         """Delete the buckets beyond the retention options now: ``{"floor": ..., "deleted": ...}``. A group
         whose committed position is below the new floor jumps to it and counts the messages it lost in
@@ -262,7 +245,7 @@ class Stream:
         await self.ready()
         o = self.options
         cut = RetentionCut(self.clock.now(), o.retention_age, o.retention_messages, o.retention_bytes)
-        if self._retains:
+        if o.retains:
             async for doc in self.store.buckets.find({}, {"created": 1, "n": 1, "bytes": 1}, sort=[("_id", -1)]):
                 if not cut.take(doc["_id"], doc["created"], doc.get("n", 0), doc.get("bytes", 0)):
                     break

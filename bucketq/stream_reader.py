@@ -89,7 +89,8 @@ class StreamReader:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return []
-            await asyncio.sleep(self._options.poll_interval if left is None else min(left, self._options.poll_interval))
+            poll = self._options.queue.poll_interval
+            await asyncio.sleep(poll if left is None else min(left, poll))
 
     async def _ready(self) -> None:
         if self._closed:
@@ -168,7 +169,7 @@ class StreamReader:
         return present, settled, claims
 
     async def _claim(self, group: GroupState, seq: int, now: dt.datetime) -> bool:
-        query, update = core.claim(group, seq, now, self._options.lease, self._token, self._owner)
+        query, update = core.claim(group, seq, now, self._options.queue.lease, self._token, self._owner)
         try:  # not retried: a claim whose reply was lost expires with its lease
             claim = await self._store.claims.find_one_and_update(query, update, upsert=True,
                                                                  return_document=ReturnDocument.AFTER)
@@ -213,7 +214,7 @@ class StreamReader:
         reader of the group takes the unacked messages at once). Returns the sequences of the buckets whose
         lease was lost since the last call (by this flush or a background one): they were dropped, and their
         messages whose acks were not written yet will be read again."""
-        until = core.NEVER if release else self._stream.clock.now() + dt.timedelta(seconds=self._options.lease)
+        until = core.NEVER if release else self._stream.clock.now() + dt.timedelta(seconds=self._options.queue.lease)
         for held in list(self._held.values()):
             unwritten = held.unwritten()
             applied = await self._store.update_fenced(core.claimed_by(held.cid, held.token),
@@ -229,7 +230,7 @@ class StreamReader:
 
     async def _flush_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._options.state_flush_period)
+            await asyncio.sleep(self._options.queue.state_flush_period)
             try:
                 await self.flush()
             except PyMongoError:

@@ -1,0 +1,37 @@
+"""The set-up a queue or stream needs before use: the server clock measured (again every few minutes) and, before
+the first write, its indexes created. Read-only callers create nothing, so reads leave a database as it was.
+Concurrent callers share one set-up and all resume together: pushes made while it runs still reach the producer in
+one burst and share buckets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bucketq.clock import ServerClock
+from bucketq.store import retrying
+
+
+class SetUp:
+    def __init__(self, database: Any, clock: ServerClock, ensure_indexes: Callable[[], Awaitable[None]],
+                 timeout_s: float) -> None:
+        self._database = database
+        self._clock = clock
+        self._ensure_indexes = ensure_indexes
+        self._timeout_s = timeout_s
+        self.indexed = False
+        self._running: asyncio.Future[None] | None = None
+
+    async def ready(self, *, write: bool = True) -> None:
+        while self._clock.stale or (write and not self.indexed):
+            if self._running is None or self._running.done():
+                self._running = asyncio.ensure_future(self._set_up(write))
+            await asyncio.shield(self._running)
+
+    async def _set_up(self, write: bool) -> None:
+        if self._clock.stale:
+            await retrying(lambda _: self._clock.sync(self._database), timeout_s=self._timeout_s)
+        if write and not self.indexed:
+            await retrying(lambda _: self._ensure_indexes(), timeout_s=self._timeout_s)
+            self.indexed = True
