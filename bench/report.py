@@ -107,7 +107,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 COLUMNS = [  # header, width, cell
     ("contender", 9, lambda r: r["contender"]),
-    ("scenario", 10, lambda r: r["scenario"]),
+    ("scenario", 13, lambda r: r["scenario"]),
     ("payload", 7, lambda r: human_bytes(r["payload_bytes"])),
     ("proc", 4, lambda r: str(r["processes"])),
     ("w", 8, lambda r: r.get("write_concern", "1")),
