@@ -301,3 +301,25 @@ async def test_options_are_validated(make_stream):
         await make_stream().push_many([bucketq.Outgoing("x", delay=5)])
     with pytest.raises(bucketq.InvalidOption):
         bucketq.Stream("mongodb://localhost", name="q.groups")
+
+
+async def test_a_closed_reader_hands_its_buckets_back_at_once(make_stream):
+    stream = make_stream(lease=60)
+    await stream.push_many(range(5))
+    first = stream.reader("g", start="beginning")
+    messages = await first.read_many(2, timeout=1)
+    await messages[0].ack()
+    await first.close()  # no waiting for the 60 s lease: the other three and the unacked one go to the next
+    second = stream.reader("g")
+    assert [m.payload for m in await read_all(second, timeout=0.5)] == [1, 2, 3, 4]
+
+
+async def test_a_stream_is_not_a_queue_and_a_deleted_group_starts_over(make_stream, queue_target, db_name):
+    stream = make_stream()
+    await stream.push_many(["a", "b"])
+    assert len(await read_all(stream.reader("g", start="beginning"))) == 2
+    assert await bucketq.list_queues(queue_target, db=db_name) == []
+    assert await stream.delete_group("g") is True
+    assert await stream.delete_group("g") is False
+    assert await stream.groups() == []
+    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"))] == ["a", "b"]
