@@ -1,8 +1,9 @@
 """bucketq contender: the library under test, through its public async API.
 
 push: push_nowait per message with at most ``window`` un-acknowledged pushes, done when every push is
-durable. stream_push: the same into a ``bucketq.Stream``. consume: ``concurrency`` tasks doing reserve + ack; consume_batch: the same with ``reserve_many``
-(batches of ``BATCH``, each message acked on its own), as a batch handler would. end_to_end: both at once in
+durable. stream_push: the same into a ``bucketq.Stream``. consume: ``concurrency`` tasks doing reserve + ack;
+consume_batch: the same with ``reserve_many`` (batches of ``BATCH``, each message acked on its own), as a batch
+handler would. end_to_end: both at once in
 one process.
 latency: sequential awaited pushes on an idle queue with default options, each timed; then, untimed, what
 consuming the buckets they made costs.

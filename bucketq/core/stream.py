@@ -248,7 +248,9 @@ class HeldBucket:
 
     @property
     def complete(self) -> bool:
-        return len(self.done | self.acked) >= self.size
+        """Every slot acked or done. ``acked`` and ``done`` never share a slot (``take`` skips done slots,
+        ``written`` moves acked ones over), so counting is enough: this runs on every ack."""
+        return len(self.done) + len(self.acked) >= self.size
 
     def unwritten(self) -> list[int]:
         return sorted(self.acked - self.done)
