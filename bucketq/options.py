@@ -166,7 +166,7 @@ def _is_utf8(text: str) -> bool:
 # The queue options a stream takes too, with the same meaning and checks (``QueueOptions``).
 STREAM_QUEUE_OPTIONS = ("bucket_max_size", "bucket_max_bytes", "bucket_max_wait", "bucket_min_wait",
                         "max_buffered_bytes", "max_in_flight_writes", "write_timeout", "write_concern", "lease",
-                        "state_flush_period", "poll_interval")
+                        "state_flush_period", "poll_interval", "tombstone_retention")
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,8 @@ class StreamOptions:
     them): the producer's, and for readers ``lease`` (how long a group's claim on a bucket lasts without being
     extended: a reader that dies holding one delays its unacked messages this long), ``state_flush_period``
     (between writes of acks, which also extend leases; a bucket's claim is finished at once when its last
-    message is acked) and ``poll_interval`` (between scans when a reader finds nothing to read).
+    message is acked), ``poll_interval`` (between scans when a reader finds nothing to read) and
+    ``tombstone_retention`` (how long retention keeps a gap marker below the floor: see ``core.stream.retired``).
 
     gap_wait: seconds a reader waits for an allocated sequence to land before it marks it a gap for good (a
         producer killed after allocating, or whose write failed). A producer's write landing later is refused

@@ -239,9 +239,10 @@ class Stream:
     # -- retention -----------------------------------------------------------------------------------------
 
     async def apply_retention(self) -> dict[str, int]:
-        """Delete the buckets beyond the retention options now: ``{"floor": ..., "deleted": ...}``. A group
-        whose committed position is below the new floor jumps to it and counts the messages it lost in
-        ``expired``. Also deletes the claims behind each group's committed position."""
+        """Delete the buckets beyond the retention options now: ``{"floor": ..., "deleted": ...}`` (documents
+        deleted: buckets, and gap markers once ``tombstone_retention`` old). A group whose committed position is
+        below the new floor jumps to it and counts the messages it lost in ``expired``. Also deletes the claims
+        behind each group's committed position."""
         await self.ready()
         o = self.options
         cut = RetentionCut(self.clock.now(), o.retention_age, o.retention_messages, o.retention_bytes)
@@ -249,15 +250,16 @@ class Stream:
             async for doc in self.store.buckets.find({}, {"created": 1, "n": 1, "bytes": 1}, sort=[("_id", -1)]):
                 if not cut.take(doc["_id"], doc["created"], doc.get("n", 0), doc.get("bytes", 0)):
                     break
-        deleted = 0
         if cut.floor is not None:
             await self.store.counter.update_one(*core.raise_floor(cut.floor))
             for group in await self.groups():
                 await self.expire_group(group, cut.floor)
-            deleted = (await self.store.buckets.delete_many({"_id": {"$lt": cut.floor}})).deleted_count
+        floor = (await self.store.counter_state())[1]
+        gone = core.retired(floor, self.clock.now(), self.options.queue.tombstone_retention)
+        deleted = (await self.store.buckets.delete_many(gone)).deleted_count
         for group in await self.groups():
             await self.store.claims.delete_many(core.claims_behind(group))
-        return {"floor": (await self.store.counter_state())[1], "deleted": deleted}
+        return {"floor": floor, "deleted": deleted}
 
     async def expire_group(self, group: GroupState, floor: int) -> None:
         """Move a group left below the retention floor up to it, counting what it lost (read before deletion:

@@ -323,3 +323,26 @@ async def test_a_stream_is_not_a_queue_and_a_deleted_group_starts_over(make_stre
     assert await stream.delete_group("g") is False
     assert await stream.groups() == []
     assert [m.payload for m in await read_all(stream.reader("g", start="beginning"))] == ["a", "b"]
+
+
+async def test_retention_keeps_a_young_gap_marker_so_a_late_insert_is_still_refused(make_stream, memory_db):
+    stream = make_stream(target=memory_db, gap_wait=0.2, retention_messages=1)
+    landed = asyncio.Event()
+    memory_db.faults.delay("insert_many", collection="ev", until=landed)
+    late = asyncio.ensure_future(stream.push("late"))
+    while memory_db.sync["ev.seq"].find_one({"_id": COUNTER_ID}) is None:
+        await asyncio.sleep(0.01)
+    try:
+        await stream.push("next")
+        await stream.push("last")
+        got = await read_all(stream.reader("g", start="beginning"), timeout=0.6)
+        assert [m.payload for m in got] == ["next", "last"]
+        assert await stream.apply_retention() == {"floor": 3, "deleted": 1}  # "next"; the gap below is kept
+    finally:
+        landed.set()
+    with pytest.raises(bucketq.WriteFailed):
+        await late
+    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    memory_db.sync["ev"].update_one({"_id": 1}, {"$set": {"created": old}})  # older than tombstone_retention
+    assert await stream.apply_retention() == {"floor": 3, "deleted": 1}
+    assert memory_db.sync["ev"].find_one({"_id": 1}) is None

@@ -294,6 +294,15 @@ def raise_floor(floor: int) -> tuple[dict, dict]:
             {"$set": {"floor": floor}})
 
 
+def retired(floor: int, now: dt.datetime, keep_gaps_s: float) -> dict:
+    """The documents retention deletes: every bucket below the floor, and the gap markers below it made more than
+    ``keep_gaps_s`` ago. A gap marker is the proof that its sequence holds no message: kept as long as a
+    producer's insert of that sequence may still arrive (``tombstone_retention``, more than any
+    ``write_timeout``), it keeps such a late insert from landing, below the floor, where no group reads it."""
+    return {"_id": {"$lt": floor},
+            "$or": [{"gap": {"$ne": True}}, {"created": {"$lt": now - dt.timedelta(seconds=keep_gaps_s)}}]}
+
+
 def claims_behind(group: GroupState) -> dict:
     """The group's claims that count for nothing any more: of another epoch, or behind its committed sequence."""
     return {"g": group.name, "$or": [{"e": {"$ne": group.epoch}}, {"s": {"$lt": group.committed.seq}}]}
