@@ -8,7 +8,7 @@ from typing import Any
 
 from bucketq.connection import connect
 from bucketq.core.control import PAUSE, is_paused
-from bucketq.core.format import SEQ_SUFFIX, SIDE_COLLECTION_SUFFIXES
+from bucketq.core.format import QUEUE_SUFFIXES, SIDE_COLLECTION_SUFFIXES, STREAM_SUFFIXES
 
 # A consumer reads the pause document at most this often, so it stops claiming within this many seconds of a
 # pause (plus one round trip), and starts again within this plus one poll interval of a resume.
@@ -69,9 +69,9 @@ async def is_queue(database: Any, name: str, collections: set[str]) -> bool:
     on it: a side collection beside it (``.dead``, ``.quarantine``, ...: a queue's first write makes them),
     or else a first document with the fields every bucket and tombstone has. Other collections are never
     read beyond that one document."""
-    if name.endswith(SIDE_COLLECTION_SUFFIXES) or name + SEQ_SUFFIX in collections:  # the latter: a stream
-        return False
-    if any(name + suffix in collections for suffix in SIDE_COLLECTION_SUFFIXES):
+    if name.endswith(SIDE_COLLECTION_SUFFIXES) or any(name + suffix in collections for suffix in STREAM_SUFFIXES):
+        return False  # a side collection, or a stream
+    if any(name + suffix in collections for suffix in QUEUE_SUFFIXES):
         return True
     first = await database[name].find_one({}, dict.fromkeys(BUCKET_FIELDS, 1))
     return first is not None and all(field in first for field in BUCKET_FIELDS)

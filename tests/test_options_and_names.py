@@ -19,7 +19,7 @@ from bson import ObjectId
 
 import bucketq
 from bucketq.codecs import CodecUnavailable, codec_for, codec_named
-from bucketq.core.format import Slot, bucket_document
+from bucketq.core.format import QUEUE_SUFFIXES, Slot, bucket_document
 from bucketq.options import MAX_DELAY_S, MAX_NAMESPACE_BYTES, SIDE_COLLECTION_SUFFIXES, QueueOptions
 
 LONGEST_SUFFIX = max(SIDE_COLLECTION_SUFFIXES, key=len)
@@ -71,8 +71,8 @@ def test_the_namespace_limit_counts_utf8_bytes(mongo_uri, db_name, char):
 async def test_names_that_collide_with_nothing_work(make_queue, sync_db, name):
     q = make_queue(name=name, bucket_max_wait=0.005, change_streams=False)
     await round_trip(q)
-    assert set(sync_db.list_collection_names()) == {name, *(name + s for s in SIDE_COLLECTION_SUFFIXES)}, \
-        "the store and SIDE_COLLECTION_SUFFIXES disagree on the queue's collections"
+    assert set(sync_db.list_collection_names()) == {name, *(name + s for s in QUEUE_SUFFIXES)}, \
+        "the store and QUEUE_SUFFIXES disagree on the queue's collections"
 
 
 async def test_the_longest_accepted_name_works(make_queue, db_name):

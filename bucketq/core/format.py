@@ -39,10 +39,12 @@ UTC = dt.timezone.utc
 # Collections): named here once, so that the store, the batch shell and the CLI name them alike and the name check
 # refuses a queue named like another queue's side collection.
 DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX = ".dead", ".quarantine", ".inbox", ".control"
+QUEUE_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX)
 # Stream ``S``'s side collections (docs/FORMAT.md, Streams): its reader groups, their claims, its sequence counter.
 GROUPS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX = ".groups", ".claims", ".seq"
-SIDE_COLLECTION_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX, GROUPS_SUFFIX,
-                            CLAIMS_SUFFIX, SEQ_SUFFIX)
+STREAM_SUFFIXES = (GROUPS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX)
+# Queue and stream names share one namespace: neither may be named like the other's side collection.
+SIDE_COLLECTION_SUFFIXES = QUEUE_SUFFIXES + STREAM_SUFFIXES
 
 
 class Slot(NamedTuple):
