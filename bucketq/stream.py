@@ -295,6 +295,7 @@ class Stream:
             self._closed = True
             if self._housekeeping is not None:
                 self._housekeeping.cancel()
+                await asyncio.gather(self._housekeeping, return_exceptions=True)
             await self._connection.close()
 
     async def _close_readers(self) -> None:
