@@ -25,7 +25,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
 from bucketq.connection import connect, redact_uri
 from bucketq.core import stream as core
-from bucketq.core.format import CLAIMS_SUFFIX, GROUPS_SUFFIX, MAX_BUCKET_SIZE, SEQ_SUFFIX
+from bucketq.core.format import CLAIMS_SUFFIX, MAX_BUCKET_SIZE, POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.stream import GroupState, Position, RetentionCut
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import StreamOptions, check_database, check_names
@@ -40,13 +40,13 @@ log = logging.getLogger("bucketq")
 
 
 class StreamStore(Store):
-    """The stream's collections: ``S`` (buckets and gap markers), ``S.groups``, ``S.claims``, ``S.seq``. As the
-    producer's store it gives each bucket the producer writes its sequence (``insert_new``)."""
+    """The stream's collections: ``S`` (buckets and gap markers), ``S.positions`` (the groups), ``S.claims``,
+    ``S.seq``. As the producer's store it gives each bucket the producer writes its sequence (``insert_new``)."""
 
     def __init__(self, database: Any, name: str, *, write_concern: int | str | None, op_timeout_s: float) -> None:
         super().__init__(database, name, write_concern=write_concern, op_timeout_s=op_timeout_s)
         options = {"codec_options": self.buckets.codec_options, "write_concern": self.buckets.write_concern}
-        self.groups = database[name + GROUPS_SUFFIX].with_options(**options)
+        self.positions = database[name + POSITIONS_SUFFIX].with_options(**options)
         self.claims = database[name + CLAIMS_SUFFIX].with_options(**options)
         self.counter = database[name + SEQ_SUFFIX].with_options(**options)
         self._allocating = asyncio.Lock()
@@ -202,21 +202,21 @@ class Stream:
             raise InvalidOption("reset takes a position ('beginning', 'end', a Position) or at=, one of them")
         await self.ready()
         start = await self.start_position(at if at is not None else to)  # type: ignore[arg-type]
-        await self.store.groups.update_one({"_id": core.check_group_name(group)},
+        await self.store.positions.update_one({"_id": core.check_group_name(group)},
                                            core.reset_update(start, self.clock.now()), upsert=True)
         return start
 
     async def groups(self) -> list[GroupState]:
         """Every reader group of the stream, by name."""
         await self.ready(write=False)
-        cursor = self.store.groups.find({}, sort=[("_id", 1)])
+        cursor = self.store.positions.find({}, sort=[("_id", 1)])
         return [GroupState.parse(doc) async for doc in cursor]
 
     async def delete_group(self, group: str) -> bool:
         """Forget a group and its claims; True if it existed."""
         await self.ready(write=False)
         await self.store.claims.delete_many({"g": group})
-        return (await self.store.groups.delete_one({"_id": group})).deleted_count == 1
+        return (await self.store.positions.delete_one({"_id": group})).deleted_count == 1
 
     async def stats(self) -> dict[str, Any]:
         """``last_sequence`` (sequence of the last bucket allocated), ``floor`` (the oldest sequence retention
@@ -269,7 +269,7 @@ class Stream:
         unread = self.store.buckets.find({"_id": {"$gte": group.committed.seq, "$lt": floor}, "gap": {"$ne": True}},
                                          {"n": 1})
         lost = sum([d.get("n", 0) async for d in unread]) - group.committed.slot
-        await self.store.groups.update_one(*core.expire_update(group, floor, max(0, lost), self.clock.now()))
+        await self.store.positions.update_one(*core.expire_update(group, floor, max(0, lost), self.clock.now()))
 
     async def _housekeep(self) -> None:
         while True:

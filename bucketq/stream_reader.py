@@ -99,7 +99,7 @@ class StreamReader:
         if not self._joined:
             start = await self._stream.start_position(self._start)
             now = self._stream.clock.now()
-            await self._store.groups.update_one(*core.join_group(self.group, start, now), upsert=True)
+            await self._store.positions.update_one(*core.join_group(self.group, start, now), upsert=True)
             self._joined = True
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-stream-acks")
@@ -118,11 +118,11 @@ class StreamReader:
     # -- claiming ------------------------------------------------------------------------------------------
 
     async def _group(self) -> GroupState:
-        doc = await self._store.groups.find_one({"_id": self.group})
+        doc = await self._store.positions.find_one({"_id": self.group})
         if doc is None:  # deleted meanwhile: start again as the reader was asked to
             self._joined = False
             await self._ready()
-            doc = await self._store.groups.find_one({"_id": self.group})
+            doc = await self._store.positions.find_one({"_id": self.group})
         group = GroupState.parse(doc)
         if group.epoch != self._epoch:  # reset: what this reader holds belongs to the old epoch
             self._held.clear()
@@ -165,7 +165,7 @@ class StreamReader:
         settled = {d["_id"] for d in docs if d.get("gap")} | {c["s"] for c in claims if c.get("fin")}
         committed = core.advance(start, present, settled)
         if committed > start:
-            await self._store.groups.update_one(*core.commit(group, committed, self._stream.clock.now()))
+            await self._store.positions.update_one(*core.commit(group, committed, self._stream.clock.now()))
         return present, settled, claims
 
     async def _claim(self, group: GroupState, seq: int, now: dt.datetime) -> bool:

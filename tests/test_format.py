@@ -188,7 +188,7 @@ async def test_stream_documents_match_the_format(queue_target, db_name, sync_db)
     assert gap["_id"] == 3
     (counter,) = list(sync_db["log.seq"].find())
     check(counter, "stream-seq-fields")
-    groups = list(sync_db["log.groups"].find())
+    groups = list(sync_db["log.positions"].find())
     assert {g["_id"] for g in groups} == {"audit", "replay"}
     for doc in groups:
         check(doc, "stream-group-fields")

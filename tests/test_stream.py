@@ -252,11 +252,11 @@ async def test_buckets_landing_out_of_order_never_let_the_group_commit_past_the_
     reader = stream.reader("g", start="beginning")
     got = await read_all(reader, timeout=0.3)
     assert [m.payload for m in got] == ["second"]
-    assert memory_db.sync["ev.groups"].find_one({"_id": "g"})["s"] == 1  # not past the missing sequence 1
+    assert memory_db.sync["ev.positions"].find_one({"_id": "g"})["s"] == 1  # not past the missing sequence 1
     landed.set()
     assert await early == Position(1, 0)
     assert [m.payload for m in await read_all(reader)] == ["first"]
-    assert memory_db.sync["ev.groups"].find_one({"_id": "g"})["s"] == 3
+    assert memory_db.sync["ev.positions"].find_one({"_id": "g"})["s"] == 3
 
 
 async def test_an_insert_landing_after_its_sequence_was_marked_a_gap_is_refused(make_stream, memory_db):
@@ -300,7 +300,7 @@ async def test_options_are_validated(make_stream):
     with pytest.raises(bucketq.InvalidOption):
         await make_stream().push_many([bucketq.Outgoing("x", delay=5)])
     with pytest.raises(bucketq.InvalidOption):
-        bucketq.Stream("mongodb://localhost", name="q.groups")
+        bucketq.Stream("mongodb://localhost", name="q.positions")
 
 
 async def test_a_closed_reader_hands_its_buckets_back_at_once(make_stream):

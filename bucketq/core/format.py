@@ -40,9 +40,9 @@ UTC = dt.timezone.utc
 # refuses a queue named like another queue's side collection.
 DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX = ".dead", ".quarantine", ".inbox", ".control"
 QUEUE_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX)
-# Stream ``S``'s side collections (docs/FORMAT.md, Streams): its reader groups, their claims, its sequence counter.
-GROUPS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX = ".groups", ".claims", ".seq"
-STREAM_SUFFIXES = (GROUPS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX)
+# Stream ``S``'s side collections (docs/FORMAT.md, Streams): its reader groups' positions, their claims, its counter.
+POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX = ".positions", ".claims", ".seq"
+STREAM_SUFFIXES = (POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX)
 # Queue and stream names share one namespace: neither may be named like the other's side collection.
 SIDE_COLLECTION_SUFFIXES = QUEUE_SUFFIXES + STREAM_SUFFIXES
 

@@ -33,7 +33,7 @@ from pymongo.errors import DuplicateKeyError
 from bucketq.clock import ServerClock
 from bucketq.core import stream as core
 from bucketq.core.claims import owner_name
-from bucketq.core.format import GROUPS_SUFFIX, SEQ_SUFFIX
+from bucketq.core.format import POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.stream import GroupState, HoleWatch, Position
 from bucketq_spark.reader import CORRUPT_FIELD, ReadOptions, decode_options, payload_struct
 from bucketq_spark.sinks import Sink
@@ -110,7 +110,7 @@ def uncommitted_range(database: Any, stream: str, group: str, *, start: str = "b
     counter = database[stream + SEQ_SUFFIX].find_one({"_id": core.COUNTER_ID}) or {}
     last, floor = int(counter.get("last", 0)), int(counter.get("floor", core.FIRST_SEQUENCE))
     first = Position(floor if start == "beginning" else last + 1)
-    groups = database[stream + GROUPS_SUFFIX]
+    groups = database[stream + POSITIONS_SUFFIX]
     groups.update_one(*core.join_group(group, first, clock.now()), upsert=True)
     holes = HoleWatch(gap_wait)
     while True:
@@ -139,7 +139,7 @@ def commit_range(database: Any, stream: str, taken: GroupRange) -> bool:
     clock.sync_blocking(database.client)
     query, update = core.commit(taken.group, taken.end.seq, clock.now())
     query.update({"s": taken.start.seq, "i": taken.start.slot})
-    return database[stream + GROUPS_SUFFIX].update_one(query, update).matched_count == 1
+    return database[stream + POSITIONS_SUFFIX].update_one(query, update).matched_count == 1
 
 
 def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, group: str,

@@ -56,7 +56,7 @@ async def test_group_batch_commits_after_the_sink_and_a_crash_between_rewrites_t
     with pytest.raises(Crash):
         run_group_batch(spark, mongo_uri, db_name, "events", "spark", SCHEMA, process, sink, before_commit=crash)
     assert sync_db["sink"].count_documents({}) == 20
-    assert sync_db["events.groups"].find_one({"_id": "spark"})["s"] == 1  # not committed
+    assert sync_db["events.positions"].find_one({"_id": "spark"})["s"] == 1  # not committed
 
     again = run_group_batch(spark, mongo_uri, db_name, "events", "spark", SCHEMA, process, sink, max_buckets=3)
     assert again == {"start": "1:0", "end": "4:0", "rows": 12, "committed": True}

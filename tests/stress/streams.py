@@ -178,7 +178,7 @@ class StreamRun:
         client: MongoClient = MongoClient(self.uri)
         try:
             db = client[self.db]
-            state = db[f"{STREAM}.groups"].find_one({"_id": group})
+            state = db[f"{STREAM}.positions"].find_one({"_id": group})
             counter = db[f"{STREAM}.seq"].find_one({"_id": "seq"}) or {}
             return state is not None and state["s"] > counter.get("last", 0)
         finally:
