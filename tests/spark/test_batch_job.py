@@ -54,7 +54,7 @@ def _assert_exactly_once(df, expected_seqs) -> None:
 
 
 async def test_example_job_full_cycle(spark, make_queue, mongo_uri, db_name, sync_db, tmp_path) -> None:
-    from bucketq_spark.example import run_example_job
+    from jobs.account_totals import run_example_job
 
     events = _events(0, 600)
     await _push(make_queue, events)
@@ -180,7 +180,7 @@ async def test_poisoned_bucket_ends_in_quarantine(spark, make_queue, mongo_uri, 
 
 
 def test_readbench(spark, mongo_uri, db_name, sync_db) -> None:
-    from bucketq_spark.readbench import time_read_paths
+    from bench.spark_read import time_read_paths
 
     out = time_read_paths(spark, mongo_uri, db_name, 2000, bucket_size=500, repeats=1)
     assert out["bucketq"]["docs"] == 4 and out["naive"]["docs"] == 2000
