@@ -1,7 +1,7 @@
 """The queue's collections and the few server operations the shells run, with retries on transient errors.
 
 Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``,
-``name.control`` (operator controls: the pause document).
+``name.control`` (operator controls: the pause document), ``name.groups`` (locks of ordered groups).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError,
 
 from bucketq.control import PauseGate
 from bucketq.core.control import PAUSE, initial_pause
-from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 from bucketq.core.retry import RetrySchedule
 
 T = TypeVar("T")
@@ -56,6 +56,7 @@ class Store:
         self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(**wc)
         self.inbox = database[name + INBOX_SUFFIX].with_options(**wc)
         self.control = database[name + CONTROL_SUFFIX].with_options(**wc)
+        self.groups = database[name + GROUPS_SUFFIX].with_options(**wc)
         self.pause = PauseGate(self.control)  # shared: a pause this process writes holds for its consumer at once
         self.op_timeout_s = op_timeout_s
 
@@ -64,6 +65,7 @@ class Store:
         (The test server accepts and ignores non-unique indexes.)"""
         await self.buckets.create_index("due")
         await self.buckets.create_index("fin.at", sparse=True)
+        await self.buckets.create_index("g", sparse=True)  # live group buckets only: tombstones have no g
         await self.dead.create_index("at")
         await self.quarantine.create_index("at")
         await self.inbox.create_index("at")
@@ -131,6 +133,40 @@ class Store:
             return result.matched_count == 1 or (retry and await self._matches(mine))
 
         return await retrying(op, timeout_s=self.op_timeout_s)
+
+    # -- ordered groups (core.groups) ----------------------------------------------------------------------
+
+    async def lock_group(self, query: dict, update: dict, mine: dict) -> bool:
+        """Take a group's lock (``groups.acquire``); False when someone else holds it. A retry after a lost
+        reply that finds the lock taken counts as ours only if ``mine`` (our token) matches."""
+
+        async def op(retry: bool) -> bool:
+            try:
+                await self.groups.update_one(query, update, upsert=True)
+                return True
+            except DuplicateKeyError:
+                return retry and await self.groups.find_one(mine, {"_id": 1}) is not None
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def update_group(self, mine: dict, update: dict) -> bool:
+        """Extend or release a lock we hold (fenced by ``mine``); False when it is no longer ours. A retry that
+        matches nothing after a lost reply of an unlock is fine: the token is gone either way."""
+
+        async def op(retry: bool) -> bool:
+            return (await self.groups.update_one(mine, update)).matched_count == 1
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def group_lock(self, group: str) -> dict | None:
+        return await self.groups.find_one({"_id": group})
+
+    async def earlier_bucket(self, query: dict) -> dict | None:
+        return await self.buckets.find_one(query, {"_id": 1, "due": 1})
+
+    async def wake_waiting(self, query: dict, update: dict, sort: list) -> None:
+        await retrying(lambda _: self.buckets.find_one_and_update(query, update, sort=sort, projection={"_id": 1}),
+                       timeout_s=self.op_timeout_s)
 
     async def _matches(self, query: dict) -> bool:
         return await self.buckets.find_one(query, {"_id": 1}) is not None
