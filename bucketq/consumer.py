@@ -226,7 +226,7 @@ class Consumer:
                                                               now), mine)
         # An error from here on leaves the lock to expire with the bucket's lease, as a crash would.
         if locked:
-            earlier = await self._store.earlier_bucket(groups.earlier_live(group, bucket.id))
+            earlier = await self._store.earlier_bucket(groups.earlier_live(group, bucket.order))
             if earlier is None:
                 return True
             blocker_due = earlier["due"]
@@ -241,7 +241,8 @@ class Consumer:
             if locked:
                 await self._store.update_group(mine, groups.UNLOCK)
         if locked:  # wake an earlier bucket that yielded to our short hold of the lock, never this one
-            await self._store.wake_waiting(groups.waiting(group, before=bucket.id), *groups.wake(self._clock.now()))
+            await self._store.wake_waiting(groups.waiting(group, before=bucket.order),
+                                           *groups.wake(self._clock.now()))
         elif groups.free(await self._store.group_lock(group), self._clock.now()):
             # The holder ended its turn meanwhile: its hand-off may have come before this bucket was marked.
             await self._store.wake_waiting(groups.waiting(group), *groups.wake(self._clock.now()))
@@ -367,6 +368,8 @@ class Consumer:
             due = min(d["due"] for d in plan.retry_docs)
             at = time.monotonic() + max(0.0, (due - self._clock.now()).total_seconds())
             self._next_local_due = at if self._next_local_due is None else min(self._next_local_due, at)
+        if held.ended and held.bucket.group is not None:  # before the acks return: then the group has moved on
+            await self._end_turn(held.bucket.group, held.token)
         for slot in plan.slots:
             future = holding.waiters.pop(slot, None)
             if future is not None and not future.done():
@@ -379,8 +382,6 @@ class Consumer:
             for future in holding.waiters.values():
                 if not future.done():
                     future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
-            if held.bucket.group is not None:
-                await self._end_turn(held.bucket.group, held.token)
 
     async def _end_turn(self, group: str, token: str) -> None:
         """Give the group's lock back (fenced by our token) and wake the earliest bucket waiting for it. On

@@ -279,6 +279,7 @@ class Producer:
             docs = [b.document for b in batch]
 
             async def insert(retry: bool) -> dict[Any, BaseException]:
+                await self._store.number_groups(docs)
                 return await self._store.insert_new(self._store.buckets, docs)
 
             failed = await retrying(insert, timeout_s=self._options.write_timeout)

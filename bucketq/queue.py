@@ -286,7 +286,7 @@ class Queue:
         total = 0
         while batch := await collection.find(query, limit=admin.REQUEUE_CHUNK).to_list(None):
             docs = admin.requeued_buckets(batch, now=self._clock.now())
-            await self._store.insert_copies(self._store.buckets, docs)
+            await self._store.insert_buckets(docs)
             await collection.delete_many({"_id": {"$in": [e["_id"] for e in batch]}})
             total += len(batch)
         if total:

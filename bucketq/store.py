@@ -17,6 +17,7 @@ from pymongo import ReturnDocument, WriteConcern
 from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
 
 from bucketq.control import PauseGate
+from bucketq.core import groups
 from bucketq.core.control import PAUSE, initial_pause
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 from bucketq.core.retry import RetrySchedule
@@ -65,7 +66,8 @@ class Store:
         (The test server accepts and ignores non-unique indexes.)"""
         await self.buckets.create_index("due")
         await self.buckets.create_index("fin.at", sparse=True)
-        await self.buckets.create_index("g", sparse=True)  # live group buckets only: tombstones have no g
+        # live group buckets only (ungrouped ones and tombstones have neither field)
+        await self.buckets.create_index([("g", 1), ("s", 1)], sparse=True)
         await self.dead.create_index("at")
         await self.quarantine.create_index("at")
         await self.inbox.create_index("at")
@@ -136,6 +138,16 @@ class Store:
 
     # -- ordered groups (core.groups) ----------------------------------------------------------------------
 
+    async def number_groups(self, docs: list[dict]) -> None:
+        """Give each group bucket of ``docs`` not yet numbered its place in its group (``s``), in list order.
+        Called again after an error, it numbers only what is left."""
+        for doc in docs:
+            if "g" in doc and "s" not in doc:
+                query, update = groups.next_place(doc["g"])
+                counter = await self.groups.find_one_and_update(query, update, upsert=True,
+                                                                return_document=ReturnDocument.AFTER)
+                doc["s"] = counter["seq"]
+
     async def lock_group(self, query: dict, update: dict, mine: dict) -> bool:
         """Take a group's lock (``groups.acquire``); False when someone else holds it. A retry after a lost
         reply that finds the lock taken counts as ours only if ``mine`` (our token) matches."""
@@ -195,8 +207,10 @@ class Store:
     async def insert_buckets(self, docs: list[dict], *, session: Any = None) -> None:
         """Insert buckets made whole outside the producer (``push(session=...)``, the outbox relay). With a
         session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the whole
-        transaction). Without: retried; a duplicate key means that bucket is already stored."""
+        transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets (a
+        requeue) are numbered first, to go to the end of their groups."""
         if session is not None:
             await self.buckets.insert_many(docs, session=session)
         else:
+            await retrying(lambda _: self.number_groups(docs), timeout_s=self.op_timeout_s)
             await self.insert_copies(self.buckets, docs)

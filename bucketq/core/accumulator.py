@@ -2,8 +2,9 @@
 and decides when an open bucket is written (group commit).
 
 Group buckets (``push(group=...)``) are keyed by their group: a bucket holds one group only, and at most one
-bucket of a group is written at a time, so that a group's buckets are stored in the order they were opened
-(their ordered ``_id``s): a later one waits, sealed, until the earlier write ends, stored or failed.
+bucket of a group is written at a time, so that they take their places in the group (``s``, from the group's
+counter, taken when written) in the order they were sealed: a later one waits, sealed, until the earlier write
+ends, stored or failed.
 
 Pure state: the caller passes the clock readings in, attaches a future-like ``waiter`` to each message, writes
 the ``SealedBucket``s this returns and reports each write's end with ``written``. Modelled on aiokafka's record
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 
 from bson import ObjectId
 
-from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document, ordered_id
+from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document
 from bucketq.errors import WriteFailed
 
 # Key of the bucket for messages due at once; delayed messages are keyed by their due window's index, grouped
@@ -103,7 +104,6 @@ class Accumulator:
         self._open: dict[int | str, _OpenBucket] = {}
         self.buffered_bytes = 0
         self.in_flight = 0  # buckets handed out to write and not yet reported ``written``
-        self._last_group_id: ObjectId | None = None
         # Groups with a bucket being written, each with its later sealed buckets waiting for that write to end.
         self._writing: dict[str, deque[SealedBucket]] = {}
 
@@ -135,7 +135,7 @@ class Accumulator:
             sealed += self._seal(key, now_wall)
             bucket = None
         if bucket is None:
-            bucket = self._open[key] = self._new_bucket(group, now_wall, now_mono)
+            bucket = self._open[key] = _OpenBucket(ObjectId(), now_mono, now_wall, group=group)
         bucket.slots.append(slot)
         bucket.waiters.append(waiter)
         bucket.size_bytes += slot_size
@@ -145,13 +145,6 @@ class Accumulator:
         if len(bucket.slots) >= self.max_size or bucket.size_bytes >= self.max_bytes:
             sealed += self._seal(key, now_wall)
         return sealed
-
-    def _new_bucket(self, group: str | None, now_wall: dt.datetime, now_mono: float) -> _OpenBucket:
-        if group is None:
-            return _OpenBucket(ObjectId(), now_mono, now_wall)
-        # Opened in push order: the ids order this writer's buckets of a group (format.ordered_id).
-        self._last_group_id = ordered_id(now_wall, self._last_group_id)
-        return _OpenBucket(self._last_group_id, now_mono, now_wall, group=group)
 
     def ready(self, now_wall: dt.datetime, now_mono: float) -> list[SealedBucket]:
         """Seal the open buckets to write now: when no write is in flight, those open for ``min_wait`` or

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
@@ -121,19 +119,6 @@ def check_group(group: Any) -> str:
     return group
 
 
-def ordered_id(now: dt.datetime, after: ObjectId | None = None) -> ObjectId:
-    """A group bucket's ``_id``, which orders the buckets of a group: ``now`` (the server clock) in seconds and
-    milliseconds, then 6 random bytes; always greater than ``after`` (the previous one this writer made), so
-    that one writer's buckets are in the order it opened them even within a millisecond or across a clock
-    resynchronisation. (A plain ObjectId counts seconds of the host's own clock: hosts would not agree.)"""
-    millis = math.floor(now.timestamp() * 1000)
-    value = int.from_bytes((millis // 1000).to_bytes(4, "big") + (millis % 1000).to_bytes(2, "big") + os.urandom(6),
-                           "big")
-    if after is not None:
-        value = max(value, int.from_bytes(after.binary, "big") + 1)
-    return ObjectId(value.to_bytes(12, "big"))
-
-
 def copy_bytes(slot: Slot) -> int:
     """An upper bound of the BSON bytes a copied slot (with ``t``, ``o``, ``e``) adds to a bucket."""
     headers = len(bson.encode(slot.headers)) if slot.headers else 0
@@ -146,12 +131,9 @@ def bucket_documents(slots: Sequence[Slot], *, codec: str, created: dt.datetime,
                      group: str | None = None) -> list[dict[str, Any]]:
     """New buckets holding ``slots`` in order, as many as it takes to keep each within ``max_size`` slots
     and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds. Buckets of a
-    ``group`` get ordered ids from ``created``: they go to the end of the group, in the order of ``slots``."""
-    docs: list[dict[str, Any]] = []
-    for chunk in _chunks(slots, max_size, max_bytes):
-        bucket_id = ObjectId() if group is None else ordered_id(created, docs[-1]["_id"] if docs else None)
-        docs.append(bucket_document(bucket_id, chunk, codec=codec, created=created, due=due, group=group))
-    return docs
+    ``group`` get their place in it (``s``) when written, in list order (``Store.number_groups``)."""
+    return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due, group=group)
+            for chunk in _chunks(slots, max_size, max_bytes)]
 
 
 def _chunks(slots: Sequence[Slot], max_size: int, max_bytes: int) -> Iterator[list[Slot]]:
@@ -183,7 +165,7 @@ def bucket_document(
     group: str | None = None,
 ) -> dict[str, Any]:
     """A new bucket document. Optional per-slot arrays are written only when some slot has the field; a group
-    bucket always has ``t``, so that a nack can add a try to one slot."""
+    bucket always has ``t``, so that a nack can add a try to one slot, and gets ``s`` when it is written."""
     doc: dict[str, Any] = {
         "_id": bucket_id,
         "v": FORMAT_VERSION,
@@ -227,6 +209,7 @@ class StoredBucket:
     done: frozenset[int]
     claims: int
     group: str | None = None
+    order: int = 0  # ``s``: the bucket's place in its group
 
     @property
     def size(self) -> int:
@@ -266,8 +249,9 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         raise MalformedBucket(f"format version {version!r} is not {FORMAT_VERSION} or {GROUP_FORMAT_VERSION}")
     if (version == GROUP_FORMAT_VERSION) != (group is not None):
         raise MalformedBucket(f"a group bucket (field g) has version {GROUP_FORMAT_VERSION}, others {FORMAT_VERSION}")
-    if group is not None and (not isinstance(group, str) or not group or not isinstance(doc.get("t"), list)):
-        raise MalformedBucket("g must be a non-empty string, and a group bucket has t")
+    if group is not None and (not isinstance(group, str) or not group or not isinstance(doc.get("t"), list)
+                              or not isinstance(doc.get("s"), int) or isinstance(doc.get("s"), bool)):
+        raise MalformedBucket("g must be a non-empty string, and a group bucket has t and an integer s")
     bucket_id = doc.get("_id")
     if not isinstance(bucket_id, ObjectId):
         raise MalformedBucket(f"_id must be an ObjectId, got {type(bucket_id).__name__}")
@@ -304,6 +288,7 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         done=frozenset(done),
         claims=claims,
         group=group,
+        order=doc.get("s", 0),
     )
 
 

@@ -1,5 +1,9 @@
-"""Ordered groups: the filters and updates of the group lock (collection ``Q.groups``) and of a group bucket's
-order check, yield and hand-off (docs/FORMAT.md, Ordered groups).
+"""Ordered groups: the filters and updates of the group's document in ``Q.groups`` (its order counter and its
+lock) and of a group bucket's order check, yield and hand-off (docs/FORMAT.md, Ordered groups).
+
+A group bucket takes its place ``s`` from the group's counter when it is written: the counter is one atomic
+document on the server, so a bucket written after another one's write ended comes after it, whatever the
+writers' clocks say.
 
 A consumer serves a group bucket only while it holds the group's lock and no earlier bucket of the group is
 live. The lock expires with the bucket's lease (same ``until``, extended first), so a consumer that crashed
@@ -25,6 +29,12 @@ RECHECK_MIN = dt.timedelta(seconds=0.1)
 RECHECK_MAX = dt.timedelta(seconds=5)
 
 
+def next_place(group: str) -> tuple[dict, dict]:
+    """(filter, update) of the upsert that takes the group's next place (``seq``, returned after the update).
+    A retry after a lost reply takes another one: places may have gaps, never repeats."""
+    return {"_id": group}, {"$inc": {"seq": 1}}
+
+
 def acquire(group: str, token: str, until: dt.datetime, bucket_id: ObjectId,
             now: dt.datetime) -> tuple[dict, dict]:
     """(filter, update) of an upsert that takes the lock when it is free or expired. When someone else holds
@@ -46,9 +56,9 @@ def extend(until: dt.datetime) -> dict:
 UNLOCK = {"$set": {"token": None, "until": None, "bucket": None}}
 
 
-def earlier_live(group: str, bucket_id: ObjectId) -> dict:
-    """A bucket of the group pushed before ``bucket_id`` and not finished: ``bucket_id`` must wait for it."""
-    return {"g": group, "_id": {"$lt": bucket_id}, **claims.LIVE}
+def earlier_live(group: str, place: int) -> dict:
+    """A bucket of the group before ``place`` and not finished: the bucket at ``place`` must wait for it."""
+    return {"g": group, "s": {"$lt": place}, **claims.LIVE}
 
 
 def recheck_at(now: dt.datetime, blocker_due: dt.datetime | None) -> dt.datetime:
@@ -78,12 +88,12 @@ def release(now: dt.datetime, token: str, done: list[int], *, due: dt.datetime |
     return update
 
 
-def waiting(group: str, before: ObjectId | None = None) -> dict:
-    """The unclaimed buckets of the group waiting for their turn (see ``wake``); only those pushed ``before``
-    a bucket that yields to an earlier one, which must not wake itself."""
+def waiting(group: str, before: int | None = None) -> dict:
+    """The unclaimed buckets of the group waiting for their turn (see ``wake``); only those ``before`` the place
+    of a bucket that yields to an earlier one, which must not wake itself."""
     query: dict[str, Any] = {"g": group, "w": True, "lease": None}
     if before is not None:
-        query["_id"] = {"$lt": before}
+        query["s"] = {"$lt": before}
     return query
 
 
@@ -95,4 +105,4 @@ def free(lock: dict | None, now: dt.datetime) -> bool:
 def wake(now: dt.datetime) -> tuple[dict, list]:
     """(update, sort) of the hand-off: the earliest waiting bucket of the group becomes due now."""
     update: dict[str, Any] = {"$set": {"due": now}, "$unset": {"w": ""}}
-    return update, [("_id", 1)]
+    return update, [("s", 1)]
