@@ -224,28 +224,20 @@ class Consumer:
         mine = groups.held_by(group, token)
         locked = await self._store.lock_group(*groups.acquire(group, token, self._policy.lease_from(now), bucket.id,
                                                               now), mine)
-        # An error from here on leaves the lock to expire with the bucket's lease, as a crash would.
+        # An error before the release leaves the lock to expire with the bucket's lease, as a crash would.
         if locked:
-            earlier = await self._store.earlier_bucket(groups.earlier_live(group, bucket.order))
-            if earlier is None:
+            first = await self._store.first_bucket(*groups.earliest_live(group))
+            if first is None or first["_id"] == bucket.id:
                 return True
-            blocker_due = earlier["due"]
-        else:
-            lock = await self._store.group_lock(group)
-            blocker_due = lock.get("until") if lock else None
         try:
-            await self._store.update_fenced(claims.fenced(bucket.id, token),
-                                            groups.wait_release(now, token, groups.recheck_at(now, blocker_due)),
+            await self._store.update_fenced(claims.fenced(bucket.id, token), groups.wait_release(now, token),
                                             mine=claims.released_by(bucket.id, token))
         finally:
             if locked:
-                await self._store.update_group(mine, groups.UNLOCK)
-        if locked:  # wake an earlier bucket that yielded to our short hold of the lock, never this one
-            await self._store.wake_waiting(groups.waiting(group, before=bucket.order),
-                                           *groups.wake(self._clock.now()))
-        elif groups.free(await self._store.group_lock(group), self._clock.now()):
-            # The holder ended its turn meanwhile: its hand-off may have come before this bucket was marked.
-            await self._store.wake_waiting(groups.waiting(group), *groups.wake(self._clock.now()))
+                await self._store.unlock_group(mine)
+        if locked or groups.free(await self._store.group_lock(group), self._clock.now()):
+            # We gave the lock back, or its holder did meanwhile (its hand-off may have come before our mark).
+            await self._hand_off(group)
         return False
 
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
@@ -384,21 +376,27 @@ class Consumer:
                     future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
 
     async def _end_turn(self, group: str, token: str) -> None:
-        """Give the group's lock back (fenced by our token) and wake the earliest bucket waiting for it. On
-        failure the lock expires with the lease, and waiting buckets come back at their recheck time."""
+        """Give the group's lock back (fenced by our token) and hand off. On failure the lock expires with the
+        lease, and waiting buckets come back at their recheck time."""
         try:
-            await self._store.update_group(groups.held_by(group, token), groups.UNLOCK)
-            await self._store.wake_waiting(groups.waiting(group), *groups.wake(self._clock.now()))
-            self._wakeup.notify()
+            await self._store.unlock_group(groups.held_by(group, token))
+            await self._hand_off(group)
         except PyMongoError as exc:
             log.warning("group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
+
+    async def _hand_off(self, group: str) -> None:
+        """After the lock was given back: wake the group's earliest live bucket if it waits for a hand-off."""
+        first = await self._store.first_bucket(*groups.earliest_live(group))
+        if first is not None and groups.waiting(first):
+            await self._store.wake(*groups.wake(first["_id"], self._clock.now()))
+            self._wakeup.notify()
 
     async def _execute(self, plan: FlushPlan) -> bool:
         """Run a flush plan's writes in order; False when the lease turned out to be lost."""
         store = self._store
         if plan.lock_until is not None:  # a group bucket: its lock first, so that it never expires before the lease
             assert plan.group is not None
-            if not await store.update_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
+            if not await store.extend_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
                 return False
         if plan.guard is not None and not await store.update_fenced(plan.filter, plan.guard):
             return False

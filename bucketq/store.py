@@ -139,14 +139,16 @@ class Store:
     # -- ordered groups (core.groups) ----------------------------------------------------------------------
 
     async def number_groups(self, docs: list[dict]) -> None:
-        """Give each group bucket of ``docs`` not yet numbered its place in its group (``s``), in list order.
-        Called again after an error, it numbers only what is left."""
-        for doc in docs:
-            if "g" in doc and "s" not in doc:
-                query, update = groups.next_place(doc["g"])
-                counter = await self.groups.find_one_and_update(query, update, upsert=True,
-                                                                return_document=ReturnDocument.AFTER)
-                doc["s"] = counter["seq"]
+        """Give the group buckets of ``docs`` not yet numbered their places (``s``), in list order, with one
+        counter update. A retry after an error numbers only those still without a place."""
+        unnumbered = [doc for doc in docs if "g" in doc and "s" not in doc]
+        if not unnumbered:
+            return
+        query, update = groups.next_places(len(unnumbered))
+        counter = await self.groups.find_one_and_update(query, update, upsert=True,
+                                                        return_document=ReturnDocument.AFTER)
+        for place, doc in enumerate(unnumbered, counter["seq"] - len(unnumbered) + 1):
+            doc["s"] = place
 
     async def lock_group(self, query: dict, update: dict, mine: dict) -> bool:
         """Take a group's lock (``groups.acquire``); False when someone else holds it. A retry after a lost
@@ -161,24 +163,27 @@ class Store:
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 
-    async def update_group(self, mine: dict, update: dict) -> bool:
-        """Extend or release a lock we hold (fenced by ``mine``); False when it is no longer ours. A retry that
-        matches nothing after a lost reply of an unlock is fine: the token is gone either way."""
+    async def extend_group(self, mine: dict, update: dict) -> bool:
+        """Extend a lock we hold (fenced by ``mine``); False when it is no longer ours."""
 
         async def op(retry: bool) -> bool:
             return (await self.groups.update_one(mine, update)).matched_count == 1
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 
+    async def unlock_group(self, mine: dict) -> None:
+        """Delete a lock we hold (fenced by ``mine``); a retry that deletes nothing after a lost reply is fine:
+        the lock is gone either way, and someone else's is never matched."""
+        await retrying(lambda _: self.groups.delete_one(mine), timeout_s=self.op_timeout_s)
+
     async def group_lock(self, group: str) -> dict | None:
         return await self.groups.find_one({"_id": group})
 
-    async def earlier_bucket(self, query: dict) -> dict | None:
-        return await self.buckets.find_one(query, {"_id": 1, "due": 1})
+    async def first_bucket(self, query: dict, sort: list) -> dict | None:
+        return await self.buckets.find_one(query, {"_id": 1, "w": 1, "lease": 1}, sort=sort)
 
-    async def wake_waiting(self, query: dict, update: dict, sort: list) -> None:
-        await retrying(lambda _: self.buckets.find_one_and_update(query, update, sort=sort, projection={"_id": 1}),
-                       timeout_s=self.op_timeout_s)
+    async def wake(self, query: dict, update: dict) -> None:
+        await retrying(lambda _: self.buckets.update_one(query, update), timeout_s=self.op_timeout_s)
 
     async def _matches(self, query: dict) -> bool:
         return await self.buckets.find_one(query, {"_id": 1}) is not None

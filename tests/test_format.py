@@ -164,9 +164,11 @@ async def test_group_documents_match_the_format(make_queue, sync_db):
     for doc in sync_db.events.find():
         check_bucket(doc)
     assert sync_db.events.find_one({"w": True})["_id"] != first._holding.held.bucket.id
-    (lock,) = list(sync_db["events.groups"].find())
-    check(lock, "groups-fields")
+    lock, counter = sync_db["events.groups"].find_one({"_id": "g"}), sync_db["events.groups"].find_one({"_id": 0})
+    check(lock, "group-lock-fields")
+    check(counter, "group-counter-fields")
     assert lock["token"] == first._holding.held.token and as_utc(lock["until"]) == first._holding.held.lease_until
+    assert counter["seq"] == places[1]
     await first.nack(delay=0, error="later", wait=True)
     nacked = sync_db.events.find_one({"_id": first._holding.held.bucket.id})
     check_bucket(nacked)
@@ -176,9 +178,11 @@ async def test_group_documents_match_the_format(make_queue, sync_db):
     (dead,) = list(sync_db["events.dead"].find())
     check(dead, "dead-fields")
     assert dead["g"] == "g"
-    (lock,) = list(sync_db["events.groups"].find())
-    check(lock, "groups-fields")
-    assert lock["token"] == again._holding.held.token and lock["seq"] == places[1]  # slot 1 is next
+    lock = sync_db["events.groups"].find_one({"_id": "g"})
+    check(lock, "group-lock-fields")
+    assert lock["token"] == again._holding.held.token  # slot 1 is next
+    await (await q.reserve(timeout=2)).ack(wait=True)
+    assert sync_db["events.groups"].find_one({"_id": "g"}) is None, "a free group leaves no document"
 
 
 @pytest.mark.parametrize("value, expression, ok", [

@@ -113,7 +113,7 @@ async def test_a_bucket_behind_a_held_group_yields_and_is_handed_off(make_queue,
     waiting = sync_db.events.find_one({"g": "g", "w": True})
     assert waiting is not None and waiting["c"] == 0 and waiting["lease"] is None
     await first.ack(wait=True)  # A's finish unlocks and wakes the waiting bucket
-    assert sync_db["events.groups"].find_one({"_id": "g"})["token"] is None
+    assert sync_db["events.groups"].find_one({"_id": "g"}) is None
     second = await b.reserve(timeout=1)
     assert (second.payload, second.tries) == (1, 0)
     await second.ack()
@@ -156,17 +156,17 @@ async def test_lost_replies_on_lock_unlock_and_release_keep_the_group_going(make
     lock = memory_db.faults.lose_reply("update_one", collection="events.groups")
     m0 = await q.reserve(timeout=2)  # the retried lock finds it taken: by our own token, so it is ours
     assert m0.payload == 0 and lock.hits == 1
-    unlock = memory_db.faults.lose_reply("update_one", collection="events.groups",
-                                         where=lambda op: op.update["$set"].get("token", "") is None)
+    unlock = memory_db.faults.lose_reply("delete_one", collection="events.groups")
     await m0.ack(wait=True)
-    assert unlock.hits == 1 and sync_db["events.groups"].find_one({"_id": "g"})["token"] is None
+    assert unlock.hits == 1 and sync_db["events.groups"].find_one({"_id": "g"}) is None
     release = memory_db.faults.lose_reply("update_one", collection="events", where=lambda op: "$unset" in op.update)
     m1 = await q.reserve(timeout=2)
     await m1.nack(delay=0.2, wait=True)  # the release of a group nack, reply lost, retried: recognised as ours
     assert release.hits == 1
     assert sync_db.events.find_one({"_id": m1._holding.held.bucket.id})["t"] == [1]
     assert [(m.payload, m.tries) for m in await handle_all(q, timeout=1)] == [(1, 1), (2, 0)]
-    assert sync_db["events.groups"].find_one({"_id": "g"})["token"] is None
+    assert sync_db["events.groups"].find_one({"_id": "g"}) is None
+    assert [d["_id"] for d in sync_db["events.groups"].find()] == [0], "only the counter is left in Q.groups"
 
 
 async def test_batch_claims_skip_group_buckets(make_queue, mongo_uri, db_name):

@@ -1,38 +1,45 @@
-"""Ordered groups: the filters and updates of the group's document in ``Q.groups`` (its order counter and its
-lock) and of a group bucket's order check, yield and hand-off (docs/FORMAT.md, Ordered groups).
+"""Ordered groups: the filters and updates of ``Q.groups`` (the queue's counter of places, and one lock document
+per group being served) and of a group bucket's order check, yield and hand-off (docs/FORMAT.md, Ordered groups).
 
-A group bucket takes its place ``s`` from the group's counter when it is written: the counter is one atomic
-document on the server, so a bucket written after another one's write ended comes after it, whatever the
-writers' clocks say.
+A group bucket takes its place ``s`` from the counter when it is written: one atomic document on the server, so
+a bucket written after another one's write ended comes after it, whatever the writers' clocks say. The counter
+is one for the whole queue, not one per group, so that a group leaves nothing behind in ``Q.groups`` once its
+lock is deleted at the end of its turn: many short-lived groups (order ids) do not pile up documents.
 
 A consumer serves a group bucket only while it holds the group's lock and no earlier bucket of the group is
 live. The lock expires with the bucket's lease (same ``until``, extended first), so a consumer that crashed
-leaves both to expire together. A bucket that must wait is released uncounted and marked ``w`` (waiting); the
-consumer that ends its turn with the group unlocks, then wakes the earliest waiting one (hand-off). A bucket that
-yielded to the lock reads the lock again once marked: if it is free by then, the hand-off may have run before
-the mark, so it wakes the earliest waiting bucket itself. Either way one of the two sees the other.
+leaves both to expire together. A bucket that must wait is released uncounted and marked ``w`` (waiting). A
+consumer that gives the lock back (its turn ended, or it held it only to find an earlier bucket) unlocks, then
+reads the group's earliest live bucket and wakes it if it is waiting (hand-off); the earliest bucket, if not
+waiting, comes back by itself (its lease or retry time) and hands off in turn. A bucket that yielded to
+someone else's lock reads the lock again once marked: if it is free by then, the hand-off may have read the
+group before the mark, so it hands off itself. Either way one of the two sees the other: nothing waits for a
+timer, which is only the fallback after a crash between two of these writes (``RECHECK``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from bson import ObjectId
 
 from bucketq.core import claims
 
-# A waiting bucket comes back at its blocker's due time, within these bounds: never at once (no busy loop
-# while its blocker is claimable but not yet claimed), and at most this late, should its hand-off have come
-# before it was marked waiting.
-RECHECK_MIN = dt.timedelta(seconds=0.1)
-RECHECK_MAX = dt.timedelta(seconds=5)
+# A waiting bucket comes back by itself this long after it yielded: only a crash between the writes of a yield
+# or of a hand-off leaves it to that. Short would make every waiting bucket a claim every so often.
+RECHECK = dt.timedelta(seconds=10)
 
 
-def next_place(group: str) -> tuple[dict, dict]:
-    """(filter, update) of the upsert that takes the group's next place (``seq``, returned after the update).
-    A retry after a lost reply takes another one: places may have gaps, never repeats."""
-    return {"_id": group}, {"$inc": {"seq": 1}}
+# The counter's ``_id``: an int, which no group (a string) can take.
+COUNTER_ID = 0
+
+
+def next_places(count: int) -> tuple[dict, dict]:
+    """(filter, update) of the upsert that takes the next ``count`` places (the last one is ``seq`` after the
+    update). A retry after a lost reply takes others: places may have gaps, never repeats."""
+    return {"_id": COUNTER_ID}, {"$inc": {"seq": count}}
 
 
 def acquire(group: str, token: str, until: dt.datetime, bucket_id: ObjectId,
@@ -44,7 +51,8 @@ def acquire(group: str, token: str, until: dt.datetime, bucket_id: ObjectId,
 
 
 def held_by(group: str, token: str) -> dict:
-    """Matches the lock while ``token`` holds it: the only proof that a retried acquire or extension got through."""
+    """Matches the lock while ``token`` holds it: the only proof that a retried acquire or extension got through,
+    and the filter of the unlock (a delete: a free group has no document)."""
     return {"_id": group, "token": token}
 
 
@@ -53,25 +61,15 @@ def extend(until: dt.datetime) -> dict:
     return {"$set": {"until": until}}
 
 
-UNLOCK = {"$set": {"token": None, "until": None, "bucket": None}}
+def earliest_live(group: str) -> tuple[dict, list]:
+    """(filter, sort) of the group's first unfinished bucket: the only one that may be served."""
+    return {"g": group, **claims.LIVE}, [("s", 1)]
 
 
-def earlier_live(group: str, place: int) -> dict:
-    """A bucket of the group before ``place`` and not finished: the bucket at ``place`` must wait for it."""
-    return {"g": group, "s": {"$lt": place}, **claims.LIVE}
-
-
-def recheck_at(now: dt.datetime, blocker_due: dt.datetime | None) -> dt.datetime:
-    """When a waiting bucket comes back by itself: when its blocker can be done (its ``due``: lease expiry or
-    retry time; the lock's ``until``), bounded by ``RECHECK_MIN`` and ``RECHECK_MAX``."""
-    wait = RECHECK_MAX if blocker_due is None else blocker_due - now
-    return now + min(RECHECK_MAX, max(RECHECK_MIN, wait))
-
-
-def wait_release(now: dt.datetime, token: str, due: dt.datetime) -> dict:
-    """Release a bucket that must wait for its group: uncounted (no tries added), due at ``due``, marked
-    waiting so that the group's hand-off wakes it earlier."""
-    update = claims.release(now, token, due=due)
+def wait_release(now: dt.datetime, token: str) -> dict:
+    """Release a bucket that must wait for its group: uncounted (no tries added), marked waiting for a
+    hand-off, and due ``RECHECK`` from now should none come."""
+    update = claims.release(now, token, due=now + RECHECK)
     update["$set"]["w"] = True
     return update
 
@@ -88,13 +86,9 @@ def release(now: dt.datetime, token: str, done: list[int], *, due: dt.datetime |
     return update
 
 
-def waiting(group: str, before: int | None = None) -> dict:
-    """The unclaimed buckets of the group waiting for their turn (see ``wake``); only those ``before`` the place
-    of a bucket that yields to an earlier one, which must not wake itself."""
-    query: dict[str, Any] = {"g": group, "w": True, "lease": None}
-    if before is not None:
-        query["s"] = {"$lt": before}
-    return query
+def waiting(first: Mapping[str, Any]) -> bool:
+    """Whether the group's earliest live bucket ``first`` waits for a hand-off (else it comes back by itself)."""
+    return bool(first.get("w")) and first.get("lease") is None
 
 
 def free(lock: dict | None, now: dt.datetime) -> bool:
@@ -102,7 +96,6 @@ def free(lock: dict | None, now: dt.datetime) -> bool:
     return lock is None or lock.get("token") is None or (lock.get("until") is not None and lock["until"] <= now)
 
 
-def wake(now: dt.datetime) -> tuple[dict, list]:
-    """(update, sort) of the hand-off: the earliest waiting bucket of the group becomes due now."""
-    update: dict[str, Any] = {"$set": {"due": now}, "$unset": {"w": ""}}
-    return update, [("s", 1)]
+def wake(bucket_id: ObjectId, now: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update) of the hand-off: the waiting bucket becomes due now, unless claimed meanwhile."""
+    return {"_id": bucket_id, "w": True, "lease": None}, {"$set": {"due": now}, "$unset": {"w": ""}}

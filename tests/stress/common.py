@@ -36,6 +36,13 @@ def message_key(w: int, g: int, s: int) -> str:
     return f"{w}.{g}.{s}"
 
 
+def ordered_group(w: int, g: int, s: int, groups: int) -> str | None:
+    """The ordered group (``push(group=...)``) of message ``(w, g, s)`` when writers use ``groups`` groups each:
+    every even seq, spread over the groups; odd seqs and ``groups == 0``: none. Derived from the identity, so
+    the accounting knows each message's group without storing it."""
+    return f"{w}.{g}.{(s // 2) % groups}" if groups and s % 2 == 0 else None
+
+
 def pad(w: int, g: int, s: int, size: int) -> str:
     seed = hashlib.blake2b(message_key(w, g, s).encode(), digest_size=16).hexdigest()
     return (seed * (size // len(seed) + 1))[:size]
