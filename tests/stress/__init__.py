@@ -22,7 +22,7 @@ The report (JSON, the last line of stdout):
                    both modes, at most one batch per kill; the harness fails on any not explained so
     left_behind    buckets / messages / dead letters / quarantined after the drain  must be all 0
     unacked_pushes pushes of writers killed before push() returned: may be lost; counted apart
-    groups         ordered groups (every even seq is pushed with group=, ``GROUPS`` groups per writer process):
+    groups         ordered groups (a quarter of the seqs are pushed with group=, ``GROUPS`` groups per writer process):
                    groups, records, order_violations (a message first delivered before an earlier one of its
                    group; must be 0), overlaps (served before the previous message of its group was acked,
                    outside the window of a killed consumer or a lost lease; must be 0), redelivered (went back

@@ -84,7 +84,7 @@ class Config:
     delayed_retries: int = 2  # a lost insert or fenced write whose retry is held back past the lease
     clock_steps: int = 2
     batch: int = 25
-    groups: int = 8  # ordered groups per writer process, for its even seqs (0: no grouped messages)
+    groups: int = 2  # ordered groups per writer process, for a quarter of its seqs (0: no grouped messages)
     bucket_max_size: int = 100
     bucket_max_wait: float = 0.05
     # Writers are paced to spread their pushes over this many seconds, so that faults hit a queue that is

@@ -2,7 +2,7 @@
 ``python -m tests.stress.writer URI DB QUEUE --writer W --gen G --target N --log PATH [--die-after-acks K]
 [--unkeyed] [--groups K]``.
 
-With ``--groups K`` every even seq is pushed into one of K ordered groups (``common.ordered_group``), in seq
+With ``--groups K`` every fourth run of seqs is pushed into K ordered groups (``common.ordered_group``), in seq
 order: the harness checks that each group is delivered in that order, one message at a time.
 
 Pushes messages ``(W, G, 0..)`` with up to ``--window`` pushes pending, until ``--target`` of them were
@@ -30,9 +30,9 @@ import sys
 from pymongo import AsyncMongoClient
 
 import bucketq
-from tests.stress.common import LineLog, die, message_key, ordered_group, payload, queue_options
+from tests.stress.common import GROUPED_RUN, LineLog, die, message_key, ordered_group, payload, queue_options
 
-CHUNK = 50
+CHUNK = GROUPED_RUN
 
 
 async def main() -> int:
