@@ -119,6 +119,26 @@ async def test_a_bucket_behind_a_held_group_yields_and_is_handed_off(make_queue,
     await second.ack()
 
 
+async def test_a_hand_off_that_comes_before_the_waiting_mark_is_not_missed(make_queue, memory_db):
+    """B's bucket yields to A's lock, but B's release (which marks it waiting) lands only after A's turn ended
+    and A's hand-off found nothing waiting: B reads the lock again after its release, finds it free and hands
+    off itself, so its bucket is served at once, not after the 10 s fallback."""
+    a, b = make_queue(bucket_max_size=1, bucket_max_wait=0.01), make_queue()
+    await a.push_many([Outgoing(i, group="g") for i in range(2)])
+    first = await a.reserve(timeout=2)
+    gate = asyncio.Event()
+    held = memory_db.faults.delay("update_one", collection="events", until=gate,
+                                  where=lambda op: op.update.get("$set", {}).get("w") is True)
+    waiting = asyncio.create_task(b.reserve(timeout=5))
+    while not held.hits:
+        await asyncio.sleep(0.01)
+    await first.ack(wait=True)  # A's hand-off: the second bucket is still leased by B, not waiting
+    gate.set()
+    second = await waiting
+    assert second is not None and second.payload == 1, "the hand-off was missed: left to the fallback"
+    await second.ack()
+
+
 async def test_pushes_from_two_queues_one_after_the_other_are_delivered_in_order(make_queue):
     producers = [make_queue(bucket_max_wait=0.01) for _ in range(2)]
     for i in range(12):
