@@ -213,6 +213,34 @@ async def test_bad_groups_are_refused_with_a_clear_error(make_queue, bad, error)
         await q.push_many([1, Outgoing(1, **bad)])
     with pytest.raises(bucketq.InvalidOption, match="no delay"):
         await q.push_many([Outgoing(1, group="g")], delay=3)
+    with pytest.raises(bucketq.InvalidOption, match="group cannot be combined with session"):
+        await q.push(1, group="g", session=object())
+
+
+async def test_a_draining_consumer_gives_its_group_back_with_the_message_in_hand_retried(make_queue, sync_db):
+    a, b = make_queue(bucket_max_wait=0.01, drain_timeout=0.1), make_queue()
+    await a.push_many([Outgoing(i, group="g") for i in range(2)])
+    first = await a.reserve(timeout=2)
+    await a.drain()  # the handler did not finish: its message is retried at once, with its try counted
+    assert sync_db["events.groups"].find_one({"_id": "g"}) is None
+    again = await b.reserve(timeout=2)
+    assert (again.id, again.tries) == (first.id, 1)
+    await again.ack()
+    assert ((await b.reserve(timeout=2)).payload, first.payload) == (1, 0)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"v": 1}, "group bucket"), ({"g": None, "v": 2}, "group bucket"), ({"g": 7}, "non-empty string"),
+    ({"s": "1"}, "integer s"), ({"t": None}, "has t"),
+])
+async def test_malformed_group_buckets_go_to_quarantine_with_the_reason(make_queue, sync_db, change, reason):
+    q = make_queue(bucket_max_wait=0.01)
+    await q.push(1, group="g")
+    doc = sync_db.events.find_one()
+    sync_db.events.update_one({"_id": doc["_id"]}, {"$set": change})
+    assert await q.reserve(timeout=0.5) is None
+    (entry,) = list(sync_db["events.quarantine"].find())
+    assert reason in entry["reason"]
 
 
 # -- crash: a consumer SIGKILLed while it holds groups ------------------------------------------------------
