@@ -21,8 +21,14 @@ from typing import Any, Protocol
 
 from bson import ObjectId
 
-from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document
+from bucketq.core.format import BUCKET_OVERHEAD, MAX_GROUP_BYTES, Slot, bucket_document
 from bucketq.errors import WriteFailed
+
+# What a group bucket stores besides its payloads, counted against ``max_bytes`` (the headroom below 16 MiB is
+# for what consumers add later): ``g`` and ``s`` once, and a ``t`` entry (type, key of up to 5 digits, int32)
+# per slot.
+GROUP_OVERHEAD = MAX_GROUP_BYTES + 32
+GROUP_SLOT_BYTES = 11
 
 # Key of the bucket for messages due at once; delayed messages are keyed by their due window's index, grouped
 # ones by their group (a str).
@@ -127,6 +133,7 @@ class Accumulator:
         key: int | str
         if group is not None:
             key = group
+            slot_size += GROUP_SLOT_BYTES
         else:
             key = NOW if due is None or due <= now_wall else math.floor(due.timestamp() / self.granularity)
         sealed: list[SealedBucket] = []
@@ -136,6 +143,9 @@ class Accumulator:
             bucket = None
         if bucket is None:
             bucket = self._open[key] = _OpenBucket(ObjectId(), now_mono, now_wall, group=group)
+            if group is not None:
+                bucket.size_bytes += GROUP_OVERHEAD
+                self.buffered_bytes += GROUP_OVERHEAD  # given back with the rest by ``written``
         bucket.slots.append(slot)
         bucket.waiters.append(waiter)
         bucket.size_bytes += slot_size
