@@ -21,7 +21,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
-from bucketq.core import claims
+from bucketq.core import claims, groups
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
 from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
@@ -202,6 +202,8 @@ class Consumer:
             first = ", ".join(f"slot {s}: {reason}" for s, reason in list(bad.items())[:3])
             await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
             return True
+        if bucket.group is not None and not await self._take_turn(bucket, token, now):
+            return True
         held = HeldBucket(bucket, token, self._policy.lease_from(now), self._policy)
         holding = Holding(held, payloads)
         for slot, reason in bad.items():
@@ -212,6 +214,31 @@ class Consumer:
         if held.finished:
             self._schedule_flush(holding)
         return True
+
+    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime) -> bool:
+        """Whether this claim of a group bucket may be served: it took the group's lock, and no earlier bucket
+        of the group is live. Else the bucket is released uncounted to wait (``groups.wait_release``) and the
+        lock, if taken, is given back."""
+        group = bucket.group
+        assert group is not None
+        mine = groups.held_by(group, token)
+        locked = await self._store.lock_group(*groups.acquire(group, token, self._policy.lease_from(now), bucket.id,
+                                                              now), mine)
+        # An error before the release leaves the lock to expire with the bucket's lease, as a crash would.
+        if locked:
+            first = await self._store.first_bucket(*groups.earliest_live(group))
+            if first is None or first["_id"] == bucket.id:
+                return True
+        try:
+            await self._store.update_fenced(claims.fenced(bucket.id, token), groups.wait_release(now, token),
+                                            mine=claims.released_by(bucket.id, token))
+        finally:
+            if locked:
+                await self._store.unlock_group(mine)
+        if locked or groups.free(await self._store.group_lock(group), self._clock.now()):
+            # We gave the lock back, or its holder did meanwhile (its hand-off may have come before our mark).
+            await self._hand_off(group)
+        return False
 
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         payloads: list[Any] = [None] * bucket.size
@@ -270,7 +297,7 @@ class Consumer:
         future = None
         if wait:
             future = holding.waiters[slot] = asyncio.get_running_loop().create_future()
-        if future is not None or held.finished:
+        if future is not None or held.finished or held.held_back is not None:
             self._schedule_flush(holding)
         if future is not None:
             await future
@@ -333,6 +360,8 @@ class Consumer:
             due = min(d["due"] for d in plan.retry_docs)
             at = time.monotonic() + max(0.0, (due - self._clock.now()).total_seconds())
             self._next_local_due = at if self._next_local_due is None else min(self._next_local_due, at)
+        if held.ended and held.bucket.group is not None:  # before the acks return: then the group has moved on
+            await self._end_turn(held.bucket.group, held.token)
         for slot in plan.slots:
             future = holding.waiters.pop(slot, None)
             if future is not None and not future.done():
@@ -346,9 +375,29 @@ class Consumer:
                 if not future.done():
                     future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
 
+    async def _end_turn(self, group: str, token: str) -> None:
+        """Give the group's lock back (fenced by our token) and hand off. On failure the lock expires with the
+        lease, and waiting buckets come back at their recheck time."""
+        try:
+            await self._store.unlock_group(groups.held_by(group, token))
+            await self._hand_off(group)
+        except PyMongoError as exc:
+            log.warning("group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
+
+    async def _hand_off(self, group: str) -> None:
+        """After the lock was given back: wake the group's earliest live bucket if it waits for a hand-off."""
+        first = await self._store.first_bucket(*groups.earliest_live(group))
+        if first is not None and groups.waiting(first):
+            await self._store.wake(*groups.wake(first["_id"], self._clock.now()))
+            self._wakeup.notify()
+
     async def _execute(self, plan: FlushPlan) -> bool:
         """Run a flush plan's writes in order; False when the lease turned out to be lost."""
         store = self._store
+        if plan.lock_until is not None:  # a group bucket: its lock first, so that it never expires before the lease
+            assert plan.group is not None
+            if not await store.extend_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
+                return False
         if plan.guard is not None and not await store.update_fenced(plan.filter, plan.guard):
             return False
         for collection, docs in ((store.buckets, plan.retry_docs), (store.dead, plan.dead_docs),

@@ -104,22 +104,27 @@ class Queue:
     # -- producing -----------------------------------------------------------------------------------------
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
-                   headers: Mapping[str, Any] | None = None, key: str | None = None, session: Any = None) -> str:
+                   headers: Mapping[str, Any] | None = None, key: str | None = None, session: Any = None,
+                   group: str | None = None) -> str:
         """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
-        ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key. With ``session``
+        ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key; ``group`` makes it
+        part of an ordered group (delivered in push order, one at a time: README, Ordered groups). With ``session``
         (a session of this queue's client, in a transaction) the message is written at once in that transaction,
         unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
         if session is not None:
+            if group is not None:
+                raise InvalidOption("group cannot be combined with session (a transaction's bucket is not ordered)")
             from bucketq.outbox import push_in_transaction  # the outbox builds on Queue: imported when used
 
             return await push_in_transaction(self, session, payload, delay=delay, at=at, headers=headers, key=key)
         await self._ready()
-        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key)
+        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group)
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
-                    headers: Mapping[str, Any] | None = None, key: str | None = None) -> asyncio.Future[str]:
+                    headers: Mapping[str, Any] | None = None, key: str | None = None,
+                    group: str | None = None) -> asyncio.Future[str]:
         """Buffer a message and return a future of its id, for callers who pipeline."""
-        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key)
+        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key, group=group)
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None) -> list[str]:
@@ -281,7 +286,7 @@ class Queue:
         total = 0
         while batch := await collection.find(query, limit=admin.REQUEUE_CHUNK).to_list(None):
             docs = admin.requeued_buckets(batch, now=self._clock.now())
-            await self._store.insert_copies(self._store.buckets, docs)
+            await self._store.insert_buckets(docs)
             await collection.delete_many({"_id": {"$in": [e["_id"] for e in batch]}})
             total += len(batch)
         if total:

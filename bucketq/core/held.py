@@ -7,6 +7,10 @@ reports back with ``outcome(plan, applied)``: applied (the server took it under 
 refused (the lease was lost). A plan whose writes raised stays pending and is handed out again as it was, so
 the ids of the documents it writes are stable and a retry stores nothing twice.
 
+A group bucket (``bucket.group``) is served serially: the next slot only once the one served is resolved. A nack
+there does not copy the message to a retry bucket (that would let the group's later messages overtake it): the
+bucket is released, due at the retry time, with that slot's try added, and nothing more is served from it.
+
 The bucket as a whole: HELD (serving) until it is *ended*, by a finish or release the server applied, or by
 a refused write (lost). Once ended, every resolution raises ``LeaseLost``.
 """
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 
 from bson import ObjectId
 
-from bucketq.core import claims
+from bucketq.core import claims, groups
 from bucketq.core.format import StoredBucket, bucket_documents, dead_letter, quarantined_message
 from bucketq.errors import AlreadyResolved, LeaseLost
 
@@ -82,6 +86,10 @@ class FlushPlan:
     dead_docs: list[dict] = field(default_factory=list)
     quarantine_docs: list[dict] = field(default_factory=list)
     lease_until: dt.datetime | None = None  # the expiry this plan's writes set, once the server applied them
+    # Group buckets: the group's lock is extended to this expiry, fenced by the token, before the bucket's
+    # lease (by ``guard`` or ``final``), so that the lock never expires before the lease.
+    group: str | None = None
+    lock_until: dt.datetime | None = None
 
     @property
     def filter(self) -> dict:
@@ -108,6 +116,9 @@ class HeldBucket:
         self._unresolved = len(self._pending)
         self._unflushed: dict[int, _Resolution] = {}
         self._plan: FlushPlan | None = None  # handed out, outcome not yet known
+        # Group buckets: the slot being served (one at a time), and the nacked slot that holds the bucket back.
+        self._serving: int | None = None
+        self.held_back: int | None = None
 
     # -- serving -------------------------------------------------------------------------------------------
 
@@ -125,6 +136,8 @@ class HeldBucket:
         Slots whose tries are used up (leases that kept expiring) are dead-lettered on the way, unserved."""
         if self.lease_ending(now):
             return None
+        if self.bucket.group is not None and (self._serving is not None or self.held_back is not None):
+            return None
         while self._pending:
             slot = self._pending.popleft()
             if self.state[slot] is not SlotState.PENDING:
@@ -135,6 +148,8 @@ class HeldBucket:
                               allowed=(SlotState.PENDING,))
                 continue
             self.state[slot] = SlotState.SERVED
+            if self.bucket.group is not None:
+                self._serving = slot
             return slot
         return None
 
@@ -179,6 +194,8 @@ class HeldBucket:
             self._resolve(slot, _Resolution(SlotState.DEAD, error=error or "nacked"), allowed=(SlotState.SERVED,))
             return SlotState.DEAD
         self._resolve(slot, _Resolution(SlotState.RETRY, retry_at, error), allowed=(SlotState.SERVED,))
+        if self.bucket.group is not None:
+            self.held_back = slot
         return SlotState.RETRY
 
     def dead(self, slot: int, reason: str) -> None:
@@ -194,6 +211,8 @@ class HeldBucket:
         if self.state[slot] not in allowed:
             raise AlreadyResolved(f"message {self.bucket.message_id(slot)} is already {self.state[slot].value}")
         resolution.delivered = self.state[slot] is SlotState.SERVED
+        if slot == self._serving:
+            self._serving = None
         self._unresolved -= 1
         self.state[slot] = resolution.state
         self._unflushed[slot] = resolution
@@ -233,18 +252,26 @@ class HeldBucket:
     def _new_plan(self, now: dt.datetime, release: bool, release_due: dt.datetime | None, host: str,
                   pid: int) -> FlushPlan:
         taken, self._unflushed = self._unflushed, {}
-        plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()})
+        group = self.bucket.group
+        plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()}, group=group)
         retries = {s: r for s, r in taken.items() if r.state is SlotState.RETRY}
-        plan.retry_docs = self._retry_documents(retries, now)
+        if group is None:
+            plan.retry_docs = self._retry_documents(retries, now)
         plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered, error=r.error, at=now)
                           for s, r in taken.items() if r.state is SlotState.DEAD]
         plan.quarantine_docs = [quarantined_message(self.bucket, s, reason=r.error, at=now, host=host, pid=pid)
                                 for s, r in taken.items() if r.state is SlotState.QUARANTINED]
-        done = sorted(taken)
+        done = sorted(s for s in taken if not (group is not None and s in retries))
         if plan.retry_docs or plan.dead_docs or plan.quarantine_docs:
             acked = [s for s in done if taken[s].state is SlotState.ACKED]
             plan.guard = claims.extend(now, self.policy.lease, acked)
-        if release:
+        if group is not None and (release or retries):
+            # A nacked slot holds the bucket (and its group) until its retry time; a drain hands it back now.
+            retry_slot = next(iter(retries), None)
+            due = retries[retry_slot].retry_at if retry_slot is not None else release_due
+            plan.kind, plan.final = "release", groups.release(now, self.token, done, due=due, retry_slot=retry_slot)
+            plan.mine = claims.released_by(self.bucket.id, self.token)
+        elif release:
             plan.kind, plan.final = "release", claims.release(now, self.token, done, due=release_due)
             plan.mine = claims.released_by(self.bucket.id, self.token)
         elif self.finished:
@@ -253,6 +280,8 @@ class HeldBucket:
         else:
             plan.final = claims.extend(now, self.policy.lease, done)
             plan.lease_until = self.policy.lease_from(now)
+        if group is not None and (plan.guard is not None or plan.kind == "extend"):
+            plan.lock_until = self.policy.lease_from(now)  # the expiry guard and extend set
         return plan
 
     def _retry_documents(self, retries: dict[int, _Resolution], now: dt.datetime) -> list[dict]:
