@@ -209,8 +209,11 @@ async def test_any_payload_is_refused_with_a_clear_error_or_delivered_intact(adb
             message_id = await q.push(payload)
         except (bucketq.EncodeError, bucketq.PayloadTooLarge):
             message_id = None
+        # A refused push raises before the sentinel's bucket is written: wait for that write, or the collection
+        # may still look empty to deliver_all.
+        sentinel_id = await sentinel
         got = {m.id: m.payload for m in await deliver_all(q, adb)}
-        assert got.pop(await sentinel) == SENTINEL
+        assert got.pop(sentinel_id) == SENTINEL
         if message_id is not None:
             assert same(got.pop(message_id), normalize(payload)), "the payload came back changed"
         assert got == {}
@@ -273,8 +276,11 @@ async def test_deeply_nested_payload_is_refused_clearly_or_delivered_intact(adb,
             message_id = await q.push(nested(depth, kind))
         except bucketq.EncodeError:
             message_id = None
+        # A refused push raises before the sentinel's bucket is written: wait for that write, or the collection
+        # may still look empty to deliver_all.
+        sentinel_id = await sentinel
         got = {m.id: m.payload for m in await deliver_all(q, adb)}
-        assert got.pop(await sentinel) == SENTINEL
+        assert got.pop(sentinel_id) == SENTINEL
         if message_id is not None:
             assert depth_of(got.pop(message_id), kind) == depth
         assert got == {} and await q.quarantined() == []
