@@ -91,6 +91,8 @@ class Consumer:
         self._draining = False
         self._owner = claims.owner_name()
         self._next_local_due: float | None = None  # monotonic time of the earliest retry bucket we wrote
+        self._found_last = False  # the last claim took a bucket: claiming ahead is likely to take another
+        self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
 
@@ -106,10 +108,17 @@ class Consumer:
         while True:
             message = self._next_message()
             if message is not None:
+                if message._holding is self._holdings[-1] and self._found_last and not self._claim_lock.locked() \
+                        and (self._ahead is None or self._ahead.done()):
+                    self._ahead = self._spawn(self._claim_ahead(message._holding))
+                    # Let it send its claim now: handlers that never await I/O would not yield until the
+                    # messages at hand run out, and the claim's round trip would not overlap their work.
+                    await asyncio.sleep(0)
                 return message
             if self._draining:
                 return None
             async with self._claim_lock:
+                await self._ahead_landed()
                 message = self._next_message()
                 if message is not None or self._draining:
                     return message
@@ -172,6 +181,24 @@ class Consumer:
                            slot)
         return None
 
+    async def _claim_ahead(self, newest: Holding) -> None:
+        """Claim the next bucket as soon as the newest one held (``newest``) is being served, so that consumers
+        find messages at hand when it runs out instead of all waiting for a claim's round trip. At most one
+        bucket ahead, none after a claim that found nothing (an idle queue costs no extra commands), and never
+        two claims at once: it starts only while no reserve is claiming, and a reserve that needs to claim
+        first waits for it (``_ahead_landed``), as does a drain."""
+        if self._draining or not self._holdings or self._holdings[-1] is not newest:
+            return
+        try:
+            await self._claim()
+        except Exception as exc:  # the next reserve that finds nothing at hand claims again, and raises
+            log.warning("claim ahead failed: %s", exc)
+
+    async def _ahead_landed(self) -> None:
+        """Wait for the claim ahead under way, if any: its bucket is in ``_holdings`` afterwards."""
+        if self._ahead is not None and not self._ahead.done():
+            await asyncio.wait([self._ahead])
+
     async def _claim(self) -> bool:
         """Claim one due bucket. Returns whether a bucket was taken (even one that went to quarantine)."""
         if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
@@ -189,6 +216,7 @@ class Consumer:
                 raise
             await self._quarantine_bucket(doc, token, f"cannot be claimed: {exc}")
             return True
+        self._found_last = doc is not None
         if doc is None:
             return False
         try:
@@ -370,7 +398,7 @@ class Consumer:
         self._wakeup.notify()
         try:
             async with self._claim_lock:  # a claim already under way lands in self._holdings, to be released
-                pass
+                await self._ahead_landed()
             deadline = time.monotonic() + self._options.drain_timeout
             while any(h.held.outstanding for h in self._holdings if not h.held.ended) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)

@@ -139,6 +139,11 @@ class HeldBucket:
         return None
 
     @property
+    def unserved(self) -> int:
+        """Slots not yet handed out (an upper bound: some may have been resolved unserved)."""
+        return len(self._pending)
+
+    @property
     def outstanding(self) -> list[int]:
         """Slots handed out and not yet resolved."""
         return [i for i, s in enumerate(self.state) if s is SlotState.SERVED]
