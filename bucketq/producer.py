@@ -272,8 +272,14 @@ class Producer:
         except Exception as exc:
             failed = {b.id: exc for b in batch}
         for bucket in batch:
-            bucket.resolve(failed.get(bucket.id))
             self._acc.written(bucket)
+        # Start the next writes before settling these pushes: a settled push's caller runs only after the new
+        # writers' first steps, which send their inserts, so the server stores them while the callers push more.
+        self._writers.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._commit()
+        self._kick_writers()
+        for bucket in batch:
+            bucket.resolve(failed.get(bucket.id))
         self._metrics.written(batch, failed, self._clock)
         if len(failed) < len(batch) and self._on_written is not None:
             self._on_written()
