@@ -100,6 +100,7 @@ class HeldBucket:
         self.token = token
         self.lease_until = lease_until
         self.policy = policy
+        self._margin = dt.timedelta(seconds=policy.lease * policy.safety)  # see lease_ending
         self.lost = False
         self.ended = False
         self.giving_back = False  # a drain is releasing the bucket: no more resolutions
@@ -117,13 +118,12 @@ class HeldBucket:
 
     def lease_ending(self, now: dt.datetime) -> bool:
         """Lost, ended, or within the safety margin of the lease expiry the server last applied."""
-        margin = dt.timedelta(seconds=self.policy.lease * self.policy.safety)
-        return self.lost or self.ended or now >= self.lease_until - margin
+        return self.lost or self.ended or now >= self.lease_until - self._margin
 
     def serve(self, now: dt.datetime) -> int | None:
         """The next slot to hand out, marked SERVED; None when nothing is left or the lease is ending.
         Slots whose tries are used up (leases that kept expiring) are dead-lettered on the way, unserved."""
-        if self.lease_ending(now):
+        if not self._pending or self.lease_ending(now):
             return None
         while self._pending:
             slot = self._pending.popleft()
