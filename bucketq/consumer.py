@@ -244,11 +244,12 @@ class Consumer:
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         payloads: list[Any] = [None] * bucket.size
         bad: dict[int, str] = {}
+        load, done = codec.load, bucket.done
         for slot, stored in enumerate(bucket.payloads):
-            if slot in bucket.done:
+            if done and slot in done:
                 continue
             try:
-                payloads[slot] = codec.load(stored)
+                payloads[slot] = load(stored)
             except Exception as exc:
                 bad[slot] = f"{type(exc).__name__}: {exc}"
         return payloads, bad
@@ -361,7 +362,7 @@ class Consumer:
             due = min(d["due"] for d in plan.retry_docs)
             at = time.monotonic() + max(0.0, (due - self._clock.now()).total_seconds())
             self._next_local_due = at if self._next_local_due is None else min(self._next_local_due, at)
-        for slot in plan.slots:
+        for slot in plan.slots if holding.waiters else ():
             future = holding.waiters.pop(slot, None)
             if future is not None and not future.done():
                 if applied:

@@ -262,6 +262,8 @@ def _count(value: Any) -> TypeGuard[int]:
 
 
 def _tries(doc: Mapping[str, Any], n: int) -> list[int]:
+    if doc.get("t") is None:  # new buckets: no slot was tried before
+        return [0] * n
     tries = [t or 0 for t in _optional_array(doc, "t", n, int)]
     if not all(_count(t) for t in tries):
         raise MalformedBucket(f"every entry of t must be an integer from 0 to {MAX_COUNT}")

@@ -55,7 +55,11 @@ class _Resolution:
     state: SlotState
     retry_at: dt.datetime | None = None
     error: str = ""
-    delivered: bool = True  # handed to a handler this claim, so it counts as a try
+    delivered: bool = True  # handed to a handler this claim, so it counts as a try (read for dead letters only)
+
+
+# Every ack is alike: one shared record, not one made per message.
+_ACKED = _Resolution(SlotState.ACKED)
 
 
 @dataclass
@@ -104,8 +108,11 @@ class HeldBucket:
         self.lost = False
         self.ended = False
         self.giving_back = False  # a drain is releasing the bucket: no more resolutions
-        self.state = [SlotState.DONE if i in bucket.done else SlotState.PENDING for i in range(bucket.size)]
-        self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done)
+        self.state = [SlotState.PENDING] * bucket.size
+        for i in bucket.done:
+            self.state[i] = SlotState.DONE
+        self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done) if bucket.done \
+            else deque(range(bucket.size))
         self._unresolved = len(self._pending)
         self._unflushed: dict[int, _Resolution] = {}
         self._plan: FlushPlan | None = None  # handed out, outcome not yet known
@@ -176,7 +183,7 @@ class HeldBucket:
                             f"{self.bucket.message_id(slot)} will be delivered again")
 
     def ack(self, slot: int) -> None:
-        self._resolve(slot, _Resolution(SlotState.ACKED), allowed=(SlotState.SERVED, SlotState.PENDING))
+        self._resolve(slot, _ACKED, allowed=(SlotState.SERVED, SlotState.PENDING))
 
     def nack(self, slot: int, retry_at: dt.datetime, error: str = "") -> SlotState:
         """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt."""
@@ -198,7 +205,8 @@ class HeldBucket:
         self.check_held(slot)
         if self.state[slot] not in allowed:
             raise AlreadyResolved(f"message {self.bucket.message_id(slot)} is already {self.state[slot].value}")
-        resolution.delivered = self.state[slot] is SlotState.SERVED
+        if resolution is not _ACKED:
+            resolution.delivered = self.state[slot] is SlotState.SERVED
         self._unresolved -= 1
         self.state[slot] = resolution.state
         self._unflushed[slot] = resolution
@@ -239,12 +247,13 @@ class HeldBucket:
                   pid: int) -> FlushPlan:
         taken, self._unflushed = self._unflushed, {}
         plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()})
-        retries = {s: r for s, r in taken.items() if r.state is SlotState.RETRY}
+        copied = {s: r for s, r in taken.items() if r is not _ACKED}  # one pass over the acks, which copy nothing
+        retries = {s: r for s, r in copied.items() if r.state is SlotState.RETRY}
         plan.retry_docs = self._retry_documents(retries, now)
         plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered, error=r.error, at=now)
-                          for s, r in taken.items() if r.state is SlotState.DEAD]
+                          for s, r in copied.items() if r.state is SlotState.DEAD]
         plan.quarantine_docs = [quarantined_message(self.bucket, s, reason=r.error, at=now, host=host, pid=pid)
-                                for s, r in taken.items() if r.state is SlotState.QUARANTINED]
+                                for s, r in copied.items() if r.state is SlotState.QUARANTINED]
         done = sorted(taken)
         if plan.retry_docs or plan.dead_docs or plan.quarantine_docs:
             acked = [s for s in done if taken[s].state is SlotState.ACKED]
