@@ -91,7 +91,10 @@ class Consumer:
         self._draining = False
         self._owner = claims.owner_name()
         self._next_local_due: float | None = None  # monotonic time of the earliest retry bucket we wrote
-        self._found_last = False  # the last claim took a bucket: claiming ahead is likely to take another
+        # Claims in a row that took a bucket: from two on, the queue has a backlog and claiming ahead pays. A
+        # consumer that empties each bucket before the next is written alternates found and empty claims, and
+        # claiming ahead would only add an empty claim per bucket.
+        self._found_in_a_row = 0
         self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
@@ -108,8 +111,8 @@ class Consumer:
         while True:
             message = self._next_message()
             if message is not None:
-                if message._holding is self._holdings[-1] and self._found_last and not self._claim_lock.locked() \
-                        and (self._ahead is None or self._ahead.done()):
+                if (message._holding is self._holdings[-1] and self._found_in_a_row >= 2
+                        and not self._claim_lock.locked() and (self._ahead is None or self._ahead.done())):
                     self._ahead = self._spawn(self._claim_ahead(message._holding))
                     # Let it send its claim now: handlers that never await I/O would not yield until the
                     # messages at hand run out, and the claim's round trip would not overlap their work.
@@ -184,9 +187,9 @@ class Consumer:
     async def _claim_ahead(self, newest: Holding) -> None:
         """Claim the next bucket as soon as the newest one held (``newest``) is being served, so that consumers
         find messages at hand when it runs out instead of all waiting for a claim's round trip. At most one
-        bucket ahead, none after a claim that found nothing (an idle queue costs no extra commands), and never
-        two claims at once: it starts only while no reserve is claiming, and a reserve that needs to claim
-        first waits for it (``_ahead_landed``), as does a drain."""
+        bucket ahead, only while the queue has a backlog (``_found_in_a_row``: an idle queue or a trickle costs
+        no extra commands), and never two claims at once: it starts only while no reserve is claiming, and a
+        reserve that needs to claim first waits for it (``_ahead_landed``), as does a drain."""
         if self._draining or not self._holdings or self._holdings[-1] is not newest:
             return
         try:
@@ -216,7 +219,7 @@ class Consumer:
                 raise
             await self._quarantine_bucket(doc, token, f"cannot be claimed: {exc}")
             return True
-        self._found_last = doc is not None
+        self._found_in_a_row = self._found_in_a_row + 1 if doc is not None else 0
         if doc is None:
             return False
         try:

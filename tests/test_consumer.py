@@ -232,19 +232,30 @@ async def test_drain_hands_back_unserved_messages_with_no_tries_added(make_queue
 
 async def test_next_bucket_is_claimed_ahead_while_one_is_served_and_handed_back_on_drain(make_queue, sync_db):
     q = make_queue(bucket_max_size=10, bucket_max_wait=0.01)
-    await q.push_many(range(30))  # three buckets
-    first = await q.reserve(timeout=2)
+    await q.push_many(range(40))  # four buckets
+    got = [await q.reserve(timeout=2) for _ in range(11)]  # the first bucket, then the first of the second
     await q._consumer._ahead_landed()
-    assert sync_db.events.count_documents({"lease": {"$ne": None}}) == 2, "the bucket served and one ahead, no more"
-    got = [first] + [await q.reserve(timeout=2) for _ in range(9)]
-    assert [m.payload for m in got] == list(range(10))
+    leased = [d["lease"] is not None for d in sync_db.events.find({"fin": {"$exists": False}}).sort("_id", 1)]
+    assert leased[1:] == [True, True, False], "a backlog: the third bucket is claimed ahead, and no more"
+    got += [await q.reserve(timeout=2) for _ in range(9)]
+    assert [m.payload for m in got] == list(range(20))
     await asyncio.gather(*(m.ack() for m in got))
     await q.drain()
     unfinished = list(sync_db.events.find({"fin": {"$exists": False}}))
     assert len(unfinished) == 2 and all(d["lease"] is None and d["c"] == 0 for d in unfinished), \
         "the bucket claimed ahead goes back unserved, with no try counted"
     other = make_queue()
-    assert sorted(m.payload for m in await consume_all(other, timeout=0.5)) == list(range(10, 30))
+    assert sorted(m.payload for m in await consume_all(other, timeout=0.5)) == list(range(20, 40))
+
+
+async def test_no_claim_ahead_while_buckets_come_one_at_a_time(make_queue):
+    q = make_queue(bucket_max_wait=0.01)
+    for i in range(3):
+        await q.push(i)
+        message = await q.reserve(timeout=2)
+        await message.ack()
+        assert await q.reserve(timeout=0.05) is None
+    assert q._consumer._ahead is None, "an empty claim ahead per bucket: commands a trickle does not need"
 
 
 async def test_drain_nacks_handlers_that_do_not_finish(make_queue):
