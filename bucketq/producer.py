@@ -176,7 +176,7 @@ class Producer:
         if not self._acc.fits(size):
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
-        return slot, size, self._due(delay, at)
+        return slot, size, None if delay is None and at is None else self._due(delay, at)
 
     def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
         if delay is not None and at is not None:
