@@ -275,7 +275,7 @@ class Producer:
             self._acc.written(bucket)
         # Start the next writes before settling these pushes: a settled push's caller runs only after the new
         # writers' first steps, which send their inserts, so the server stores them while the callers push more.
-        self._writers.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._writers.discard(asyncio.current_task())
         self._commit()
         self._kick_writers()
         for bucket in batch:

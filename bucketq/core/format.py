@@ -149,28 +149,32 @@ def bucket_document(
     due: dt.datetime,
 ) -> dict[str, Any]:
     """A new bucket document. Optional per-slot arrays are written only when some slot has the field."""
+    n = len(slots)
+    # The slots' fields as columns, transposed in C: each optional array is then tested by a C loop instead of
+    # a generator (a producer builds one bucket of up to 65,536 slots per write).
+    column = dict(zip(Slot._fields, zip(*slots))) if slots else dict.fromkeys(Slot._fields, ())
     doc: dict[str, Any] = {
         "_id": bucket_id,
         "v": FORMAT_VERSION,
         "enc": codec,
         "created": created,
         "due": due,
-        "n": len(slots),
-        "p": [s.payload for s in slots],
+        "n": n,
+        "p": list(column["payload"]),
         "done": [],
         "c": 0,
         "lease": None,
     }
-    if any(s.headers for s in slots):
-        doc["h"] = [s.headers or None for s in slots]
-    if any(s.key is not None for s in slots):
-        doc["k"] = [s.key for s in slots]
-    if any(s.tries for s in slots):
-        doc["t"] = [s.tries for s in slots]
-    if any(s.origin is not None for s in slots):
-        doc["o"] = [s.origin for s in slots]
-    if any(s.enqueued_at is not None for s in slots):
-        doc["e"] = [s.enqueued_at or created for s in slots]
+    if any(column["headers"]):
+        doc["h"] = [h or None for h in column["headers"]]
+    if column["key"].count(None) != n:
+        doc["k"] = list(column["key"])
+    if any(column["tries"]):
+        doc["t"] = list(column["tries"])
+    if column["origin"].count(None) != n:
+        doc["o"] = list(column["origin"])
+    if column["enqueued_at"].count(None) != n:
+        doc["e"] = [e or created for e in column["enqueued_at"]]
     return doc
 
 
