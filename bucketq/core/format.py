@@ -152,7 +152,8 @@ def bucket_document(
     n = len(slots)
     # The slots' fields as columns, transposed in C: each optional array is then tested by a C loop instead of
     # a generator (a producer builds one bucket of up to 65,536 slots per write).
-    column = dict(zip(Slot._fields, zip(*slots))) if slots else dict.fromkeys(Slot._fields, ())
+    columns = zip(*slots, strict=True) if slots else ((),) * len(Slot._fields)
+    column = dict(zip(Slot._fields, columns, strict=True))
     doc: dict[str, Any] = {
         "_id": bucket_id,
         "v": FORMAT_VERSION,
