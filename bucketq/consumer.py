@@ -96,6 +96,7 @@ class Consumer:
         # claiming ahead would only add an empty claim per bucket.
         self._found_in_a_row = 0
         self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
+        self._ahead_unstarted = False  # it is spawned and has not run yet
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
 
@@ -114,15 +115,20 @@ class Consumer:
                 if (message._holding is self._holdings[-1] and self._found_in_a_row >= 2
                         and not self._claim_lock.locked() and (self._ahead is None or self._ahead.done())):
                     self._ahead = self._spawn(self._claim_ahead(message._holding))
-                    # Let it send its claim now: handlers that never await I/O would not yield until the
-                    # messages at hand run out, and the claim's round trip would not overlap their work.
+                    self._ahead_unstarted = True
+                if self._ahead_unstarted:
+                    # Yield until the claim ahead has sent its request: tasks whose handlers never await I/O
+                    # would not yield before the messages at hand run out, and its round trip would not overlap
+                    # their work. Every such task yields once a message meanwhile, so it is soon its turn.
                     await asyncio.sleep(0)
                 return message
             if self._draining:
                 return None
             async with self._claim_lock:
-                await self._ahead_landed()
                 message = self._next_message()
+                if message is None and self._ahead is not None and not self._ahead.done():
+                    await self._ahead_landed()
+                    message = self._next_message()
                 if message is not None or self._draining:
                     return message
                 try:
@@ -190,6 +196,7 @@ class Consumer:
         bucket ahead, only while the queue has a backlog (``_found_in_a_row``: an idle queue or a trickle costs
         no extra commands), and never two claims at once: it starts only while no reserve is claiming, and a
         reserve that needs to claim first waits for it (``_ahead_landed``), as does a drain."""
+        self._ahead_unstarted = False
         if self._draining or not self._holdings or self._holdings[-1] is not newest:
             return
         try:

@@ -248,6 +248,26 @@ async def test_next_bucket_is_claimed_ahead_while_one_is_served_and_handed_back_
     assert sorted(m.payload for m in await consume_all(other, timeout=0.5)) == list(range(20, 40))
 
 
+async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(make_queue, sync_db, mongo_uri):
+    # On the server only: it applies a claim as soon as the request arrives, while the in-memory database runs
+    # operations on the event loop these handlers never give back.
+    q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
+    await q.push_many(range(300))
+    for _ in range(100):  # the first bucket
+        await (await q.reserve(timeout=2)).ack()
+    third = sorted(d["_id"] for d in sync_db.events.find())[2]
+    seen = []
+
+    async def handler_that_never_awaits_io() -> None:
+        for _ in range(40):
+            message = await q.reserve(timeout=2)
+            seen.append(sync_db.events.find_one({"_id": third})["lease"] is not None)  # blocking: no yield
+            await message.ack()
+
+    await asyncio.gather(handler_that_never_awaits_io(), handler_that_never_awaits_io())
+    assert any(seen[:10]), "the claim ahead waited for a handler that never yields to serve all its messages"
+
+
 async def test_no_claim_ahead_while_buckets_come_one_at_a_time(make_queue):
     q = make_queue(bucket_max_wait=0.01)
     for i in range(3):
