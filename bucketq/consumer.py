@@ -34,6 +34,11 @@ from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
 
+# A bucket holding this many messages was written under load (group commit writes smaller ones when producers
+# trickle): the first claim that takes one already counts as a backlog for claiming ahead.
+BACKLOG_BUCKET_SIZE = 64
+
+
 @dataclass
 class Holding:
     """A claimed bucket's state machine with its decoded payloads and the tasks and futures around it."""
@@ -91,9 +96,10 @@ class Consumer:
         self._draining = False
         self._owner = claims.owner_name()
         self._next_local_due: float | None = None  # monotonic time of the earliest retry bucket we wrote
-        # Claims in a row that took a bucket: from two on, the queue has a backlog and claiming ahead pays. A
-        # consumer that empties each bucket before the next is written alternates found and empty claims, and
-        # claiming ahead would only add an empty claim per bucket.
+        # Claims in a row that took a bucket: from two on (or one of a bucket written under load, see
+        # BACKLOG_BUCKET_SIZE), the queue has a backlog and claiming ahead pays. A consumer that empties each
+        # bucket before the next is written alternates found and empty claims, and claiming ahead would only add
+        # an empty claim per bucket.
         self._found_in_a_row = 0
         self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
         self._ahead_unstarted = False  # it is spawned and has not run yet
@@ -112,7 +118,7 @@ class Consumer:
         while True:
             message = self._next_message()
             if message is not None:
-                if (message._holding is self._holdings[-1] and self._found_in_a_row >= 2
+                if (message._holding is self._holdings[-1] and self._backlog(message._holding.held)
                         and not self._claim_lock.locked() and (self._ahead is None or self._ahead.done())):
                     self._ahead = self._spawn(self._claim_ahead(message._holding))
                     self._ahead_unstarted = True
@@ -203,6 +209,10 @@ class Consumer:
             await self._claim()
         except Exception as exc:  # the next reserve that finds nothing at hand claims again, and raises
             log.warning("claim ahead failed: %s", exc)
+
+    def _backlog(self, newest: HeldBucket) -> bool:
+        """Whether the queue likely holds another bucket behind ``newest``, the newest one claimed."""
+        return self._found_in_a_row >= 2 or (self._found_in_a_row == 1 and newest.bucket.size >= BACKLOG_BUCKET_SIZE)
 
     async def _ahead_landed(self) -> None:
         """Wait for the claim ahead under way, if any: its bucket is in ``_holdings`` afterwards."""
