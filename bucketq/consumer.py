@@ -34,6 +34,11 @@ from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
 
+# A bucket holding this many messages was written under load (group commit writes smaller ones when producers
+# trickle): the first claim that takes one already counts as a backlog for claiming ahead.
+BACKLOG_BUCKET_SIZE = 64
+
+
 @dataclass
 class Holding:
     """A claimed bucket's state machine with its decoded payloads and the tasks and futures around it."""
@@ -91,6 +96,13 @@ class Consumer:
         self._draining = False
         self._owner = claims.owner_name()
         self._next_local_due: float | None = None  # monotonic time of the earliest retry bucket we wrote
+        # Claims in a row that took a bucket: from two on (or one of a bucket written under load, see
+        # BACKLOG_BUCKET_SIZE), the queue has a backlog and claiming ahead pays. A consumer that empties each
+        # bucket before the next is written alternates found and empty claims, and claiming ahead would only add
+        # an empty claim per bucket.
+        self._found_in_a_row = 0
+        self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
+        self._ahead_unstarted = False  # it is spawned and has not run yet
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
 
@@ -106,11 +118,23 @@ class Consumer:
         while True:
             message = self._next_message()
             if message is not None:
+                if (message._holding is self._holdings[-1] and self._backlog(message._holding.held)
+                        and not self._claim_lock.locked() and (self._ahead is None or self._ahead.done())):
+                    self._ahead = self._spawn(self._claim_ahead(message._holding))
+                    self._ahead_unstarted = True
+                if self._ahead_unstarted:
+                    # Yield until the claim ahead has sent its request: tasks whose handlers never await I/O
+                    # would not yield before the messages at hand run out, and its round trip would not overlap
+                    # their work. Every such task yields once a message meanwhile, so it is soon its turn.
+                    await asyncio.sleep(0)
                 return message
             if self._draining:
                 return None
             async with self._claim_lock:
                 message = self._next_message()
+                if message is None and self._ahead is not None and not self._ahead.done():
+                    await self._ahead_landed()
+                    message = self._next_message()
                 if message is not None or self._draining:
                     return message
                 try:
@@ -172,6 +196,29 @@ class Consumer:
                            slot)
         return None
 
+    async def _claim_ahead(self, newest: Holding) -> None:
+        """Claim the next bucket as soon as the newest one held (``newest``) is being served, so that consumers
+        find messages at hand when it runs out instead of all waiting for a claim's round trip. At most one
+        bucket ahead, only while the queue has a backlog (``_found_in_a_row``: an idle queue or a trickle costs
+        no extra commands), and never two claims at once: it starts only while no reserve is claiming, and a
+        reserve that needs to claim first waits for it (``_ahead_landed``), as does a drain."""
+        self._ahead_unstarted = False
+        if self._draining or not self._holdings or self._holdings[-1] is not newest:
+            return
+        try:
+            await self._claim()
+        except Exception as exc:  # the next reserve that finds nothing at hand claims again, and raises
+            log.warning("claim ahead failed: %s", exc)
+
+    def _backlog(self, newest: HeldBucket) -> bool:
+        """Whether the queue likely holds another bucket behind ``newest``, the newest one claimed."""
+        return self._found_in_a_row >= 2 or (self._found_in_a_row == 1 and newest.bucket.size >= BACKLOG_BUCKET_SIZE)
+
+    async def _ahead_landed(self) -> None:
+        """Wait for the claim ahead under way, if any: its bucket is in ``_holdings`` afterwards."""
+        if self._ahead is not None and not self._ahead.done():
+            await asyncio.wait([self._ahead])
+
     async def _claim(self) -> bool:
         """Claim one due bucket. Returns whether a bucket was taken (even one that went to quarantine)."""
         if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
@@ -189,6 +236,7 @@ class Consumer:
                 raise
             await self._quarantine_bucket(doc, token, f"cannot be claimed: {exc}")
             return True
+        self._found_in_a_row = self._found_in_a_row + 1 if doc is not None else 0
         if doc is None:
             return False
         try:
@@ -243,11 +291,12 @@ class Consumer:
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         payloads: list[Any] = [None] * bucket.size
         bad: dict[int, str] = {}
+        load, done = codec.load, bucket.done
         for slot, stored in enumerate(bucket.payloads):
-            if slot in bucket.done:
+            if done and slot in done:
                 continue
             try:
-                payloads[slot] = codec.load(stored)
+                payloads[slot] = load(stored)
             except Exception as exc:
                 bad[slot] = f"{type(exc).__name__}: {exc}"
         return payloads, bad
@@ -362,7 +411,7 @@ class Consumer:
             self._next_local_due = at if self._next_local_due is None else min(self._next_local_due, at)
         if held.ended and held.bucket.group is not None:  # before the acks return: then the group has moved on
             await self._end_turn(held.bucket.group, held.token)
-        for slot in plan.slots:
+        for slot in plan.slots if holding.waiters else ():
             future = holding.waiters.pop(slot, None)
             if future is not None and not future.done():
                 if applied:
@@ -419,7 +468,7 @@ class Consumer:
         self._wakeup.notify()
         try:
             async with self._claim_lock:  # a claim already under way lands in self._holdings, to be released
-                pass
+                await self._ahead_landed()
             deadline = time.monotonic() + self._options.drain_timeout
             while any(h.held.outstanding for h in self._holdings if not h.held.ended) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)

@@ -105,17 +105,7 @@ class Producer:
         self._linger: asyncio.TimerHandle | None = None  # _commit at the bucket_max_wait deadline
         self._linger_at: float | None = None
         self._closed = False
-        self._now_at = -1.0
-        self._now_cached = clock.now()
         self._metrics = metrics.for_queue(store.name, store.database.name)
-
-    def _now(self) -> dt.datetime:
-        """The server clock, read at most once a millisecond: one datetime per push costs more than it tells."""
-        tick = time.monotonic()
-        if tick - self._now_at >= 0.001:
-            self._now_cached = self._clock.now()
-            self._now_at = tick
-        return self._now_cached
 
     @property
     def buffered_bytes(self) -> int:
@@ -132,7 +122,7 @@ class Producer:
         if self._acc.buffered_bytes and self._acc.buffered_bytes + size > self._options.max_buffered_bytes:
             raise BufferFull(f"{self._acc.buffered_bytes} bytes buffered (max_buffered_bytes); await push() instead")
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._add(slot, size, due, future, self._now(), group)
+        self._add(slot, size, due, future, self._clock.now(), group)
         return future
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
@@ -140,7 +130,7 @@ class Producer:
         slot, size, due = self._prepare(payload, delay, at, headers, key, group)
         await self._wait_for_space(size)
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._add(slot, size, due, future, self._now(), group)
+        self._add(slot, size, due, future, self._clock.now(), group)
         return await future
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
@@ -167,11 +157,11 @@ class Producer:
             return []
         many = _Many(len(prepared))
         limit = self._options.max_buffered_bytes
-        now = self._now()
+        now = self._clock.now()
         for index, (slot, size, due) in enumerate(prepared):
             if self._acc.buffered_bytes + size > limit:
                 await self._wait_for_space(size)
-                now = self._now()
+                now = self._clock.now()
             self._add(slot, size, due, _Part(many, index), now, groups[index])
         return await many.future
 
@@ -188,7 +178,7 @@ class Producer:
         if not self._acc.fits(size):
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
-        return slot, size, self._due(delay, at)
+        return slot, size, None if delay is None and at is None else self._due(delay, at)
 
     def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
         if delay is not None and at is not None:
@@ -286,8 +276,14 @@ class Producer:
         except Exception as exc:
             failed = {b.id: exc for b in batch}
         for bucket in batch:
-            bucket.resolve(failed.get(bucket.id))
             self._sealed.extend(self._acc.written(bucket))  # a group's next bucket, which waited for this one
+        # Start the next writes before settling these pushes: a settled push's caller runs only after the new
+        # writers' first steps, which send their inserts, so the server stores them while the callers push more.
+        self._writers.discard(asyncio.current_task())
+        self._commit()
+        self._kick_writers()
+        for bucket in batch:
+            bucket.resolve(failed.get(bucket.id))
         self._metrics.written(batch, failed, self._clock)
         if len(failed) < len(batch) and self._on_written is not None:
             self._on_written()

@@ -139,14 +139,16 @@ class Queue:
 
     async def reserve(self, timeout: float | None = None) -> Message | None:
         """Claim the next message; None when none arrives within ``timeout`` seconds."""
-        await self._consumer_ready()
+        if not self._consumer_set_up():
+            await self._consumer_ready()
         return await self._consumer.reserve(timeout)
 
     async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
         """Up to ``n`` messages for a handler that takes many at once: waits up to ``timeout`` seconds for the
         first, then adds those already at hand in the buckets this consumer holds, without waiting. Empty
         when none arrives in time. Each message is acked or nacked on its own."""
-        await self._consumer_ready()
+        if not self._consumer_set_up():
+            await self._consumer_ready()
         return await self._consumer.reserve_many(n, timeout)
 
     async def pop(self, timeout: float | None = None) -> Message | None:
@@ -164,14 +166,22 @@ class Queue:
 
     async def _consumer_ready(self) -> None:
         """Before the first reserve: set up and start housekeeping; then only what is due (a clock resync, a
-        change stream lost to a server restart). Kept cheap: it runs before every reserve."""
+        change stream lost to a server restart)."""
         if self._housekeeping is None or self._clock.stale:
             await self._ready()
             if self._housekeeping is None:
                 self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep(),
                                                                            name="bucketq-housekeeping")
+        self._consumer_set_up()
+
+    def _consumer_set_up(self) -> bool:
+        """Whether a reserve may go on without awaiting ``_consumer_ready`` (set up, clock fresh); restarts a
+        change stream lost to a server restart. Runs before every reserve: no coroutine of its own."""
+        if self._housekeeping is None or self._clock.stale:
+            return False
         if self.options.change_streams is not False:
             self._wakeup.start_stream(self._store.buckets, self._clock, required=bool(self.options.change_streams))
+        return True
 
     async def _housekeep(self) -> None:
         """Apply the retention options now and every ``HOUSEKEEPING_EVERY_S``, in the background."""

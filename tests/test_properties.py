@@ -204,9 +204,9 @@ def test_msgpack_codec_round_trips(value):
     assert codec.load(stored) == value
 
 
-@given(st.sampled_from([math.nan, math.inf, -math.inf]), st.sampled_from(["top", "list", "dict"]))
+@given(st.sampled_from([math.nan, math.inf, -math.inf]), st.sampled_from(["top", "list", "dict", "flat"]))
 def test_json_codec_refuses_non_finite_floats(bad, where):
-    value = {"top": bad, "list": [1, [bad]], "dict": {"a": {"b": bad}}}[where]
+    value = {"top": bad, "list": [1, [bad]], "dict": {"a": {"b": bad}}, "flat": {"a": 1, "b": bad}}[where]
     with pytest.raises(ValueError, match="not valid JSON"):
         JsonCodec().dump(value)
 

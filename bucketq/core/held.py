@@ -59,7 +59,11 @@ class _Resolution:
     state: SlotState
     retry_at: dt.datetime | None = None
     error: str = ""
-    delivered: bool = True  # handed to a handler this claim, so it counts as a try
+    delivered: bool = True  # handed to a handler this claim, so it counts as a try (read for dead letters only)
+
+
+# Every ack is alike: one shared record, not one made per message.
+_ACKED = _Resolution(SlotState.ACKED)
 
 
 @dataclass
@@ -108,11 +112,15 @@ class HeldBucket:
         self.token = token
         self.lease_until = lease_until
         self.policy = policy
+        self._margin = dt.timedelta(seconds=policy.lease * policy.safety)  # see lease_ending
         self.lost = False
         self.ended = False
         self.giving_back = False  # a drain is releasing the bucket: no more resolutions
-        self.state = [SlotState.DONE if i in bucket.done else SlotState.PENDING for i in range(bucket.size)]
-        self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done)
+        self.state = [SlotState.PENDING] * bucket.size
+        for i in bucket.done:
+            self.state[i] = SlotState.DONE
+        self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done) if bucket.done \
+            else deque(range(bucket.size))
         self._unresolved = len(self._pending)
         self._unflushed: dict[int, _Resolution] = {}
         self._plan: FlushPlan | None = None  # handed out, outcome not yet known
@@ -128,13 +136,12 @@ class HeldBucket:
 
     def lease_ending(self, now: dt.datetime) -> bool:
         """Lost, ended, or within the safety margin of the lease expiry the server last applied."""
-        margin = dt.timedelta(seconds=self.policy.lease * self.policy.safety)
-        return self.lost or self.ended or now >= self.lease_until - margin
+        return self.lost or self.ended or now >= self.lease_until - self._margin
 
     def serve(self, now: dt.datetime) -> int | None:
         """The next slot to hand out, marked SERVED; None when nothing is left or the lease is ending.
         Slots whose tries are used up (leases that kept expiring) are dead-lettered on the way, unserved."""
-        if self.lease_ending(now):
+        if not self._pending or self.lease_ending(now):
             return None
         if self.bucket.group is not None and (self._serving is not None or self.held_back is not None):
             return None
@@ -152,6 +159,11 @@ class HeldBucket:
                 self._serving = slot
             return slot
         return None
+
+    @property
+    def unserved(self) -> int:
+        """Slots not yet handed out (an upper bound: some may have been resolved unserved)."""
+        return len(self._pending)
 
     @property
     def outstanding(self) -> list[int]:
@@ -186,7 +198,7 @@ class HeldBucket:
                             f"{self.bucket.message_id(slot)} will be delivered again")
 
     def ack(self, slot: int) -> None:
-        self._resolve(slot, _Resolution(SlotState.ACKED), allowed=(SlotState.SERVED, SlotState.PENDING))
+        self._resolve(slot, _ACKED, allowed=(SlotState.SERVED, SlotState.PENDING))
 
     def nack(self, slot: int, retry_at: dt.datetime, error: str = "") -> SlotState:
         """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt."""
@@ -210,7 +222,8 @@ class HeldBucket:
         self.check_held(slot)
         if self.state[slot] not in allowed:
             raise AlreadyResolved(f"message {self.bucket.message_id(slot)} is already {self.state[slot].value}")
-        resolution.delivered = self.state[slot] is SlotState.SERVED
+        if resolution is not _ACKED:
+            resolution.delivered = self.state[slot] is SlotState.SERVED
         if slot == self._serving:
             self._serving = None
         self._unresolved -= 1
@@ -254,14 +267,16 @@ class HeldBucket:
         taken, self._unflushed = self._unflushed, {}
         group = self.bucket.group
         plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()}, group=group)
-        retries = {s: r for s, r in taken.items() if r.state is SlotState.RETRY}
+        copied = {s: r for s, r in taken.items() if r is not _ACKED}  # one pass over the acks, which copy nothing
+        retries = {s: r for s, r in copied.items() if r.state is SlotState.RETRY}
         if group is None:
             plan.retry_docs = self._retry_documents(retries, now)
         plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered, error=r.error, at=now)
-                          for s, r in taken.items() if r.state is SlotState.DEAD]
+                          for s, r in copied.items() if r.state is SlotState.DEAD]
         plan.quarantine_docs = [quarantined_message(self.bucket, s, reason=r.error, at=now, host=host, pid=pid)
-                                for s, r in taken.items() if r.state is SlotState.QUARANTINED]
-        done = sorted(s for s in taken if not (group is not None and s in retries))
+                                for s, r in copied.items() if r.state is SlotState.QUARANTINED]
+        # A group's nacked slot stays in its bucket (released, due at the retry time): not done.
+        done = sorted(taken) if group is None else sorted(s for s in taken if s not in retries)
         if plan.retry_docs or plan.dead_docs or plan.quarantine_docs:
             acked = [s for s in done if taken[s].state is SlotState.ACKED]
             plan.guard = claims.extend(now, self.policy.lease, acked)
