@@ -94,6 +94,7 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
     for scenario in ("push", "consume"):
         versus(scenario, "naive", 20.0)
     versus("push", "floor", 0.7)
+    versus("spark_read", "naive", 3.0)  # issue 11: the same messages read through the Spark connector
     versus("stream_push", "bucketq", 0.8, other_scenario="push")  # issue 14: stream push within 20% of queue push
     commands("push", 2.0)
     commands("consume", 5.0)

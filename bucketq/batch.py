@@ -11,6 +11,9 @@ this token's mark (``finished_by``, ``released_by``), never merely because the b
 Attempts of a bucket: ``max(t) + c`` counting the current claim (a message's tries are ``t[slot] + c - 1``).
 A bucket on its last attempt is claimed alone, so a poisoned bucket cannot take good ones to quarantine with
 it; one claimed past its last attempt (leases expired: the job died or hung) goes to quarantine at once.
+
+Batch claims skip group buckets (``push(group=...)``): a batch is processed in parallel, with no order, so the
+ordered groups are left to the async consumers (``claims.ungrouped``).
 """
 
 from __future__ import annotations
@@ -174,7 +177,7 @@ class BatchQueue:
         must go to quarantine) for a bucket whose ``c`` is not a number (its ``$inc`` fails; as the consumer
         does, it is claimed without the ``$inc``, or it would block every claim behind it).
         Not retried (as in the consumer): a claim whose reply was lost expires with its lease."""
-        spec = claims.claim(self.now(), self.lease, token, self.owner)
+        spec = claims.ungrouped(claims.claim(self.now(), self.lease, token, self.owner))
         try:
             return self._find_and_claim(spec), None
         except OperationFailure as exc:

@@ -32,11 +32,18 @@ class ServerClock:
         self._server_s = time.time()
         self._mono_s = time.monotonic()
         self._synced_at: float | None = None
+        # The last reading, as (millisecond, datetime): a busy consumer reads the clock once a message, and one
+        # datetime a millisecond is all it needs. One attribute, so that threads never pair a stale datetime
+        # with a fresh millisecond.
+        self._last: tuple[int, dt.datetime] = (-1, dt.datetime.fromtimestamp(0, UTC))
 
     def now(self) -> dt.datetime:
-        seconds = self._server_s + (time.monotonic() - self._mono_s)
         # BSON dates have millisecond precision: truncate here so what we compare is what is stored.
-        return dt.datetime.fromtimestamp(int(seconds * 1000) / 1000, UTC)
+        ms = int((self._server_s + (time.monotonic() - self._mono_s)) * 1000)
+        last = self._last
+        if last[0] != ms:
+            last = self._last = (ms, dt.datetime.fromtimestamp(ms / 1000, UTC))
+        return last[1]
 
     @property
     def stale(self) -> bool:

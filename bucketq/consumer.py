@@ -21,7 +21,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
-from bucketq.core import claims
+from bucketq.core import claims, groups
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
 from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
@@ -33,6 +33,11 @@ from bucketq.store import Store
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
+
+# A bucket holding this many messages was written under load (group commit writes smaller ones when producers
+# trickle): the first claim that takes one already counts as a backlog for claiming ahead.
+BACKLOG_BUCKET_SIZE = 64
+
 
 @dataclass
 class Holding:
@@ -91,6 +96,13 @@ class Consumer:
         self._draining = False
         self._owner = claims.owner_name()
         self._next_local_due: float | None = None  # monotonic time of the earliest retry bucket we wrote
+        # Claims in a row that took a bucket: from two on (or one of a bucket written under load, see
+        # BACKLOG_BUCKET_SIZE), the queue has a backlog and claiming ahead pays. A consumer that empties each
+        # bucket before the next is written alternates found and empty claims, and claiming ahead would only add
+        # an empty claim per bucket.
+        self._found_in_a_row = 0
+        self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
+        self._ahead_unstarted = False  # it is spawned and has not run yet
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
 
@@ -106,11 +118,23 @@ class Consumer:
         while True:
             message = self._next_message()
             if message is not None:
+                if (message._holding is self._holdings[-1] and self._backlog(message._holding.held)
+                        and not self._claim_lock.locked() and (self._ahead is None or self._ahead.done())):
+                    self._ahead = self._spawn(self._claim_ahead(message._holding))
+                    self._ahead_unstarted = True
+                if self._ahead_unstarted:
+                    # Yield until the claim ahead has sent its request: tasks whose handlers never await I/O
+                    # would not yield before the messages at hand run out, and its round trip would not overlap
+                    # their work. Every such task yields once a message meanwhile, so it is soon its turn.
+                    await asyncio.sleep(0)
                 return message
             if self._draining:
                 return None
             async with self._claim_lock:
                 message = self._next_message()
+                if message is None and self._ahead is not None and not self._ahead.done():
+                    await self._ahead_landed()
+                    message = self._next_message()
                 if message is not None or self._draining:
                     return message
                 try:
@@ -172,6 +196,29 @@ class Consumer:
                            slot)
         return None
 
+    async def _claim_ahead(self, newest: Holding) -> None:
+        """Claim the next bucket as soon as the newest one held (``newest``) is being served, so that consumers
+        find messages at hand when it runs out instead of all waiting for a claim's round trip. At most one
+        bucket ahead, only while the queue has a backlog (``_found_in_a_row``: an idle queue or a trickle costs
+        no extra commands), and never two claims at once: it starts only while no reserve is claiming, and a
+        reserve that needs to claim first waits for it (``_ahead_landed``), as does a drain."""
+        self._ahead_unstarted = False
+        if self._draining or not self._holdings or self._holdings[-1] is not newest:
+            return
+        try:
+            await self._claim()
+        except Exception as exc:  # the next reserve that finds nothing at hand claims again, and raises
+            log.warning("claim ahead failed: %s", exc)
+
+    def _backlog(self, newest: HeldBucket) -> bool:
+        """Whether the queue likely holds another bucket behind ``newest``, the newest one claimed."""
+        return self._found_in_a_row >= 2 or (self._found_in_a_row == 1 and newest.bucket.size >= BACKLOG_BUCKET_SIZE)
+
+    async def _ahead_landed(self) -> None:
+        """Wait for the claim ahead under way, if any: its bucket is in ``_holdings`` afterwards."""
+        if self._ahead is not None and not self._ahead.done():
+            await asyncio.wait([self._ahead])
+
     async def _claim(self) -> bool:
         """Claim one due bucket. Returns whether a bucket was taken (even one that went to quarantine)."""
         if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
@@ -189,6 +236,7 @@ class Consumer:
                 raise
             await self._quarantine_bucket(doc, token, f"cannot be claimed: {exc}")
             return True
+        self._found_in_a_row = self._found_in_a_row + 1 if doc is not None else 0
         if doc is None:
             return False
         try:
@@ -202,6 +250,8 @@ class Consumer:
             first = ", ".join(f"slot {s}: {reason}" for s, reason in list(bad.items())[:3])
             await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
             return True
+        if bucket.group is not None and not await self._take_turn(bucket, token, now):
+            return True
         held = HeldBucket(bucket, token, self._policy.lease_from(now), self._policy)
         holding = Holding(held, payloads)
         for slot, reason in bad.items():
@@ -213,14 +263,40 @@ class Consumer:
             self._schedule_flush(holding)
         return True
 
+    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime) -> bool:
+        """Whether this claim of a group bucket may be served: it took the group's lock, and no earlier bucket
+        of the group is live. Else the bucket is released uncounted to wait (``groups.wait_release``) and the
+        lock, if taken, is given back."""
+        group = bucket.group
+        assert group is not None
+        mine = groups.held_by(group, token)
+        locked = await self._store.lock_group(*groups.acquire(group, token, self._policy.lease_from(now), bucket.id,
+                                                              now), mine)
+        # An error before the release leaves the lock to expire with the bucket's lease, as a crash would.
+        if locked:
+            first = await self._store.first_bucket(*groups.earliest_live(group))
+            if first is None or first["_id"] == bucket.id:
+                return True
+        try:
+            await self._store.update_fenced(claims.fenced(bucket.id, token), groups.wait_release(now, token),
+                                            mine=claims.released_by(bucket.id, token))
+        finally:
+            if locked:
+                await self._store.unlock_group(mine)
+        if locked or groups.free(await self._store.group_lock(group), self._clock.now()):
+            # We gave the lock back, or its holder did meanwhile (its hand-off may have come before our mark).
+            await self._hand_off(group)
+        return False
+
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         payloads: list[Any] = [None] * bucket.size
         bad: dict[int, str] = {}
+        load, done = codec.load, bucket.done
         for slot, stored in enumerate(bucket.payloads):
-            if slot in bucket.done:
+            if done and slot in done:
                 continue
             try:
-                payloads[slot] = codec.load(stored)
+                payloads[slot] = load(stored)
             except Exception as exc:
                 bad[slot] = f"{type(exc).__name__}: {exc}"
         return payloads, bad
@@ -270,7 +346,7 @@ class Consumer:
         future = None
         if wait:
             future = holding.waiters[slot] = asyncio.get_running_loop().create_future()
-        if future is not None or held.finished:
+        if future is not None or held.finished or held.held_back is not None:
             self._schedule_flush(holding)
         if future is not None:
             await future
@@ -333,7 +409,9 @@ class Consumer:
             due = min(d["due"] for d in plan.retry_docs)
             at = time.monotonic() + max(0.0, (due - self._clock.now()).total_seconds())
             self._next_local_due = at if self._next_local_due is None else min(self._next_local_due, at)
-        for slot in plan.slots:
+        if held.ended and held.bucket.group is not None:  # before the acks return: then the group has moved on
+            await self._end_turn(held.bucket.group, held.token)
+        for slot in plan.slots if holding.waiters else ():
             future = holding.waiters.pop(slot, None)
             if future is not None and not future.done():
                 if applied:
@@ -346,9 +424,29 @@ class Consumer:
                 if not future.done():
                     future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
 
+    async def _end_turn(self, group: str, token: str) -> None:
+        """Give the group's lock back (fenced by our token) and hand off. On failure the lock expires with the
+        lease, and waiting buckets come back at their recheck time."""
+        try:
+            await self._store.unlock_group(groups.held_by(group, token))
+            await self._hand_off(group)
+        except PyMongoError as exc:
+            log.warning("group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
+
+    async def _hand_off(self, group: str) -> None:
+        """After the lock was given back: wake the group's earliest live bucket if it waits for a hand-off."""
+        first = await self._store.first_bucket(*groups.earliest_live(group))
+        if first is not None and groups.waiting(first):
+            await self._store.wake(*groups.wake(first["_id"], self._clock.now()))
+            self._wakeup.notify()
+
     async def _execute(self, plan: FlushPlan) -> bool:
         """Run a flush plan's writes in order; False when the lease turned out to be lost."""
         store = self._store
+        if plan.lock_until is not None:  # a group bucket: its lock first, so that it never expires before the lease
+            assert plan.group is not None
+            if not await store.extend_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
+                return False
         if plan.guard is not None and not await store.update_fenced(plan.filter, plan.guard):
             return False
         for collection, docs in ((store.buckets, plan.retry_docs), (store.dead, plan.dead_docs),
@@ -370,7 +468,7 @@ class Consumer:
         self._wakeup.notify()
         try:
             async with self._claim_lock:  # a claim already under way lands in self._holdings, to be released
-                pass
+                await self._ahead_landed()
             deadline = time.monotonic() + self._options.drain_timeout
             while any(h.held.outstanding for h in self._holdings if not h.held.ended) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)

@@ -19,7 +19,7 @@ from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
-from bucketq.core.format import Slot, encode_slot
+from bucketq.core.format import Slot, check_group, encode_slot
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.store import Store, retrying
@@ -32,15 +32,17 @@ class Outgoing:
     ``await q.push_many([Outgoing(order, key=order["id"]), Outgoing(reminder, delay=3600), plain_payload])``.
     Not a payload itself: no codec encodes it, so passing one to ``push`` fails instead of storing its fields."""
 
-    __slots__ = ("payload", "key", "delay", "at", "headers")
+    __slots__ = ("payload", "key", "delay", "at", "headers", "group")
 
     def __init__(self, payload: Any, *, key: str | None = None, delay: float | dt.timedelta | None = None,
-                 at: dt.datetime | None = None, headers: Mapping[str, Any] | None = None) -> None:
+                 at: dt.datetime | None = None, headers: Mapping[str, Any] | None = None,
+                 group: str | None = None) -> None:
         self.payload = payload
         self.key = key
         self.delay = delay
         self.at = at
         self.headers = headers
+        self.group = group
 
     def __repr__(self) -> str:
         options = "".join(f", {name}={getattr(self, name)!r}" for name in self.__slots__[1:]
@@ -103,17 +105,7 @@ class Producer:
         self._linger: asyncio.TimerHandle | None = None  # _commit at the bucket_max_wait deadline
         self._linger_at: float | None = None
         self._closed = False
-        self._now_at = -1.0
-        self._now_cached = clock.now()
         self._metrics = metrics.for_queue(store.name, store.database.name)
-
-    def _now(self) -> dt.datetime:
-        """The server clock, read at most once a millisecond: one datetime per push costs more than it tells."""
-        tick = time.monotonic()
-        if tick - self._now_at >= 0.001:
-            self._now_cached = self._clock.now()
-            self._now_at = tick
-        return self._now_cached
 
     @property
     def buffered_bytes(self) -> int:
@@ -122,61 +114,71 @@ class Producer:
     # -- pushing -------------------------------------------------------------------------------------------
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
-                    headers: Mapping[str, Any] | None = None, key: str | None = None) -> asyncio.Future[str]:
+                    headers: Mapping[str, Any] | None = None, key: str | None = None,
+                    group: str | None = None) -> asyncio.Future[str]:
         """Buffer a message now; the future resolves to its id once stored. Raises ``BufferFull`` instead of
         waiting when ``max_buffered_bytes`` is reached."""
-        slot, size, due = self._prepare(payload, delay, at, headers, key)
+        slot, size, due = self._prepare(payload, delay, at, headers, key, group)
         if self._acc.buffered_bytes and self._acc.buffered_bytes + size > self._options.max_buffered_bytes:
             raise BufferFull(f"{self._acc.buffered_bytes} bytes buffered (max_buffered_bytes); await push() instead")
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._add(slot, size, due, future, self._now())
+        self._add(slot, size, due, future, self._clock.now(), group)
         return future
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
-                   headers: Mapping[str, Any] | None = None, key: str | None = None) -> str:
-        slot, size, due = self._prepare(payload, delay, at, headers, key)
+                   headers: Mapping[str, Any] | None = None, key: str | None = None, group: str | None = None) -> str:
+        slot, size, due = self._prepare(payload, delay, at, headers, key, group)
         await self._wait_for_space(size)
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._add(slot, size, due, future, self._now())
+        self._add(slot, size, due, future, self._clock.now(), group)
         return await future
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None) -> list[str]:
         """Push every payload; all are encoded and checked first, so one bad payload or option fails the call
         before any is pushed. An item may be an ``Outgoing`` carrying options of its own (key, delay or at,
-        headers); ``delay`` and ``headers`` apply to the items that set none."""
+        headers, group); ``delay`` and ``headers`` apply to the items that set none (a grouped item takes no delay)."""
         prepared = []
+        groups: list[str | None] = []
         for index, item in enumerate(payloads):
             try:
                 if isinstance(item, Outgoing):
                     timed = item.delay is not None or item.at is not None
                     prepared.append(self._prepare(item.payload, item.delay if timed else delay, item.at,
-                                                  headers if item.headers is None else item.headers, item.key))
+                                                  headers if item.headers is None else item.headers, item.key,
+                                                  item.group))
+                    groups.append(item.group)
                 else:
                     prepared.append(self._prepare(item, delay, None, headers, None))
+                    groups.append(None)
             except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
                 raise type(exc)(f"payload {index}: {exc}") from exc
         if not prepared:
             return []
         many = _Many(len(prepared))
         limit = self._options.max_buffered_bytes
-        now = self._now()
+        now = self._clock.now()
         for index, (slot, size, due) in enumerate(prepared):
             if self._acc.buffered_bytes + size > limit:
                 await self._wait_for_space(size)
-                now = self._now()
-            self._add(slot, size, due, _Part(many, index), now)
+                now = self._clock.now()
+            self._add(slot, size, due, _Part(many, index), now, groups[index])
         return await many.future
 
     def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
-                 headers: Mapping[str, Any] | None, key: str | None) -> tuple[Slot, int, dt.datetime | None]:
+                 headers: Mapping[str, Any] | None, key: str | None,
+                 group: str | None = None) -> tuple[Slot, int, dt.datetime | None]:
         if self._closed:
             raise QueueClosed("the queue was drained or closed; it takes no more pushes")
+        if group is not None:
+            check_group(group)
+            if delay is not None or at is not None:
+                raise InvalidOption("a grouped message takes no delay or at: it would hold back its whole group")
         slot, size = encode_slot(self._codec, payload, headers, key)
         if not self._acc.fits(size):
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
-        return slot, size, self._due(delay, at)
+        return slot, size, None if delay is None and at is None else self._due(delay, at)
 
     def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
         if delay is not None and at is not None:
@@ -190,8 +192,9 @@ class Producer:
         seconds = check_delay(delay)
         return self._clock.now() + dt.timedelta(seconds=seconds) if seconds else None
 
-    def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, now: dt.datetime) -> None:
-        sealed = self._acc.add(slot, size, waiter, due=due, now_wall=now, now_mono=time.monotonic())
+    def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, now: dt.datetime,
+             group: str | None = None) -> None:
+        sealed = self._acc.add(slot, size, waiter, due=due, now_wall=now, now_mono=time.monotonic(), group=group)
         if not self._commit_soon:
             # Not now: after the pushes already queued on the loop, so that a burst shares one bucket.
             self._commit_soon = True
@@ -266,14 +269,21 @@ class Producer:
             docs = [b.document for b in batch]
 
             async def insert(retry: bool) -> dict[Any, BaseException]:
+                await self._store.number_groups(docs)
                 return await self._store.insert_new(self._store.buckets, docs)
 
             failed = await retrying(insert, timeout_s=self._options.write_timeout)
         except Exception as exc:
             failed = {b.id: exc for b in batch}
         for bucket in batch:
+            self._sealed.extend(self._acc.written(bucket))  # a group's next bucket, which waited for this one
+        # Start the next writes before settling these pushes: a settled push's caller runs only after the new
+        # writers' first steps, which send their inserts, so the server stores them while the callers push more.
+        self._writers.discard(asyncio.current_task())
+        self._commit()
+        self._kick_writers()
+        for bucket in batch:
             bucket.resolve(failed.get(bucket.id))
-            self._acc.written(bucket)
         self._metrics.written(batch, failed, self._clock)
         if len(failed) < len(batch) and self._on_written is not None:
             self._on_written()

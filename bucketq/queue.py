@@ -92,22 +92,27 @@ class Queue:
     # -- producing -----------------------------------------------------------------------------------------
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
-                   headers: Mapping[str, Any] | None = None, key: str | None = None, session: Any = None) -> str:
+                   headers: Mapping[str, Any] | None = None, key: str | None = None, session: Any = None,
+                   group: str | None = None) -> str:
         """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
-        ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key. With ``session``
+        ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key; ``group`` makes it
+        part of an ordered group (delivered in push order, one at a time: README, Ordered groups). With ``session``
         (a session of this queue's client, in a transaction) the message is written at once in that transaction,
         unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
         if session is not None:
+            if group is not None:
+                raise InvalidOption("group cannot be combined with session (a transaction's bucket is not ordered)")
             from bucketq.outbox import push_in_transaction  # the outbox builds on Queue: imported when used
 
             return await push_in_transaction(self, session, payload, delay=delay, at=at, headers=headers, key=key)
         await self._ready()
-        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key)
+        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group)
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
-                    headers: Mapping[str, Any] | None = None, key: str | None = None) -> asyncio.Future[str]:
+                    headers: Mapping[str, Any] | None = None, key: str | None = None,
+                    group: str | None = None) -> asyncio.Future[str]:
         """Buffer a message and return a future of its id, for callers who pipeline."""
-        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key)
+        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key, group=group)
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None) -> list[str]:
@@ -122,14 +127,16 @@ class Queue:
 
     async def reserve(self, timeout: float | None = None) -> Message | None:
         """Claim the next message; None when none arrives within ``timeout`` seconds."""
-        await self._consumer_ready()
+        if not self._consumer_set_up():
+            await self._consumer_ready()
         return await self._consumer.reserve(timeout)
 
     async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
         """Up to ``n`` messages for a handler that takes many at once: waits up to ``timeout`` seconds for the
         first, then adds those already at hand in the buckets this consumer holds, without waiting. Empty
         when none arrives in time. Each message is acked or nacked on its own."""
-        await self._consumer_ready()
+        if not self._consumer_set_up():
+            await self._consumer_ready()
         return await self._consumer.reserve_many(n, timeout)
 
     async def pop(self, timeout: float | None = None) -> Message | None:
@@ -147,14 +154,22 @@ class Queue:
 
     async def _consumer_ready(self) -> None:
         """Before the first reserve: set up and start housekeeping; then only what is due (a clock resync, a
-        change stream lost to a server restart). Kept cheap: it runs before every reserve."""
+        change stream lost to a server restart)."""
         if self._housekeeping is None or self._clock.stale:
             await self._ready()
             if self._housekeeping is None:
                 self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep(),
                                                                            name="bucketq-housekeeping")
+        self._consumer_set_up()
+
+    def _consumer_set_up(self) -> bool:
+        """Whether a reserve may go on without awaiting ``_consumer_ready`` (set up, clock fresh); restarts a
+        change stream lost to a server restart. Runs before every reserve: no coroutine of its own."""
+        if self._housekeeping is None or self._clock.stale:
+            return False
         if self.options.change_streams is not False:
             self._wakeup.start_stream(self._store.buckets, self._clock, required=bool(self.options.change_streams))
+        return True
 
     async def _housekeep(self) -> None:
         """Apply the retention options now and every ``HOUSEKEEPING_EVERY_S``, in the background."""
@@ -269,7 +284,7 @@ class Queue:
         total = 0
         while batch := await collection.find(query, limit=admin.REQUEUE_CHUNK).to_list(None):
             docs = admin.requeued_buckets(batch, now=self._clock.now())
-            await self._store.insert_copies(self._store.buckets, docs)
+            await self._store.insert_buckets(docs)
             await collection.delete_many({"_id": {"$in": [e["_id"] for e in batch]}})
             total += len(batch)
         if total:

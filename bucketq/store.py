@@ -1,7 +1,7 @@
 """The queue's collections and the few server operations the shells run, with retries on transient errors.
 
 Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``,
-``name.control`` (operator controls: the pause document).
+``name.control`` (operator controls: the pause document), ``name.groups`` (locks of ordered groups).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pymongo import ReturnDocument, WriteConcern
 from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
 
 from bucketq.control import PauseGate
+from bucketq.core import groups
 from bucketq.core.control import PAUSE, initial_pause
-from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 from bucketq.core.retry import RetrySchedule
 
 T = TypeVar("T")
@@ -56,6 +57,7 @@ class Store:
         self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(**wc)
         self.inbox = database[name + INBOX_SUFFIX].with_options(**wc)
         self.control = database[name + CONTROL_SUFFIX].with_options(**wc)
+        self.groups = database[name + GROUPS_SUFFIX].with_options(**wc)
         self.pause = PauseGate(self.control)  # shared: a pause this process writes holds for its consumer at once
         self.op_timeout_s = op_timeout_s
 
@@ -64,6 +66,8 @@ class Store:
         (The test server accepts and ignores non-unique indexes.)"""
         await self.buckets.create_index("due")
         await self.buckets.create_index("fin.at", sparse=True)
+        # live group buckets only (ungrouped ones and tombstones have neither field)
+        await self.buckets.create_index([("g", 1), ("s", 1)], sparse=True)
         await self.dead.create_index("at")
         await self.quarantine.create_index("at")
         await self.inbox.create_index("at")
@@ -144,6 +148,55 @@ class Store:
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 
+    # -- ordered groups (core.groups) ----------------------------------------------------------------------
+
+    async def number_groups(self, docs: list[dict]) -> None:
+        """Give the group buckets of ``docs`` not yet numbered their places (``s``), in list order, with one
+        counter update. A retry after an error numbers only those still without a place."""
+        unnumbered = [doc for doc in docs if "g" in doc and "s" not in doc]
+        if not unnumbered:
+            return
+        query, update = groups.next_places(len(unnumbered))
+        counter = await self.groups.find_one_and_update(query, update, upsert=True,
+                                                        return_document=ReturnDocument.AFTER)
+        for place, doc in enumerate(unnumbered, counter["seq"] - len(unnumbered) + 1):
+            doc["s"] = place
+
+    async def lock_group(self, query: dict, update: dict, mine: dict) -> bool:
+        """Take a group's lock (``groups.acquire``); False when someone else holds it. A retry after a lost
+        reply that finds the lock taken counts as ours only if ``mine`` (our token) matches."""
+
+        async def op(retry: bool) -> bool:
+            try:
+                await self.groups.update_one(query, update, upsert=True)
+                return True
+            except DuplicateKeyError:
+                return retry and await self.groups.find_one(mine, {"_id": 1}) is not None
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def extend_group(self, mine: dict, update: dict) -> bool:
+        """Extend a lock we hold (fenced by ``mine``); False when it is no longer ours."""
+
+        async def op(retry: bool) -> bool:
+            return (await self.groups.update_one(mine, update)).matched_count == 1
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def unlock_group(self, mine: dict) -> None:
+        """Delete a lock we hold (fenced by ``mine``); a retry that deletes nothing after a lost reply is fine:
+        the lock is gone either way, and someone else's is never matched."""
+        await retrying(lambda _: self.groups.delete_one(mine), timeout_s=self.op_timeout_s)
+
+    async def group_lock(self, group: str) -> dict | None:
+        return await self.groups.find_one({"_id": group})
+
+    async def first_bucket(self, query: dict, sort: list) -> dict | None:
+        return await self.buckets.find_one(query, {"_id": 1, "w": 1, "lease": 1}, sort=sort)
+
+    async def wake(self, query: dict, update: dict) -> None:
+        await retrying(lambda _: self.buckets.update_one(query, update), timeout_s=self.op_timeout_s)
+
     async def _matches(self, query: dict) -> bool:
         return await self.buckets.find_one(query, {"_id": 1}) is not None
 
@@ -171,8 +224,10 @@ class Store:
     async def insert_buckets(self, docs: list[dict], *, session: Any = None) -> None:
         """Insert buckets made whole outside the producer (``push(session=...)``, the outbox relay). With a
         session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the whole
-        transaction). Without: retried; a duplicate key means that bucket is already stored."""
+        transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets (a
+        requeue) are numbered first, to go to the end of their groups."""
         if session is not None:
             await self.buckets.insert_many(docs, session=session)
         else:
+            await retrying(lambda _: self.number_groups(docs), timeout_s=self.op_timeout_s)
             await self.insert_copies(self.buckets, docs)

@@ -144,14 +144,18 @@ async def produce_and_consume(uri: str, n: int, consumers: int) -> dict[str, Any
 
 
 def run_spark(uri: str, expected: dict[str, list[float]]) -> None:
-    from bucketq_spark.example import run_example_job
     from bucketq_spark.job import format_progress
+    from devtools.jars import ROOT, ensure_jars
+
+    if str(ROOT / "spark") not in sys.path:
+        sys.path.insert(0, str(ROOT / "spark"))  # the example job (spark/jobs) is not an installed package
+    from jobs.account_totals import run_example_job
 
     def show(event: dict[str, Any]) -> None:
         print(f"\r  spark: {format_progress(event):<100}", end="", file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="bucketq-demo-") as out:
-        figures = run_example_job(uri, DB, QUEUE, out, progress=show)
+        figures = run_example_job(uri, DB, QUEUE, out, progress=show, jars=ensure_jars("spark"))
     print(file=sys.stderr)
     steps = ", ".join(f"{k} {v:.2f} s" for k, v in figures["seconds"].items())
     print(f"spark:   {figures['rows']:,} messages from {figures['buckets']} buckets in {figures['batches']} batch(es), "

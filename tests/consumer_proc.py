@@ -1,7 +1,7 @@
 """A consumer process for the crash tests: ``python -m tests.consumer_proc URI DB QUEUE [--dedupe]
 [--die-after N]``.
 
-Each handled message is recorded in the collection ``processed`` ({msg, i, pid, start, end}) before it is
+Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, start, end, tries}) before it is
 acked. With ``--die-after N`` the process kills itself with SIGKILL right after acking its Nth message, while
 it still holds its bucket with acks not yet flushed: the worst moment for a crash.
 """
@@ -34,7 +34,8 @@ async def main() -> None:
     async for message in q.consume(idle_timeout=3.0):
         start = time.time()
         await asyncio.sleep(0.001)  # the handler's work
-        await processed.insert_one({"msg": message.id, "i": message.payload["i"], "pid": os.getpid(),
+        await processed.insert_one({"msg": message.id, "i": message.payload["i"], "g": message.payload.get("g"),
+                                    "pid": os.getpid(),
                                     "start": start, "end": time.time(), "tries": message.tries})
         await message.ack()
         handled += 1

@@ -606,3 +606,14 @@ def test_stats_watch_table_has_rate_columns(mongo_uri: str, db_name: str, bq: Ru
         proc.kill()
     assert proc.returncode == 0 and "Traceback" not in err
     assert rows[0][-2:] == ["-", "-"] and rows[1][-2:] == ["0.0", "0.0"]  # in/s and out/s, known from the second
+
+
+def test_push_group_stores_an_ordered_group_and_refuses_a_delay_or_a_bad_group(bq: Run, sync_db) -> None:
+    assert "pushed 3 message(s)" in ok(bq("push", "orders", "--group", "order-17", "1", "2", "3")).stdout
+    (doc,) = list(sync_db["orders"].find())
+    assert doc["g"] == "order-17" and doc["p"] == ["1", "2", "3"]
+    assert jsonl(ok(bq("drain", "orders", "--idle-timeout", "0.5")).stdout) == [1, 2, 3]
+    refused = bq("push", "orders", "--group", "g", "--delay", "5", "1")
+    assert refused.returncode != 0 and "--group takes no --delay" in refused.stderr
+    refused = bq("push", "orders", "--group", "", "1")
+    assert refused.returncode != 0 and "non-empty string" in refused.stderr

@@ -230,6 +230,67 @@ async def test_drain_hands_back_unserved_messages_with_no_tries_added(make_queue
     assert all(m.tries == 0 for m in got)
 
 
+async def test_next_bucket_is_claimed_ahead_while_one_is_served_and_handed_back_on_drain(make_queue, sync_db):
+    q = make_queue(bucket_max_size=10, bucket_max_wait=0.01)
+    await q.push_many(range(40))  # four buckets
+    got = [await q.reserve(timeout=2) for _ in range(11)]  # the first bucket, then the first of the second
+    await q._consumer._ahead_landed()
+    # Buckets written in the same millisecond are due alike: which one a claim takes among them is the server's
+    # choice, so the test counts the buckets never claimed (``c`` is 0).
+    assert sync_db.events.count_documents({"c": 0}) == 1, "a backlog: one bucket is claimed ahead, and no more"
+    got += [await q.reserve(timeout=2) for _ in range(9)]
+    served = [m.payload for m in got]
+    buckets = sorted({p // 10 for p in served})
+    assert len(buckets) == 2 and len(served) == 20, "two whole buckets: the first, then one claimed ahead"
+    assert all([p for p in served if p // 10 == b] == list(range(b * 10, b * 10 + 10)) for b in buckets), \
+        "each bucket served whole, in slot order"
+    await asyncio.gather(*(m.ack() for m in got))
+    await q.drain()
+    unfinished = list(sync_db.events.find({"fin": {"$exists": False}}))
+    assert len(unfinished) == 2 and all(d["lease"] is None and d["c"] == 0 for d in unfinished), \
+        "the bucket claimed ahead goes back unserved, with no try counted"
+    other = make_queue()
+    assert sorted(m.payload for m in await consume_all(other, timeout=0.5)) == sorted(set(range(40)) - set(served))
+
+
+async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(make_queue, sync_db, mongo_uri):
+    # On the server only: it applies a claim as soon as the request arrives, while the in-memory database runs
+    # operations on the event loop these handlers never give back.
+    q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
+    await q.push_many(range(300))
+    for _ in range(100):  # the first bucket
+        await (await q.reserve(timeout=2)).ack()
+    seen = []
+
+    async def handler_that_never_awaits_io() -> None:
+        for _ in range(40):
+            message = await q.reserve(timeout=2)
+            seen.append(sync_db.events.count_documents({"c": 0}) == 0)  # all claimed; blocking: no yield
+            await message.ack()
+
+    await asyncio.gather(handler_that_never_awaits_io(), handler_that_never_awaits_io())
+    assert any(seen[:10]), "the claim ahead waited for a handler that never yields to serve all its messages"
+
+
+async def test_a_first_claim_of_a_bucket_written_under_load_already_claims_ahead(make_queue, sync_db):
+    q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
+    await q.push_many(range(300))
+    first = await q.reserve(timeout=2)
+    await q._consumer._ahead_landed()
+    assert sync_db.events.count_documents({"c": 0}) == 1, "the first bucket, a full one, and one ahead"
+    await first.ack()
+
+
+async def test_no_claim_ahead_while_buckets_come_one_at_a_time(make_queue):
+    q = make_queue(bucket_max_wait=0.01)
+    for i in range(3):
+        await q.push(i)
+        message = await q.reserve(timeout=2)
+        await message.ack()
+        assert await q.reserve(timeout=0.05) is None
+    assert q._consumer._ahead is None, "an empty claim ahead per bucket: commands a trickle does not need"
+
+
 async def test_drain_nacks_handlers_that_do_not_finish(make_queue):
     q = make_queue(bucket_max_wait=0.01, drain_timeout=0.2, retry_base=0)
     await q.push_many([1, 2])

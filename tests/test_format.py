@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from bson import ObjectId
 
-from bucketq.core.format import FORMAT_VERSION
+from bucketq import Outgoing
+from bucketq.core.format import FORMAT_VERSION, GROUP_FORMAT_VERSION, as_utc
 
 FORMAT_MD = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 TYPES = {"objectId": ObjectId, "int": int, "string": str, "date": dt.datetime, "binData": bytes, "object": dict,
@@ -53,7 +54,9 @@ def check(doc: dict, table_name: str) -> None:
 
 def check_bucket(doc: dict) -> None:
     check(doc, "bucket-fields")
-    assert doc["v"] == FORMAT_VERSION
+    assert doc["v"] == (GROUP_FORMAT_VERSION if "g" in doc else FORMAT_VERSION)
+    if "g" in doc:
+        assert "s" in doc and len(doc["t"]) == doc["n"], "a group bucket has its place and per-slot tries"
     assert doc["n"] == len(doc["p"]) >= 1
     for per_slot in "hktoe":
         if per_slot in doc:
@@ -147,6 +150,39 @@ async def test_skip_mode_message_quarantine_entry_matches(make_queue, sync_db):
     (entry,) = list(sync_db["events.quarantine"].find())
     check(entry, "quarantine-fields")
     assert entry["kind"] == "message"
+
+
+async def test_group_documents_match_the_format(make_queue, sync_db):
+    """Group buckets fresh, claimed, waiting for their group and released by a nack; the group's document in
+    ``Q.groups``; a dead letter of a group."""
+    q, other = make_queue(bucket_max_size=2, bucket_max_wait=0.01, max_attempts=2), make_queue()
+    await q.push_many([Outgoing(i, group="g") for i in range(4)])
+    places = [d["s"] for d in sync_db.events.find({"g": "g"}).sort("s", 1)]
+    assert len(places) == 2 and places[0] < places[1]
+    first = await q.reserve(timeout=2)
+    assert await other.reserve(timeout=0.3) is None  # claims the second bucket, which waits for the group
+    for doc in sync_db.events.find():
+        check_bucket(doc)
+    assert sync_db.events.find_one({"w": True})["_id"] != first._holding.held.bucket.id
+    lock, counter = sync_db["events.groups"].find_one({"_id": "g"}), sync_db["events.groups"].find_one({"_id": 0})
+    check(lock, "group-lock-fields")
+    check(counter, "group-counter-fields")
+    assert lock["token"] == first._holding.held.token and as_utc(lock["until"]) == first._holding.held.lease_until
+    assert counter["seq"] == places[1]
+    await first.nack(delay=0, error="later", wait=True)
+    nacked = sync_db.events.find_one({"_id": first._holding.held.bucket.id})
+    check_bucket(nacked)
+    assert nacked["t"] == [1, 0] and "w" not in nacked
+    again = await q.reserve(timeout=2)
+    await again.nack(error="for good", wait=True)
+    (dead,) = list(sync_db["events.dead"].find())
+    check(dead, "dead-fields")
+    assert dead["g"] == "g"
+    lock = sync_db["events.groups"].find_one({"_id": "g"})
+    check(lock, "group-lock-fields")
+    assert lock["token"] == again._holding.held.token  # slot 1 is next
+    await (await q.reserve(timeout=2)).ack(wait=True)
+    assert sync_db["events.groups"].find_one({"_id": "g"}) is None, "a free group leaves no document"
 
 
 @pytest.mark.parametrize("value, expression, ok", [

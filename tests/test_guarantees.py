@@ -307,6 +307,19 @@ async def test_a_wall_clock_step_does_not_let_two_consumers_serve_one_bucket(mak
     await first.ack(wait=True)
 
 
+def test_a_clock_resync_takes_effect_at_once():
+    from bucketq.clock import ServerClock
+
+    clock = ServerClock()
+    before = clock.now()
+    assert before.microsecond % 1000 == 0, "readings are truncated to BSON's milliseconds"
+    now = time.monotonic()
+    clock._take(now, now, {"localTime": before + dt.timedelta(hours=1)})  # the server's clock is an hour ahead
+    after = clock.now()
+    assert after - before >= dt.timedelta(minutes=59), "a reading cached for the current millisecond outlived the sync"
+    assert after.microsecond % 1000 == 0 and clock.now() >= after
+
+
 # -- 11. one slow write does not starve the other leases ------------------------------------------------------
 
 async def test_a_slow_write_on_one_bucket_does_not_let_the_other_leases_expire(make_queue, memory_db):

@@ -223,3 +223,59 @@ def test_retry_buckets_of_a_full_bucket_are_split_below_the_bson_limit():
     assert len(plan.retry_docs) >= 2
     assert sum(d["n"] for d in plan.retry_docs) == n
     assert all(len(bson.encode(d)) <= MAX_BUCKET_BYTES < BSON_LIMIT for d in plan.retry_docs)
+
+
+# -- group buckets: serial serving, nack as a release ---------------------------------------------------------
+
+def _group_bucket(n: int, tries: list[int], claims_: int = 1) -> HeldBucket:
+    slots = [Slot(f'"{i}"', tries=tries[i]) for i in range(n)]
+    doc = bucket_document(bson.ObjectId(), slots, codec="json", created=T0, due=T0, group="g")
+    doc.update(c=claims_, s=1)
+    return HeldBucket(parse_bucket(doc), "token", POLICY.lease_from(T0), POLICY)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tries=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+       steps=st.lists(st.sampled_from(["serve", "ack", "nack", "dead", "flush"]), max_size=40))
+def test_a_group_bucket_serves_one_slot_at_a_time_in_order_and_a_nack_releases_it(tries, steps):
+    """Whatever the order of serve, ack, nack, dead and applied flushes: at most one slot is served at a time,
+    in slot order; a nack that is not the last attempt stops serving, and the next plan releases the bucket
+    due at the retry time with that slot's try added, the claim uncounted and the slot not done; every plan
+    that extends the lease extends the group's lock to the same expiry first."""
+    held = _group_bucket(len(tries), tries)
+    served: list[int] = []
+    current: int | None = None
+    retried: tuple[int, dt.datetime] | None = None
+    now = T0
+    for step in steps:
+        if held.ended:
+            break
+        now += dt.timedelta(seconds=1)
+        if step == "serve":
+            slot = held.serve(now)
+            if current is not None or retried is not None:
+                assert slot is None, "a second slot of the group served before the first was resolved"
+            if slot is not None:
+                assert not served or slot > served[-1], "served out of slot order"
+                served.append(slot)
+                current = slot
+        elif step in ("ack", "dead") and current is not None:
+            held.ack(current) if step == "ack" else held.dead(current, "no")
+            current = None
+        elif step == "nack" and current is not None:
+            retry_at = now + dt.timedelta(seconds=5)
+            if held.nack(current, retry_at) is SlotState.RETRY:
+                retried = (current, retry_at)
+            current = None
+        elif step == "flush":
+            plan = held.take_plan(now)
+            if retried is not None:
+                slot, retry_at = retried
+                assert plan.kind == "release" and not plan.retry_docs
+                assert plan.final["$inc"] == {"c": -1, f"t.{slot}": 1}
+                assert plan.final["$set"]["due"] == retry_at and "w" in plan.final["$unset"]
+                assert slot not in plan.final.get("$addToSet", {}).get("done", {}).get("$each", [])
+            if plan.kind == "extend" or plan.guard is not None:
+                assert plan.group == "g" and plan.lock_until == POLICY.lease_from(now)
+            held.outcome(plan, applied=True)
+    assert served == sorted(set(served))

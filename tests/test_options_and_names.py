@@ -38,11 +38,13 @@ def uri_with(uri: str, *, db: str = "", query: str = "") -> str:
 
 
 async def round_trip(q: bucketq.Queue, payload: Any = "m") -> None:
-    """Push, reserve and ack one message, and count by state: the queue works."""
-    message_id = await q.push(payload)
-    message = await q.reserve(timeout=5)
-    assert message is not None and (message.id, message.payload) == (message_id, payload)
-    await message.ack(wait=True)
+    """Push, reserve and ack one message, then one of an ordered group (which uses ``Q.groups``), and count by
+    state: the queue works."""
+    for group in (None, "group"):
+        message_id = await q.push(payload, group=group)
+        message = await q.reserve(timeout=5)
+        assert message is not None and (message.id, message.payload) == (message_id, payload)
+        await message.ack(wait=True)
     assert (await q.stats())["ready"] == 0
 
 

@@ -6,6 +6,7 @@ import concurrent.futures
 import datetime as dt
 import math
 
+import bson
 import pytest
 from bson import ObjectId
 from hypothesis import given, settings
@@ -203,9 +204,9 @@ def test_msgpack_codec_round_trips(value):
     assert codec.load(stored) == value
 
 
-@given(st.sampled_from([math.nan, math.inf, -math.inf]), st.sampled_from(["top", "list", "dict"]))
+@given(st.sampled_from([math.nan, math.inf, -math.inf]), st.sampled_from(["top", "list", "dict", "flat"]))
 def test_json_codec_refuses_non_finite_floats(bad, where):
-    value = {"top": bad, "list": [1, [bad]], "dict": {"a": {"b": bad}}}[where]
+    value = {"top": bad, "list": [1, [bad]], "dict": {"a": {"b": bad}}, "flat": {"a": 1, "b": bad}}[where]
     with pytest.raises(ValueError, match="not valid JSON"):
         JsonCodec().dump(value)
 
@@ -226,3 +227,46 @@ def test_backoff_stays_within_its_cap_for_any_attempt(attempt, factor):
 
     backoff = Backoff(base=1.0, factor=factor, maximum=300.0)
     assert 0 < backoff.delay(attempt) <= 300.0  # no OverflowError once factor**attempt leaves the floats
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.sampled_from([None, "a", "b", "é" * 500]), st.booleans()),
+                min_size=1, max_size=200),
+       st.integers(1, 20), st.integers(4096, 40_000))
+def test_accumulator_writes_a_groups_buckets_one_at_a_time_in_push_order(items, max_size, max_bytes):
+    """Grouped pushes (``push(group=...)``) among ungrouped ones, with writes ending at random: a bucket holds
+    one group only; at most one bucket of a group is handed out to write until that write ends; a group's
+    messages are handed out in push order; every bucket's stored size (``t``, ``g``, ``s`` included) stays
+    within its counted bytes; every buffered byte is given back."""
+    acc = Accumulator(max_size=max_size, max_bytes=max_bytes, max_wait=0.5, granularity=1.0, codec="json")
+    handed: list = []  # handed out to write, in order
+    writing: list = []
+    pushed: dict[str | None, list[str]] = {}
+
+    def hand_out(buckets: list) -> None:
+        for bucket in buckets:
+            group = bucket.document.get("g")
+            assert all(w.document.get("g") != group for w in writing if group is not None), \
+                "two buckets of a group written at once"
+            handed.append(bucket)
+            writing.append(bucket)
+
+    for n, (length, group, write_ends) in enumerate(items):
+        payload = f"{n:06d}" + "x" * length
+        pushed.setdefault(group, []).append(payload[:6])
+        hand_out(acc.add(Slot(payload), slot_bytes(payload), None, due=None, now_wall=T0, now_mono=float(n),
+                         group=group))
+        if write_ends and writing:
+            hand_out(acc.written(writing.pop(0)))
+        hand_out(acc.ready(T0, float(n)))
+    hand_out(acc.seal_all(T0))
+    while writing:
+        hand_out(acc.written(writing.pop(0)))
+    for group, ids in pushed.items():
+        got = [p[:6] for b in handed if b.document.get("g") == group for p in b.document["p"]]
+        assert got == ids if group is not None else sorted(got) == sorted(ids)
+    for bucket in handed:
+        doc = bucket.document
+        assert bucket.group == doc.get("g") and (doc["v"] == 2) == ("g" in doc)
+        assert len(bson.encode({**doc, "s": 2**62})) <= bucket.size_bytes
+    assert acc.buffered_bytes == 0 and acc.in_flight == 0

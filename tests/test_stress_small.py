@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.stress.__main__ import KNOBS
-from tests.stress.accounting import ConsumerLog, account, parse_consumer_logs, parse_writer_log
+from tests.stress.accounting import ConsumerLog, account, account_groups, parse_consumer_logs, parse_writer_log
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOB_ENV = set(KNOBS.values())  # the harness's environment knobs: the run below sets everything by flags
@@ -61,6 +61,8 @@ def test_small_stress_run_loses_nothing_and_duplicates_nothing_outside_the_docum
     assert faults["lost_replies"].get("bucket_insert", 0) >= 2 and faults["delayed_retries"]["lost"] == 2, context
     assert len(faults["clock_steps_s"]) == 2 and min(map(abs, faults["clock_steps_s"])) >= 20, context
     assert set(report["throughput"]) == {"write", "crash_recovery", "drain", "total"}
+    groups = report["groups"]
+    assert groups["records"] >= 100 and (groups["order_violations"], groups["overlaps"]) == (0, 0), context
     assert report["ok"] and proc.returncode == 0, context
 
 
@@ -133,6 +135,22 @@ def test_accounting_explains_duplicates_of_acks_refused_with_a_lost_lease_withou
     assert with_dedupe["problems"]["duplicated"] == ["0.0.0 (keyed_ack_after_lease)"]
     other_bucket = parse_consumer_logs(["ack a\nleaselost 1 other\n", "ack b\n"])
     assert _account(logs, records, other_bucket)["duplicated"] == 1
+
+
+def test_group_accounting_sees_order_violations_and_overlaps_and_excuses_killed_consumers():
+    # Seqs 0, 2, 4 of writer 0.0 are in group "0.0.0" with 2 groups (common.ordered_group), 1 and 3 in "0.0.1".
+    in_order = [_rec("a", 0, 1, 1.0), _rec("b", 2, 1, 2.0), _rec("c", 4, 2, 3.0), _rec("d", 1, 2, 1.5)]
+    acked = parse_consumer_logs(["ack a b\nacked 1.5 a\nacked 2.5 b\n", "ack c d\nacked 3.5 c\nacked 1.6 d\n"])
+    clean = account_groups(in_order, acked, groups=2, killed_pids=set())
+    assert (clean["groups"], clean["records"], clean["order_violations"], clean["overlaps"]) == (2, 4, 0, 0)
+    swapped = [_rec("a", 0, 1, 1.0), _rec("b", 4, 1, 2.0), _rec("c", 2, 2, 3.0)]
+    assert account_groups(swapped, acked, groups=2, killed_pids=set())["order_violations"] == 1
+    early = [_rec("a", 0, 1, 1.0), _rec("b", 2, 2, 1.2)]  # served before a's ack returned at 1.5
+    assert account_groups(early, acked, groups=2, killed_pids=set())["overlaps"] == 1
+    assert account_groups(early, acked, groups=2, killed_pids={1})["overlaps"] == 0  # a's consumer was killed
+    again = [_rec("a", 0, 1, 1.0), _rec("b", 2, 1, 2.0), _rec("c", 0, 2, 9.0, tries=1), _rec("d", 2, 2, 9.5)]
+    redelivered = account_groups(again, acked, groups=2, killed_pids={1})
+    assert (redelivered["order_violations"], redelivered["redelivered"]) == (0, 1)
 
 
 def test_accounting_sees_two_consumers_holding_a_bucket_at_once():

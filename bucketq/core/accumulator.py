@@ -1,6 +1,11 @@
 """The producer's accumulator: groups pushed messages into buckets by due window, count, bytes and age,
 and decides when an open bucket is written (group commit).
 
+Group buckets (``push(group=...)``) are keyed by their group: a bucket holds one group only, and at most one
+bucket of a group is written at a time, so that they take their places in the group (``s``, from the group's
+counter, taken when written) in the order they were sealed: a later one waits, sealed, until the earlier write
+ends, stored or failed.
+
 Pure state: the caller passes the clock readings in, attaches a future-like ``waiter`` to each message, writes
 the ``SealedBucket``s this returns and reports each write's end with ``written``. Modelled on aiokafka's record
 accumulator and message batch.
@@ -10,15 +15,23 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bson import ObjectId
 
-from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document
+from bucketq.core.format import BUCKET_OVERHEAD, MAX_GROUP_BYTES, Slot, bucket_document
 from bucketq.errors import WriteFailed
 
-# Key of the bucket for messages due at once; delayed messages are keyed by their due window's index.
+# What a group bucket stores besides its payloads, counted against ``max_bytes`` (the headroom below 16 MiB is
+# for what consumers add later): ``g`` and ``s`` once, and a ``t`` entry (type, key of up to 5 digits, int32)
+# per slot.
+GROUP_OVERHEAD = MAX_GROUP_BYTES + 32
+GROUP_SLOT_BYTES = 11
+
+# Key of the bucket for messages due at once; delayed messages are keyed by their due window's index, grouped
+# ones by their group (a str).
 NOW = -1
 
 
@@ -40,6 +53,7 @@ class SealedBucket:
     waiters: list[Waiter]
     size_bytes: int
     immediate: bool  # due at once: the writer stamps ``due`` when it writes the bucket
+    group: str | None = None
 
     @property
     def id(self) -> ObjectId:
@@ -72,6 +86,7 @@ class _OpenBucket:
     waiters: list[Waiter] = field(default_factory=list)
     size_bytes: int = BUCKET_OVERHEAD
     latest_due: dt.datetime | None = None
+    group: str | None = None
 
 
 class Accumulator:
@@ -92,9 +107,11 @@ class Accumulator:
         self.min_wait = min_wait
         self.granularity = granularity
         self.codec = codec
-        self._open: dict[int, _OpenBucket] = {}
+        self._open: dict[int | str, _OpenBucket] = {}
         self.buffered_bytes = 0
-        self.in_flight = 0  # buckets sealed and not yet reported ``written``
+        self.in_flight = 0  # buckets handed out to write and not yet reported ``written``
+        # Groups with a bucket being written, each with its later sealed buckets waiting for that write to end.
+        self._writing: dict[str, deque[SealedBucket]] = {}
 
     def fits(self, slot_size: int) -> bool:
         """Whether a message of ``slot_size`` bytes fits in an empty bucket."""
@@ -109,16 +126,26 @@ class Accumulator:
         due: dt.datetime | None,
         now_wall: dt.datetime,
         now_mono: float,
+        group: str | None = None,
     ) -> list[SealedBucket]:
-        """Buffer one message; return the buckets sealed by this add (at most two)."""
-        key = NOW if due is None or due <= now_wall else math.floor(due.timestamp() / self.granularity)
+        """Buffer one message; return the buckets to write now that this add sealed (at most two). A grouped
+        message is due at once (the caller refuses a delay with a group)."""
+        key: int | str
+        if group is not None:
+            key = group
+            slot_size += GROUP_SLOT_BYTES
+        else:
+            key = NOW if due is None or due <= now_wall else math.floor(due.timestamp() / self.granularity)
         sealed: list[SealedBucket] = []
         bucket = self._open.get(key)
         if bucket is not None and bucket.size_bytes + slot_size > self.max_bytes:
-            sealed.append(self._seal(key, now_wall))
+            sealed += self._seal(key, now_wall)
             bucket = None
         if bucket is None:
-            bucket = self._open[key] = _OpenBucket(ObjectId(), now_mono, now_wall)
+            bucket = self._open[key] = _OpenBucket(ObjectId(), now_mono, now_wall, group=group)
+            if group is not None:
+                bucket.size_bytes += GROUP_OVERHEAD
+                self.buffered_bytes += GROUP_OVERHEAD  # given back with the rest by ``written``
         bucket.slots.append(slot)
         bucket.waiters.append(waiter)
         bucket.size_bytes += slot_size
@@ -126,7 +153,7 @@ class Accumulator:
         if key != NOW and due is not None and (bucket.latest_due is None or due > bucket.latest_due):
             bucket.latest_due = due
         if len(bucket.slots) >= self.max_size or bucket.size_bytes >= self.max_bytes:
-            sealed.append(self._seal(key, now_wall))
+            sealed += self._seal(key, now_wall)
         return sealed
 
     def ready(self, now_wall: dt.datetime, now_mono: float) -> list[SealedBucket]:
@@ -137,13 +164,14 @@ class Accumulator:
         wait = self._wait()
         # The same sum as next_deadline's, so that a timer set for a deadline finds it due when it fires.
         keys = [k for k, b in self._open.items() if b.opened_at + wait <= now_mono]
-        return [self._seal(k, now_wall) for k in keys]
+        return [sealed for k in keys for sealed in self._seal(k, now_wall)]
 
     def _wait(self) -> float:
         return self.max_wait if self.in_flight else self.min_wait
 
     def seal_all(self, now_wall: dt.datetime) -> list[SealedBucket]:
-        return [self._seal(k, now_wall) for k in list(self._open)]
+        """Seal every open bucket; return those to write now (the others wait for their group's write)."""
+        return [sealed for k in list(self._open) for sealed in self._seal(k, now_wall)]
 
     def next_deadline(self) -> float | None:
         """Monotonic time at which the oldest open bucket is due to be sealed (``ready``), or None when none
@@ -152,18 +180,38 @@ class Accumulator:
             return None
         return min(b.opened_at for b in self._open.values()) + self._wait()
 
-    def written(self, sealed: SealedBucket) -> None:
+    def written(self, sealed: SealedBucket) -> list[SealedBucket]:
         """A bucket's write finished (stored or failed for good): one write fewer in flight, and its buffer
-        space released."""
+        space released. Returns the bucket of the same group that waited for this write, to write now."""
         self.in_flight -= 1
         self.buffered_bytes -= sealed.size_bytes - BUCKET_OVERHEAD
+        if sealed.group is None:
+            return []
+        waiting = self._writing[sealed.group]
+        if not waiting:
+            del self._writing[sealed.group]
+            return []
+        self.in_flight += 1
+        return [waiting.popleft()]
 
-    def _seal(self, key: int, now_wall: dt.datetime) -> SealedBucket:
+    def _seal(self, key: int | str, now_wall: dt.datetime) -> list[SealedBucket]:
+        """Close the open bucket of ``key``; return it to write now, or nothing while its group has a write in
+        flight (``written`` hands it out when that write ends)."""
         bucket = self._open.pop(key)
         # Due at once: visible from the moment it is written. Delayed: the latest due time of its messages,
         # which is at most one window (granularity) after any member's own due time.
-        due = now_wall if key == NOW else bucket.latest_due
+        group = bucket.group
+        immediate = key == NOW or group is not None
+        due = now_wall if immediate else bucket.latest_due
         assert due is not None  # every add to a delayed bucket sets latest_due
-        document = bucket_document(bucket.id, bucket.slots, codec=self.codec, created=bucket.created, due=due)
+        document = bucket_document(bucket.id, bucket.slots, codec=self.codec, created=bucket.created, due=due,
+                                   group=group)
+        sealed = SealedBucket(document, bucket.waiters, bucket.size_bytes, immediate=immediate, group=group)
+        if group is not None:
+            waiting = self._writing.get(group)
+            if waiting is not None:
+                waiting.append(sealed)
+                return []
+            self._writing[group] = deque()
         self.in_flight += 1
-        return SealedBucket(document, bucket.waiters, bucket.size_bytes, immediate=key == NOW)
+        return [sealed]

@@ -52,6 +52,12 @@ def claim_uncounted(spec: tuple[dict, dict, list]) -> tuple[dict, dict, list]:
     return {**query, **uncountable}, {k: v for k, v in update.items() if k != "$inc"}, sort
 
 
+def ungrouped(spec: tuple[dict, dict, list]) -> tuple[dict, dict, list]:
+    """The claim of ``spec`` for buckets of no ordered group (batch claims, which process in parallel)."""
+    query, update, sort = spec
+    return {**query, "g": {"$exists": False}}, update, sort
+
+
 def fenced(bucket_id: ObjectId, token: str) -> dict:
     """Matches the bucket only while ``token`` still holds its lease."""
     return {"_id": bucket_id, "lease.token": token}

@@ -18,6 +18,10 @@ from bson.raw_bson import RawBSONDocument
 from bucketq.errors import EncodeError, InvalidOption, MalformedBucket
 
 FORMAT_VERSION = 1
+# Group buckets (``push(group=...)``) carry version 2: a version-1 reader would serve them out of order, so it must
+# quarantine them instead (docs/FORMAT.md, Versioning). Ungrouped buckets stay version 1.
+GROUP_FORMAT_VERSION = 2
+MAX_GROUP_BYTES = 1000
 MAX_BUCKET_SIZE = 65536
 BSON_LIMIT = 16 * 1024 * 1024
 # Room kept free below the BSON limit for what consumers add later: `done` (at most ~14 bytes a slot),
@@ -39,7 +43,8 @@ UTC = dt.timezone.utc
 # Collections): named here once, so that the store, the batch shell and the CLI name them alike and the name check
 # refuses a queue named like another queue's side collection.
 DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX = ".dead", ".quarantine", ".inbox", ".control"
-QUEUE_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX)
+GROUPS_SUFFIX = ".groups"
+QUEUE_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX, GROUPS_SUFFIX)
 # Stream ``S``'s side collections (docs/FORMAT.md, Streams): its reader groups' positions, their claims, its counter.
 POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX = ".positions", ".claims", ".seq"
 STREAM_SUFFIXES = (POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX)
@@ -59,6 +64,11 @@ class Slot(NamedTuple):
     tries: int = 0
     origin: str | None = None
     enqueued_at: dt.datetime | None = None
+
+
+# The fields of a Slot after ``key`` at their defaults: ``encode_slot`` builds its Slot with ``tuple.__new__``,
+# a third of the time the NamedTuple's Python-level ``__new__`` takes (one Slot is made per push).
+_SLOT_DEFAULTS_AFTER_KEY = tuple(Slot._field_defaults[name] for name in Slot._fields[Slot._fields.index("key") + 1:])
 
 
 def slot_bytes(payload: str | bytes, headers_size: int = 0, key: str | None = None) -> int:
@@ -102,7 +112,22 @@ def encode_slot(codec: Any, payload: Any, headers: Mapping[str, Any] | None,
                 key.encode()
             except UnicodeEncodeError as exc:
                 raise EncodeError(f"key is not valid UTF-8 text: {exc}") from None
-    return Slot(stored, snapshot, key), slot_bytes(stored, len(snapshot.raw) if snapshot is not None else 0, key)
+    slot = tuple.__new__(Slot, (stored, snapshot, key, *_SLOT_DEFAULTS_AFTER_KEY))
+    return slot, slot_bytes(stored, len(snapshot.raw) if snapshot is not None else 0, key)
+
+
+def check_group(group: Any) -> str:
+    """``group`` as a bucket stores it; ``InvalidOption`` for anything but non-empty UTF-8 text of at most
+    ``MAX_GROUP_BYTES`` bytes."""
+    if not isinstance(group, str) or not group:
+        raise InvalidOption(f"group must be a non-empty string, got {group!r:.60}")
+    try:
+        size = len(group.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidOption(f"group is not valid UTF-8 text: {exc}") from None
+    if size > MAX_GROUP_BYTES:
+        raise InvalidOption(f"group takes {size} bytes; at most {MAX_GROUP_BYTES}")
+    return group
 
 
 def copy_bytes(slot: Slot) -> int:
@@ -113,10 +138,12 @@ def copy_bytes(slot: Slot) -> int:
 
 
 def bucket_documents(slots: Sequence[Slot], *, codec: str, created: dt.datetime, due: dt.datetime,
-                     max_size: int = MAX_BUCKET_SIZE, max_bytes: int = MAX_BUCKET_BYTES) -> list[dict[str, Any]]:
+                     max_size: int = MAX_BUCKET_SIZE, max_bytes: int = MAX_BUCKET_BYTES,
+                     group: str | None = None) -> list[dict[str, Any]]:
     """New buckets holding ``slots`` in order, as many as it takes to keep each within ``max_size`` slots
-    and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds."""
-    return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due)
+    and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds. Buckets of a
+    ``group`` get their place in it (``s``) when written, in list order (``Store.number_groups``)."""
+    return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due, group=group)
             for chunk in _chunks(slots, max_size, max_bytes)]
 
 
@@ -146,30 +173,39 @@ def bucket_document(
     codec: str,
     created: dt.datetime,
     due: dt.datetime,
+    group: str | None = None,
 ) -> dict[str, Any]:
-    """A new bucket document. Optional per-slot arrays are written only when some slot has the field."""
+    """A new bucket document. Optional per-slot arrays are written only when some slot has the field; a group
+    bucket always has ``t``, so that a nack can add a try to one slot, and gets ``s`` when it is written."""
+    n = len(slots)
+    # The slots' fields as columns, transposed in C: each optional array is then tested by a C loop instead of
+    # a generator (a producer builds one bucket of up to 65,536 slots per write).
+    columns = zip(*slots, strict=True) if slots else ((),) * len(Slot._fields)
+    column = dict(zip(Slot._fields, columns, strict=True))
     doc: dict[str, Any] = {
         "_id": bucket_id,
         "v": FORMAT_VERSION,
         "enc": codec,
         "created": created,
         "due": due,
-        "n": len(slots),
-        "p": [s.payload for s in slots],
+        "n": n,
+        "p": list(column["payload"]),
         "done": [],
         "c": 0,
         "lease": None,
     }
-    if any(s.headers for s in slots):
-        doc["h"] = [s.headers or None for s in slots]
-    if any(s.key is not None for s in slots):
-        doc["k"] = [s.key for s in slots]
-    if any(s.tries for s in slots):
-        doc["t"] = [s.tries for s in slots]
-    if any(s.origin is not None for s in slots):
-        doc["o"] = [s.origin for s in slots]
-    if any(s.enqueued_at is not None for s in slots):
-        doc["e"] = [s.enqueued_at or created for s in slots]
+    if any(column["headers"]):
+        doc["h"] = [h or None for h in column["headers"]]
+    if column["key"].count(None) != n:
+        doc["k"] = list(column["key"])
+    if group is not None or any(column["tries"]):
+        doc["t"] = list(column["tries"])
+    if column["origin"].count(None) != n:
+        doc["o"] = list(column["origin"])
+    if column["enqueued_at"].count(None) != n:
+        doc["e"] = [e or created for e in column["enqueued_at"]]
+    if group is not None:
+        doc["v"], doc["g"] = GROUP_FORMAT_VERSION, group
     return doc
 
 
@@ -188,6 +224,8 @@ class StoredBucket:
     enqueued: list[dt.datetime | None]
     done: frozenset[int]
     claims: int
+    group: str | None = None
+    order: int = 0  # ``s``: the bucket's place in its group
 
     @property
     def size(self) -> int:
@@ -222,8 +260,14 @@ def as_utc(value: dt.datetime) -> dt.datetime:
 
 def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     """Validate a stored document against format version 1; raise ``MalformedBucket`` saying what is wrong."""
-    if doc.get("v") != FORMAT_VERSION:
-        raise MalformedBucket(f"format version {doc.get('v')!r} is not {FORMAT_VERSION}")
+    version, group = doc.get("v"), doc.get("g")
+    if version not in (FORMAT_VERSION, GROUP_FORMAT_VERSION) or isinstance(version, bool):
+        raise MalformedBucket(f"format version {version!r} is not {FORMAT_VERSION} or {GROUP_FORMAT_VERSION}")
+    if (version == GROUP_FORMAT_VERSION) != (group is not None):
+        raise MalformedBucket(f"a group bucket (field g) has version {GROUP_FORMAT_VERSION}, others {FORMAT_VERSION}")
+    if group is not None and (not isinstance(group, str) or not group or not isinstance(doc.get("t"), list)
+                              or not isinstance(doc.get("s"), int) or isinstance(doc.get("s"), bool)):
+        raise MalformedBucket("g must be a non-empty string, and a group bucket has t and an integer s")
     bucket_id = doc.get("_id")
     if not isinstance(bucket_id, ObjectId):
         raise MalformedBucket(f"_id must be an ObjectId, got {type(bucket_id).__name__}")
@@ -259,6 +303,8 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         enqueued=[as_utc(e) if e else None for e in _optional_array(doc, "e", n, dt.datetime)],
         done=frozenset(done),
         claims=claims,
+        group=group,
+        order=doc.get("s", 0),
     )
 
 
@@ -267,6 +313,8 @@ def _count(value: Any) -> TypeGuard[int]:
 
 
 def _tries(doc: Mapping[str, Any], n: int) -> list[int]:
+    if doc.get("t") is None:  # new buckets: no slot was tried before
+        return [0] * n
     tries = [t or 0 for t in _optional_array(doc, "t", n, int)]
     if not all(_count(t) for t in tries):
         raise MalformedBucket(f"every entry of t must be an integer from 0 to {MAX_COUNT}")
@@ -286,7 +334,7 @@ def _optional_array(doc: Mapping[str, Any], field: str, n: int, kind: type) -> l
 
 def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: dt.datetime) -> dict[str, Any]:
     """A dead-letter document; its ``_id`` is the message id, so writing it twice stores it once."""
-    return {
+    letter = {
         "_id": bucket.message_id(slot),
         "enc": bucket.codec,
         "p": bucket.payloads[slot],
@@ -298,6 +346,9 @@ def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: 
         "enqueued_at": bucket.enqueued_at(slot),
         "origin": {"bucket": bucket.id, "slot": slot},
     }
+    if bucket.group is not None:
+        letter["g"] = bucket.group  # a requeue puts it back at the end of its group
+    return letter
 
 
 # A reason (an exception's text) is kept to this many characters: room for it is part of STATE_HEADROOM.

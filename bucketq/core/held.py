@@ -7,6 +7,10 @@ reports back with ``outcome(plan, applied)``: applied (the server took it under 
 refused (the lease was lost). A plan whose writes raised stays pending and is handed out again as it was, so
 the ids of the documents it writes are stable and a retry stores nothing twice.
 
+A group bucket (``bucket.group``) is served serially: the next slot only once the one served is resolved. A nack
+there does not copy the message to a retry bucket (that would let the group's later messages overtake it): the
+bucket is released, due at the retry time, with that slot's try added, and nothing more is served from it.
+
 The bucket as a whole: HELD (serving) until it is *ended*, by a finish or release the server applied, or by
 a refused write (lost). Once ended, every resolution raises ``LeaseLost``.
 """
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 
 from bson import ObjectId
 
-from bucketq.core import claims
+from bucketq.core import claims, groups
 from bucketq.core.format import StoredBucket, bucket_documents, dead_letter, quarantined_message
 from bucketq.errors import AlreadyResolved, LeaseLost
 
@@ -55,7 +59,11 @@ class _Resolution:
     state: SlotState
     retry_at: dt.datetime | None = None
     error: str = ""
-    delivered: bool = True  # handed to a handler this claim, so it counts as a try
+    delivered: bool = True  # handed to a handler this claim, so it counts as a try (read for dead letters only)
+
+
+# Every ack is alike: one shared record, not one made per message.
+_ACKED = _Resolution(SlotState.ACKED)
 
 
 @dataclass
@@ -82,6 +90,10 @@ class FlushPlan:
     dead_docs: list[dict] = field(default_factory=list)
     quarantine_docs: list[dict] = field(default_factory=list)
     lease_until: dt.datetime | None = None  # the expiry this plan's writes set, once the server applied them
+    # Group buckets: the group's lock is extended to this expiry, fenced by the token, before the bucket's
+    # lease (by ``guard`` or ``final``), so that the lock never expires before the lease.
+    group: str | None = None
+    lock_until: dt.datetime | None = None
 
     @property
     def filter(self) -> dict:
@@ -100,14 +112,21 @@ class HeldBucket:
         self.token = token
         self.lease_until = lease_until
         self.policy = policy
+        self._margin = dt.timedelta(seconds=policy.lease * policy.safety)  # see lease_ending
         self.lost = False
         self.ended = False
         self.giving_back = False  # a drain is releasing the bucket: no more resolutions
-        self.state = [SlotState.DONE if i in bucket.done else SlotState.PENDING for i in range(bucket.size)]
-        self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done)
+        self.state = [SlotState.PENDING] * bucket.size
+        for i in bucket.done:
+            self.state[i] = SlotState.DONE
+        self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done) if bucket.done \
+            else deque(range(bucket.size))
         self._unresolved = len(self._pending)
         self._unflushed: dict[int, _Resolution] = {}
         self._plan: FlushPlan | None = None  # handed out, outcome not yet known
+        # Group buckets: the slot being served (one at a time), and the nacked slot that holds the bucket back.
+        self._serving: int | None = None
+        self.held_back: int | None = None
 
     # -- serving -------------------------------------------------------------------------------------------
 
@@ -117,13 +136,14 @@ class HeldBucket:
 
     def lease_ending(self, now: dt.datetime) -> bool:
         """Lost, ended, or within the safety margin of the lease expiry the server last applied."""
-        margin = dt.timedelta(seconds=self.policy.lease * self.policy.safety)
-        return self.lost or self.ended or now >= self.lease_until - margin
+        return self.lost or self.ended or now >= self.lease_until - self._margin
 
     def serve(self, now: dt.datetime) -> int | None:
         """The next slot to hand out, marked SERVED; None when nothing is left or the lease is ending.
         Slots whose tries are used up (leases that kept expiring) are dead-lettered on the way, unserved."""
-        if self.lease_ending(now):
+        if not self._pending or self.lease_ending(now):
+            return None
+        if self.bucket.group is not None and (self._serving is not None or self.held_back is not None):
             return None
         while self._pending:
             slot = self._pending.popleft()
@@ -135,8 +155,15 @@ class HeldBucket:
                               allowed=(SlotState.PENDING,))
                 continue
             self.state[slot] = SlotState.SERVED
+            if self.bucket.group is not None:
+                self._serving = slot
             return slot
         return None
+
+    @property
+    def unserved(self) -> int:
+        """Slots not yet handed out (an upper bound: some may have been resolved unserved)."""
+        return len(self._pending)
 
     @property
     def outstanding(self) -> list[int]:
@@ -171,7 +198,7 @@ class HeldBucket:
                             f"{self.bucket.message_id(slot)} will be delivered again")
 
     def ack(self, slot: int) -> None:
-        self._resolve(slot, _Resolution(SlotState.ACKED), allowed=(SlotState.SERVED, SlotState.PENDING))
+        self._resolve(slot, _ACKED, allowed=(SlotState.SERVED, SlotState.PENDING))
 
     def nack(self, slot: int, retry_at: dt.datetime, error: str = "") -> SlotState:
         """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt."""
@@ -179,6 +206,8 @@ class HeldBucket:
             self._resolve(slot, _Resolution(SlotState.DEAD, error=error or "nacked"), allowed=(SlotState.SERVED,))
             return SlotState.DEAD
         self._resolve(slot, _Resolution(SlotState.RETRY, retry_at, error), allowed=(SlotState.SERVED,))
+        if self.bucket.group is not None:
+            self.held_back = slot
         return SlotState.RETRY
 
     def dead(self, slot: int, reason: str) -> None:
@@ -193,7 +222,10 @@ class HeldBucket:
         self.check_held(slot)
         if self.state[slot] not in allowed:
             raise AlreadyResolved(f"message {self.bucket.message_id(slot)} is already {self.state[slot].value}")
-        resolution.delivered = self.state[slot] is SlotState.SERVED
+        if resolution is not _ACKED:
+            resolution.delivered = self.state[slot] is SlotState.SERVED
+        if slot == self._serving:
+            self._serving = None
         self._unresolved -= 1
         self.state[slot] = resolution.state
         self._unflushed[slot] = resolution
@@ -233,18 +265,28 @@ class HeldBucket:
     def _new_plan(self, now: dt.datetime, release: bool, release_due: dt.datetime | None, host: str,
                   pid: int) -> FlushPlan:
         taken, self._unflushed = self._unflushed, {}
-        plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()})
-        retries = {s: r for s, r in taken.items() if r.state is SlotState.RETRY}
-        plan.retry_docs = self._retry_documents(retries, now)
+        group = self.bucket.group
+        plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()}, group=group)
+        copied = {s: r for s, r in taken.items() if r is not _ACKED}  # one pass over the acks, which copy nothing
+        retries = {s: r for s, r in copied.items() if r.state is SlotState.RETRY}
+        if group is None:
+            plan.retry_docs = self._retry_documents(retries, now)
         plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered, error=r.error, at=now)
-                          for s, r in taken.items() if r.state is SlotState.DEAD]
+                          for s, r in copied.items() if r.state is SlotState.DEAD]
         plan.quarantine_docs = [quarantined_message(self.bucket, s, reason=r.error, at=now, host=host, pid=pid)
-                                for s, r in taken.items() if r.state is SlotState.QUARANTINED]
-        done = sorted(taken)
+                                for s, r in copied.items() if r.state is SlotState.QUARANTINED]
+        # A group's nacked slot stays in its bucket (released, due at the retry time): not done.
+        done = sorted(taken) if group is None else sorted(s for s in taken if s not in retries)
         if plan.retry_docs or plan.dead_docs or plan.quarantine_docs:
             acked = [s for s in done if taken[s].state is SlotState.ACKED]
             plan.guard = claims.extend(now, self.policy.lease, acked)
-        if release:
+        if group is not None and (release or retries):
+            # A nacked slot holds the bucket (and its group) until its retry time; a drain hands it back now.
+            retry_slot = next(iter(retries), None)
+            due = retries[retry_slot].retry_at if retry_slot is not None else release_due
+            plan.kind, plan.final = "release", groups.release(now, self.token, done, due=due, retry_slot=retry_slot)
+            plan.mine = claims.released_by(self.bucket.id, self.token)
+        elif release:
             plan.kind, plan.final = "release", claims.release(now, self.token, done, due=release_due)
             plan.mine = claims.released_by(self.bucket.id, self.token)
         elif self.finished:
@@ -253,6 +295,8 @@ class HeldBucket:
         else:
             plan.final = claims.extend(now, self.policy.lease, done)
             plan.lease_until = self.policy.lease_from(now)
+        if group is not None and (plan.guard is not None or plan.kind == "extend"):
+            plan.lock_until = self.policy.lease_from(now)  # the expiry guard and extend set
         return plan
 
     def _retry_documents(self, retries: dict[int, _Resolution], now: dt.datetime) -> list[dict]:

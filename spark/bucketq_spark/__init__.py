@@ -2,8 +2,9 @@
 cycle (claim -> read -> process -> write -> commit) over a queue's bucket documents.
 
 Modules: ``session`` (``build_session``), ``reader`` (bucket documents -> one row per message), ``sinks``
-(idempotent Parquet and MongoDB sinks), ``job`` (``BatchJob``), ``example`` (``run_example_job``),
-``readbench`` (``time_read_paths``). Only ``session`` is imported here: the others import pyspark lazily too.
+(idempotent Parquet and MongoDB sinks), ``job`` (``BatchJob``). Only ``session`` is imported here: the others
+import pyspark lazily too. The example job lives in ``spark/jobs``, the read benchmark in ``bench/spark_read.py``;
+neither is part of this package.
 """
 
 from bucketq_spark.session import (
@@ -14,6 +15,7 @@ from bucketq_spark.session import (
     SINGLE_PARTITION,
     build_session,
     default_jars,
+    expand_jars,
 )
 
 __all__ = [
@@ -24,4 +26,5 @@ __all__ = [
     "SINGLE_PARTITION",
     "build_session",
     "default_jars",
+    "expand_jars",
 ]

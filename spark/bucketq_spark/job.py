@@ -113,8 +113,10 @@ class BatchJob:
         ``MalformedPayloads``."""
         from pyspark import StorageLevel
 
+        # The payloads' size sizes the partitions (a character of JSON is a byte unless it is not ASCII).
+        size = sum(len(p) for doc in batch.buckets for p in doc.get("p") or () if isinstance(p, str | bytes))
         df = read_messages(self.spark, self.uri, self.database, self.queue_name, self.payload_schema,
-                           token=batch.token, expected_docs=len(batch), read=self.read_options,
+                           token=batch.token, expected_docs=len(batch), expected_bytes=size, read=self.read_options,
                            json_options=self.json_options).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             counts = {row.malformed: row["count"] for row in df.groupBy("malformed").count().collect()}

@@ -53,9 +53,12 @@ RESERVED_JSON_OPTIONS = ("mode", "columnNameOfCorruptRecord")
 class ReadOptions:
     """How the connector splits a read.
 
-    ``partitions``: None picks ``min(defaultParallelism, buckets)``; 1 reads in one partition
+    ``partitions``: None picks ``min(defaultParallelism, docs)``, raised to one partition per
+    ``partition_bytes`` of the expected data when that is known; 1 reads in one partition
     (``SinglePartitionPartitioner``), n > 1 uses ``PaginateIntoPartitionsPartitioner`` with at most n
-    partitions. Both work on any server (no ``$collStats``, which the test server lacks). ``partitioner``
+    partitions. Both work on any server (no ``$collStats``, which the test server lacks). ``partition_bytes``
+    (32 MiB) keeps each partition's reply under the Java driver's 48 MB message limit on servers that answer an
+    aggregate in one batch, as the test server does (a real MongoDB sends 16 MiB batches). ``partitioner``
     (a class name) and ``partitioner_options`` (without the ``partitioner.options.`` prefix) override the
     choice, e.g. ``SamplePartitioner`` on a real MongoDB. ``options`` are passed to the reader as they are.
     """
@@ -64,12 +67,28 @@ class ReadOptions:
     partitioner: str | None = None
     partitioner_options: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, str] = field(default_factory=dict)
+    partition_bytes: int = 32 << 20
 
-    def reader_options(self, expected_docs: int | None, parallelism: int) -> dict[str, str]:
+    def __post_init__(self) -> None:
+        if self.partitions is not None and self.partitions < 1:
+            raise InvalidOption(f"partitions must be None or >= 1, got {self.partitions!r}")
+        if self.partition_bytes < 1:
+            raise InvalidOption(f"partition_bytes must be >= 1, got {self.partition_bytes!r}")
+
+    def partition_count(self, expected_docs: int | None, parallelism: int, expected_bytes: int | None = None) -> int:
+        """The partitions a read of ``expected_docs`` documents (``expected_bytes`` of BSON) gets."""
+        if self.partitions is not None:
+            return self.partitions
+        docs = expected_docs or parallelism
+        by_size = -(-(expected_bytes or 0) // self.partition_bytes)
+        return max(1, min(docs, max(parallelism, by_size)))
+
+    def reader_options(self, expected_docs: int | None, parallelism: int,
+                       expected_bytes: int | None = None) -> dict[str, str]:
         if self.partitioner is not None:
             name, opts = self.partitioner, dict(self.partitioner_options)
         else:
-            n = self.partitions or max(1, min(parallelism, expected_docs or parallelism))
+            n = self.partition_count(expected_docs, parallelism, expected_bytes)
             name = SINGLE_PARTITION if n <= 1 else PAGINATE_INTO_PARTITIONS
             opts = {} if n <= 1 else {"max.number.of.partitions": str(n), **self.partitioner_options}
         out = {"partitioner": name, **{f"partitioner.options.{k}": str(v) for k, v in opts.items()}}
@@ -79,13 +98,15 @@ class ReadOptions:
 
 def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, token: str | None = None,
                  pipeline: list[dict[str, Any]] | None = None, expected_docs: int | None = None,
-                 read: ReadOptions | None = None) -> DataFrame:
+                 read: ReadOptions | None = None, expected_bytes: int | None = None) -> DataFrame:
     """The bucket documents of ``queue`` (all live ones, or those leased under ``token``) as rows of
-    ``BUCKET_SCHEMA``. ``pipeline`` stages run after the token match, before the projection."""
+    ``BUCKET_SCHEMA``. ``pipeline`` stages run after the token match, before the projection.
+    ``expected_docs`` and ``expected_bytes`` (their BSON size) size the partitions (``ReadOptions``)."""
     stages: list[dict[str, Any]] = [{"$match": {"lease.token": token} if token is not None else claims.LIVE}]
     stages += list(pipeline or [])
     stages.append({"$project": {f: 1 for f in BUCKET_FIELDS}})
-    options = (read or ReadOptions()).reader_options(expected_docs, spark.sparkContext.defaultParallelism)
+    options = (read or ReadOptions()).reader_options(expected_docs, spark.sparkContext.defaultParallelism,
+                                                     expected_bytes)
     return (
         spark.read.format("mongodb")
         .schema(BUCKET_SCHEMA)
@@ -157,7 +178,8 @@ def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
 
 def read_messages(spark: SparkSession, uri: str, database: str, queue: str, payload_schema: str | StructType, *,
                   token: str | None = None, expected_docs: int | None = None, read: ReadOptions | None = None,
-                  json_options: Mapping[str, str] | None = None) -> DataFrame:
+                  json_options: Mapping[str, str] | None = None, expected_bytes: int | None = None) -> DataFrame:
     """``read_buckets`` then ``explode_messages``."""
-    buckets = read_buckets(spark, uri, database, queue, token=token, expected_docs=expected_docs, read=read)
+    buckets = read_buckets(spark, uri, database, queue, token=token, expected_docs=expected_docs, read=read,
+                           expected_bytes=expected_bytes)
     return explode_messages(buckets, payload_schema, json_options)

@@ -2,9 +2,10 @@
 
 The jars are a plain list of paths (never ``spark.jars.packages`` / Ivy): the connector
 ``mongo-spark-connector_2.13`` 10.5.0 and the MongoDB Java driver 5.1.4 (``mongodb-driver-sync``,
-``mongodb-driver-core``, ``bson``, ``bson-record-codec``). ``default_jars()`` finds them without the caller
-knowing where they are: ``$BUCKETQ_SPARK_JARS`` first, then, in a bucketq checkout, the repo's Maven cache
-(``.cache/jars/spark``, fetched by ``python -m devtools.jars spark`` from ``spark/jars/pom.xml``).
+``mongodb-driver-core``, ``bson``, ``bson-record-codec``): ``build_session(jars=...)`` takes them (files or
+directories), else ``default_jars()`` reads ``$BUCKETQ_SPARK_JARS``. This package never fetches them: in a
+bucketq checkout ``make jars`` does (Maven, into ``.cache/jars/spark``), and the demo, tests and bench pass
+that directory in.
 
 Known to work: pyspark 4.0.1 (Scala 2.13, the pin) with Java 17. PyPI's pyspark 3.5.x bundles Scala 2.12 and
 cannot load a ``_2.13`` connector.
@@ -32,49 +33,33 @@ PAGINATE_INTO_PARTITIONS = _PARTITIONERS + "PaginateIntoPartitionsPartitioner"
 SINGLE_PARTITION = _PARTITIONERS + "SinglePartitionPartitioner"
 
 JARS_ENV = "BUCKETQ_SPARK_JARS"
-_HERE = Path(__file__).resolve().parent
-_LOG4J2 = _HERE / "log4j2.properties"
+_LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 
 
-def _checkout_root() -> Path | None:
-    """The bucketq checkout this file lives in (``<root>/spark/bucketq_spark``), if it is one."""
-    root = _HERE.parent.parent
-    if (root / "spark" / "jars" / "pom.xml").is_file() and (root / "devtools" / "jars.py").is_file():
-        return root
-    return None
-
-
-def _jars_from_env(value: str) -> list[Path]:
+def expand_jars(items: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Jar paths from ``items``: a directory stands for the ``*.jar`` files in it (sorted), a file for itself."""
     jars: list[Path] = []
-    for item in value.replace(",", os.pathsep).split(os.pathsep):
-        if not item.strip():
-            continue
-        path = Path(item.strip()).expanduser()
+    for item in items:
+        path = Path(item).expanduser()
         jars.extend(sorted(path.glob("*.jar")) if path.is_dir() else [path])
     return jars
 
 
 def default_jars() -> list[Path]:
-    """The connector's jars: ``$BUCKETQ_SPARK_JARS`` (paths or directories, comma- or ``os.pathsep``-separated),
-    else the bucketq checkout's cache, fetched with Maven first if ``devtools`` is importable and the pom changed."""
-    env = os.environ.get(JARS_ENV)
-    if env:
-        return _jars_from_env(env)
-    root = _checkout_root()
-    if root is not None:
-        try:
-            from devtools import jars as devjars
-        except ImportError:
-            devjars = None
-        if devjars is not None and Path(devjars.__file__).resolve().parent.parent == root:
-            return devjars.ensure_jars("spark")
-        cached = sorted((root / ".cache" / "jars" / "spark").glob("*.jar"))
-        if cached:
-            return cached
-    raise FileNotFoundError(
-        f"no MongoDB Spark connector jars: pass them to build_session(jars=...), set ${JARS_ENV}, "
-        "or run `python -m devtools.jars spark` in a bucketq checkout"
-    )
+    """The connector's jars named by ``$BUCKETQ_SPARK_JARS``: jar files or directories of them, comma- or
+    ``os.pathsep``-separated. Raises ``FileNotFoundError`` saying how to get them when it is unset or names no
+    jar."""
+    value = os.environ.get(JARS_ENV, "")
+    jars = expand_jars([item.strip() for item in value.replace(",", os.pathsep).split(os.pathsep) if item.strip()])
+    if not jars:
+        where = f"${JARS_ENV}={value!r} names no jar" if value else f"${JARS_ENV} is not set"
+        raise FileNotFoundError(
+            f"no MongoDB Spark connector jars ({where}): pass build_session(jars=[<dir or jar>, ...]) or set "
+            f"${JARS_ENV} to a directory holding mongo-spark-connector_2.13-{CONNECTOR_VERSION}.jar and "
+            f"mongodb-driver-sync, mongodb-driver-core, bson and bson-record-codec {MONGODB_DRIVER_VERSION} "
+            "(in a bucketq checkout: `make jars` fetches them into .cache/jars/spark)"
+        )
+    return jars
 
 
 def build_session(
@@ -91,13 +76,16 @@ def build_session(
 ) -> SparkSession:
     """Start (or return the running, same-jars) SparkSession with the connector on ``spark.jars``.
 
-    ``jars`` defaults to ``default_jars()``. Python workers run ``python`` (this interpreter unless told).
+    ``jars``: jar files or directories of them (``expand_jars``); by default ``default_jars()``. Python workers
+    run ``python`` (this interpreter unless told).
     ``timezone`` is the SQL session time zone (BSON dates are UTC instants). ``conf`` is applied last.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    paths = [Path(j) for j in (default_jars() if jars is None else jars)]
+    paths = default_jars() if jars is None else expand_jars(jars)
+    if not paths:
+        raise FileNotFoundError(f"no jar in {[str(j) for j in jars or ()]} (in a bucketq checkout: `make jars`)")
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"jar(s) not found: {', '.join(missing)}")

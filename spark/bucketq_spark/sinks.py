@@ -7,7 +7,7 @@ first attempt's rows next to the second's. Both sinks are therefore keyed by wha
 * ``ParquetSink``: output partitioned by ``bucket_id`` and written with *dynamic* partition overwrite, so a
   write replaces exactly the ``bucket_id=<hex>`` directories present in its rows and leaves all others alone.
   The rows of one bucket must depend only on that bucket's messages: keep ``bucket_id`` in the result, and
-  aggregate per bucket (partial aggregates; roll up when reading, see ``bucketq_spark.example``).
+  aggregate per bucket (partial aggregates; roll up when reading, see ``spark/jobs/account_totals.py``).
 * ``MongoSink``: ``_id`` derived from ``id_columns`` (default ``message_id``; e.g. ``("bucket_id", "account")``
   for per-bucket aggregates) and written with ``operationType=replace, upsertDocument=true``: a row written
   again replaces its earlier copy.

@@ -15,14 +15,16 @@ import pytest
 
 SPARK_DIR = Path(__file__).resolve().parent.parent.parent / "spark"
 if str(SPARK_DIR) not in sys.path:
-    sys.path.insert(0, str(SPARK_DIR))  # bucketq_spark is not (yet) an installed package
+    sys.path.insert(0, str(SPARK_DIR))  # bucketq_spark without an install, and the example jobs (spark/jobs)
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator:
     from bucketq_spark import build_session
+    from devtools.jars import ensure_jars
 
-    session = build_session(master=os.environ.get("BUCKETQ_SPARK_MASTER", "local[2]"), app_name="bucketq-tests")
+    master = os.environ.get("BUCKETQ_SPARK_MASTER", "local[2]")
+    session = build_session(ensure_jars("spark"), master=master, app_name="bucketq-tests")
     try:
         yield session
     finally:

@@ -5,6 +5,7 @@ of single payloads that do not parse with the job's schema."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import time
 from collections import defaultdict
@@ -54,7 +55,7 @@ def _assert_exactly_once(df, expected_seqs) -> None:
 
 
 async def test_example_job_full_cycle(spark, make_queue, mongo_uri, db_name, sync_db, tmp_path) -> None:
-    from bucketq_spark.example import run_example_job
+    from jobs.account_totals import run_example_job
 
     events = _events(0, 600)
     await _push(make_queue, events)
@@ -180,13 +181,74 @@ async def test_poisoned_bucket_ends_in_quarantine(spark, make_queue, mongo_uri, 
 
 
 def test_readbench(spark, mongo_uri, db_name, sync_db) -> None:
-    from bucketq_spark.readbench import time_read_paths
+    from bench.spark_read import time_read_paths
 
     out = time_read_paths(spark, mongo_uri, db_name, 2000, bucket_size=500, repeats=1)
     assert out["bucketq"]["docs"] == 4 and out["naive"]["docs"] == 2000
+    assert out["bucketq"]["partitions"] == out["naive"]["partitions"] == spark.sparkContext.defaultParallelism
     assert out["bucketq"]["rows"] == out["naive"]["rows"] == 2000
     assert out["bucketq"]["rows_per_s"] > 0 and out["naive"]["rows_per_s"] > 0 and out["speedup"] > 0
+    assert out["bucketq"]["spark_cpu_s"] > 0 and out["median_speedup"] > 0
     assert "readbench" not in sync_db.list_collection_names()
+
+
+def test_readbench_fails_when_the_layouts_decode_different_rows(spark, mongo_uri, db_name, sync_db,
+                                                                monkeypatch) -> None:
+    """The bench checks that both layouts decode the same rows: a naive payload that differs fails it."""
+    import bench.spark_read as readbench
+
+    fill_flat = readbench._fill_flat
+
+    def one_payload_off(uri, db, collection, payloads):
+        fill_flat(uri, db, collection, [*payloads[:-1], {**payloads[-1], "pad": "changed"}])
+
+    monkeypatch.setattr(readbench, "_fill_flat", one_payload_off)
+    with pytest.raises(AssertionError, match="decoded rows the other layout lacks"):
+        readbench.time_read_paths(spark, mongo_uri, db_name, 300, bucket_size=100, repeats=1)
+
+
+def test_partitions_follow_documents_and_bytes() -> None:
+    from bucketq_spark.reader import PAGINATE_INTO_PARTITIONS, SINGLE_PARTITION, ReadOptions
+
+    read = ReadOptions()
+    assert read.partition_count(20, 2) == 2 and read.partition_count(1, 2) == 1 and read.partition_count(None, 2) == 2
+    assert read.partition_count(100, 2, 100 << 20) == 4  # one per 32 MiB: a test-server reply stays under 48 MB
+    assert read.partition_count(3, 2, 1 << 30) == 3  # never more partitions than documents
+    assert ReadOptions(partitions=1).partition_count(100, 2, 1 << 30) == 1  # an explicit count wins
+    assert read.reader_options(1, 2)["partitioner"] == SINGLE_PARTITION
+    assert read.reader_options(100, 2, 100 << 20) == {
+        "partitioner": PAGINATE_INTO_PARTITIONS, "partitioner.options.max.number.of.partitions": "4"}
+    for bad in ({"partitions": 0}, {"partition_bytes": 0}):
+        with pytest.raises(InvalidOption, match=next(iter(bad))):
+            ReadOptions(**bad)
+
+
+async def test_a_batch_larger_than_a_server_reply_is_read_whole(spark, make_queue, mongo_uri, db_name,
+                                                                 sync_db) -> None:
+    """~105 MB of buckets. The test server answers a partition's aggregate in one reply, and the Java driver
+    takes at most 48 MB in one: two partitions (the default parallelism) fail the read ("reply message length
+    ... is greater than the maximum"), so the job sizes them by the batch's bytes (four here)."""
+    from pyspark.sql import functions as F
+
+    from bucketq_spark.reader import ReadOptions
+
+    pad = "x" * 1000
+    await _push(make_queue, [{"account": "a", "amount": 1.0, "seq": i, "ts": float(i), "pad": pad}
+                             for i in range(100_000)], size=1000)
+    with _job(spark, mongo_uri, db_name, sink=None, max_buckets=100) as job:
+        batch = job.claim()
+        assert batch is not None and len(batch) == 100
+        size = sum(len(p) for doc in batch.buckets for p in doc["p"])
+        assert size > 100 << 20
+        assert ReadOptions().partition_count(len(batch), spark.sparkContext.defaultParallelism, size) == 4
+        seqs = sum(json.loads(p)["seq"] for doc in batch.buckets for p in doc["p"])
+        messages, rows = job.read(batch)
+        try:
+            assert rows == batch.messages > 90_000 and messages.where("malformed").count() == 0
+            assert messages.select(F.sum("payload.seq")).first()[0] == seqs
+        finally:
+            messages.unpersist()
+        assert job.commit(batch) == 100
 
 
 async def test_malformed_payload_goes_to_quarantine_raw_and_the_rest_to_the_sink(spark, make_queue, mongo_uri,

@@ -22,6 +22,11 @@ The report (JSON, the last line of stdout):
                    both modes, at most one batch per kill; the harness fails on any not explained so
     left_behind    buckets / messages / dead letters / quarantined after the drain  must be all 0
     unacked_pushes pushes of writers killed before push() returned: may be lost; counted apart
+    groups         ordered groups (a quarter of the seqs are pushed with group=, ``GROUPS`` groups per writer process):
+                   groups, records, order_violations (a message first delivered before an earlier one of its
+                   group; must be 0), overlaps (served before the previous message of its group was acked,
+                   outside the window of a killed consumer or a lost lease; must be 0), redelivered (went back
+                   in the group after a crash: allowed)
     faults         what was injected: consumer kills by kill point, writer kills, server restarts, proxy cuts;
                    lost_replies / lost_requests by target (bucket_insert, fenced_write), delayed_retries
                    (losses whose retry was held back past the lease: lost, held_back), command faults that

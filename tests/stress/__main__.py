@@ -4,7 +4,7 @@ exceed what the design allows (see ``tests/stress/__init__.py``).
 
 Knobs, as flags or environment variables (flags win): WRITERS, MESSAGES_PER_WRITER, CONSUMERS, CRASHERS,
 PAYLOAD_BYTES, SERVER_RESTARTS, DEDUPE (on|off|both, or 1|0), and STRESS_SEED, WRITER_KILLS, PROXY_CUTS,
-LOST_INSERTS, LOST_FENCED, DELAYED_RETRIES, CLOCK_STEPS.
+LOST_INSERTS, LOST_FENCED, DELAYED_RETRIES, CLOCK_STEPS, GROUPS (ordered groups per writer; 0: none).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ KNOBS = {
     "crashers": "CRASHERS", "payload_bytes": "PAYLOAD_BYTES", "server_restarts": "SERVER_RESTARTS",
     "dedupe": "DEDUPE", "seed": "STRESS_SEED", "writer_kills": "WRITER_KILLS", "cuts": "PROXY_CUTS",
     "lost_inserts": "LOST_INSERTS", "lost_fenced": "LOST_FENCED", "delayed_retries": "DELAYED_RETRIES",
-    "clock_steps": "CLOCK_STEPS",
+    "clock_steps": "CLOCK_STEPS", "groups": "GROUPS",
 }
 
 

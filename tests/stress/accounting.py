@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from tests.stress.common import ordered_group
+
 Msg = tuple[int, int, int]
 # A consumer serves a message only while it believes it holds the bucket's lease (``lease``: the seconds it
 # believed it had left); another claim can come only once that lease ran out on the server. Records are timed
@@ -78,6 +80,7 @@ class ConsumerLog:
     lease_lost: set[str] = field(default_factory=set)
     ack_failed: set[str] = field(default_factory=set)
     buckets_lost: set[tuple[int, str]] = field(default_factory=set)  # (pid, bucket id): flush refused
+    acked_at: dict[str, float] = field(default_factory=dict)  # record id -> real time after its ack returned
 
 
 def parse_consumer_logs(texts: Iterable[str]) -> ConsumerLog:
@@ -95,7 +98,48 @@ def parse_consumer_logs(texts: Iterable[str]) -> ConsumerLog:
                 out.ack_failed.add(parts[1])
             elif parts[0] == "leaselost":
                 out.buckets_lost.add((int(parts[1]), parts[2]))
+            elif parts[0] == "acked":
+                out.acked_at.update(dict.fromkeys(parts[2:], float(parts[1])))
     return out
+
+
+def account_groups(records: Iterable[Mapping[str, Any]], consumers: ConsumerLog, *, groups: int,
+                   killed_pids: set[int]) -> dict[str, Any]:
+    """The ordered groups' report. Per group, records in the order they were served (``at``):
+
+    order_violations  a message first delivered before an earlier message of its group was first delivered
+                      (pushes are made in seq order): must be 0
+    overlaps          a message served before the previous record of its group was acked: two messages of a
+                      group handled at once, must be 0 outside the documented window: the previous handling
+                      was by a consumer that was killed or whose lease ran out (its ack unknown or refused)
+    redelivered       records that went back in their group (a message delivered again after a crash or a
+                      lost lease, with the ones after it): allowed, counted apart
+    """
+    by_group: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        if not r.get("problem") and (name := _group_of(r, groups)) is not None:
+            by_group[name].append(r)
+    violations: list[str] = []
+    overlaps: list[str] = []
+    redelivered = 0
+    for name, rs in by_group.items():
+        rs = sorted(rs, key=lambda r: r["at"])
+        firsts = [r["s"] for r in rs if r is min((x for x in rs if x["s"] == r["s"]), key=lambda x: x["at"])]
+        violations += [f"group {name}: {b} first delivered before {a}" for a, b in pairwise(firsts) if b < a]
+        for a, b in pairwise(rs):
+            redelivered += b["s"] <= a["s"]
+            ended = consumers.acked_at.get(str(a["_id"]))
+            window = (a["pid"] in killed_pids or str(a["_id"]) in consumers.lease_lost
+                      or (a["pid"], str(a["mid"]).split(":")[0]) in consumers.buckets_lost)
+            if ended is not None and not window and b["at"] < ended - OVERLAP_SLACK_S:
+                overlaps.append(f"group {name}: {b['s']} served {ended - b['at']:.3f} s before {a['s']} was acked")
+    return {"groups": len(by_group), "records": sum(len(rs) for rs in by_group.values()),
+            "order_violations": len(violations), "overlaps": len(overlaps), "redelivered": redelivered,
+            "problems": (violations + overlaps)[:20]}
+
+
+def _group_of(record: Mapping[str, Any], groups: int) -> str | None:
+    return ordered_group(record["w"], record["g"], record["s"], groups)  # the writers' own rule
 
 
 def account(writer_logs: Iterable[WriterLog], records: Iterable[Mapping[str, Any]], consumers: ConsumerLog, *,

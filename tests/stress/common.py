@@ -36,6 +36,18 @@ def message_key(w: int, g: int, s: int) -> str:
     return f"{w}.{g}.{s}"
 
 
+GROUPED_RUN = 50  # seqs pushed together (the writer's chunk): a grouped run fills a bucket per group
+
+
+def ordered_group(w: int, g: int, s: int, groups: int) -> str | None:
+    """The ordered group (``push(group=...)``) of message ``(w, g, s)`` when writers use ``groups`` groups each:
+    every fourth run of ``GROUPED_RUN`` seqs is grouped, its seqs spread over the groups, so that each group
+    gets several buckets of many messages (a group of one-message buckets costs a bucket's commands per
+    message: a throughput matter, not what this harness is for). ``groups == 0``: none. Derived from the
+    identity, so the accounting knows each message's group without storing it."""
+    return f"{w}.{g}.{s % groups}" if groups and (s // GROUPED_RUN) % 4 == 0 else None
+
+
 def pad(w: int, g: int, s: int, size: int) -> str:
     seed = hashlib.blake2b(message_key(w, g, s).encode(), digest_size=16).hexdigest()
     return (seed * (size // len(seed) + 1))[:size]

@@ -13,6 +13,7 @@ the record ``B:i``. The log tells the harness which side effects were *committed
 ``ack()`` that returned:
 
     ack R...      the records R were handled and their ``ack()`` returned
+    acked T R...  the same, with the real time T after the acks returned (ordered groups: the end of handling)
     lost R...     ``ack()`` raised LeaseLost: another consumer will deliver the message again
     err R E       ``ack()`` raised something else (then the message was nacked)
     leaselost P B the library warned that process P lost its lease on bucket B and its unflushed state
@@ -162,6 +163,7 @@ async def main() -> int:
                   if r is not None and not isinstance(r, bucketq.LeaseLost)]
         if acked:
             log.write("ack " + " ".join(acked))
+            log.write(f"acked {REAL_TIME():.6f} " + " ".join(acked))
         if lost:
             log.write("lost " + " ".join(lost))
         for message, record, error in failed:

@@ -52,7 +52,7 @@ from pymongo.errors import PyMongoError
 
 from bucketq.core.claims import LIVE  # buckets, not the tombstones finished ones leave behind
 from tests.proxy import Command, Rule, TcpProxy
-from tests.stress.accounting import account, parse_consumer_logs, parse_writer_log
+from tests.stress.accounting import account, account_groups, parse_consumer_logs, parse_writer_log
 from tests.stress.common import LEASE_S, die_with_parent
 from tests.stress.consumer import KILL_POINTS
 from tests.stress.streams import StreamConfig, run_streams
@@ -85,6 +85,7 @@ class Config:
     delayed_retries: int = 2  # a lost insert or fenced write whose retry is held back past the lease
     clock_steps: int = 2
     batch: int = 25
+    groups: int = 2  # ordered groups per writer process, for a quarter of its seqs (0: no grouped messages)
     bucket_max_size: int = 100
     bucket_max_wait: float = 0.05
     # Writers are paced to spread their pushes over this many seconds, so that faults hit a queue that is
@@ -263,6 +264,8 @@ class Harness:
             args += ["--rate", f"{self.c.messages_per_writer / self.c.write_seconds:.3f}"]
         if die_after:
             args += ["--die-after-acks", str(die_after)]
+        if self.c.groups:
+            args += ["--groups", str(self.c.groups)]
         return self._spawn("writer", "tests.stress.writer", args, self.work / f"writer{w}.gen{g}.log",
                            writer=w, gen=g)
 
@@ -364,7 +367,7 @@ class Harness:
                     return {"ok": False, "failures": list(self.errors), "dedupe": self.dedupe,
                             **{k: None for k in ("written", "processed", "lost", "duplicated",
                                                  "duplicates_explained", "redelivered_in_flight", "unexpected",
-                                                 "left_behind")},
+                                                 "left_behind", "groups")},
                             "throughput": {}, "errors": self.errors}
         finally:
             self.stop_all()
@@ -600,6 +603,7 @@ class Harness:
             (self.work / "killed_pids.json").write_text(json.dumps(sorted(self.killed_pids)))
         result = account(writer_logs, records, consumer_logs, killed_pids=self.killed_pids, dedupe=self.dedupe,
                          max_in_flight_per_kill=self.c.batch)
+        groups = account_groups(records, consumer_logs, groups=self.c.groups, killed_pids=self.killed_pids)
         buckets = list(db[self.queue].find(LIVE, {"n": 1, "done": 1}))
         left = {"buckets": len(buckets),
                 "messages": sum(d.get("n", 0) - len(d.get("done", [])) for d in buckets),
@@ -618,6 +622,9 @@ class Harness:
             failures.append("handled-but-unacked records that no kill or lost lease explains")
         if any(left.values()):
             failures.append(f"left behind: {left}")
+        if groups["order_violations"] or groups["overlaps"]:
+            failures.append(f"ordered groups: {groups['order_violations']} order violations, {groups['overlaps']} "
+                            "messages of a group handled at once")
         if self.errors:
             failures.append(f"{len(self.errors)} process errors")
 
@@ -638,6 +645,7 @@ class Harness:
             "unexpected": result["unexpected"],
             "left_behind": left,
             "unacked_pushes": result["unacked_pushes"],
+            "groups": groups,
             "faults": {"consumer_kills": dict(self.faults.consumer_kills),
                        "writer_kills": self.faults.writer_kills,
                        "server_restarts": self.faults.server_restarts,
@@ -791,6 +799,8 @@ def _combine(reports: list[dict[str, Any]]) -> dict[str, Any]:
         total[key] = sum(r[key] or 0 for r in reports)
     total["left_behind"] = {k: sum((r["left_behind"] or {}).get(k, 0) for r in reports)
                             for k in ("buckets", "messages", "dead_letters", "quarantined")}
+    total["groups"] = {k: sum((r["groups"] or {}).get(k, 0) for r in reports)
+                       for k in ("groups", "records", "order_violations", "overlaps", "redelivered")}
     total["throughput"] = {}
     for phase in ("write", "crash_recovery", "drain", "total"):
         rows = [r["throughput"][phase] for r in reports if phase in r["throughput"]]

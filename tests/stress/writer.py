@@ -1,6 +1,9 @@
 """A writer process of the stress harness:
 ``python -m tests.stress.writer URI DB QUEUE --writer W --gen G --target N --log PATH [--die-after-acks K]
-[--unkeyed]``.
+[--unkeyed] [--groups K]``.
+
+With ``--groups K`` every fourth run of seqs is pushed into K ordered groups (``common.ordered_group``), in seq
+order: the harness checks that each group is delivered in that order, one message at a time.
 
 Pushes messages ``(W, G, 0..)`` with up to ``--window`` pushes pending, until ``--target`` of them were
 acknowledged (``push`` returned); each with its dedupe key, or none with ``--unkeyed``. Its log is the harness's
@@ -27,9 +30,9 @@ import sys
 from pymongo import AsyncMongoClient
 
 import bucketq
-from tests.stress.common import LineLog, die, message_key, payload, queue_options
+from tests.stress.common import GROUPED_RUN, LineLog, die, message_key, ordered_group, payload, queue_options
 
-CHUNK = 50
+CHUNK = GROUPED_RUN
 
 
 async def main() -> int:
@@ -48,6 +51,7 @@ async def main() -> int:
     parser.add_argument("--die-after-acks", type=int, default=0)
     parser.add_argument("--rate", type=float, default=0.0, help="pushes per second at most (0: no limit)")
     parser.add_argument("--unkeyed", action="store_true", help="push without dedupe keys")
+    parser.add_argument("--groups", type=int, default=0, help="ordered groups for the even seqs (0: none)")
     args = parser.parse_args()
 
     log = LineLog(args.log)
@@ -64,7 +68,8 @@ async def main() -> int:
         nonlocal acked, failed
         try:
             await q.push(payload(args.writer, args.gen, seq, args.payload_bytes),
-                         key=None if args.unkeyed else message_key(args.writer, args.gen, seq))
+                         key=None if args.unkeyed else message_key(args.writer, args.gen, seq),
+                         group=ordered_group(args.writer, args.gen, seq, args.groups))
         except bucketq.BucketqError as exc:
             failed += 1
             log.write(f"fail {seq} {type(exc).__name__}")

@@ -1,0 +1,101 @@
+"""Ordered groups: the filters and updates of ``Q.groups`` (the queue's counter of places, and one lock document
+per group being served) and of a group bucket's order check, yield and hand-off (docs/FORMAT.md, Ordered groups).
+
+A group bucket takes its place ``s`` from the counter when it is written: one atomic document on the server, so
+a bucket written after another one's write ended comes after it, whatever the writers' clocks say. The counter
+is one for the whole queue, not one per group, so that a group leaves nothing behind in ``Q.groups`` once its
+lock is deleted at the end of its turn: many short-lived groups (order ids) do not pile up documents.
+
+A consumer serves a group bucket only while it holds the group's lock and no earlier bucket of the group is
+live. The lock expires with the bucket's lease (same ``until``, extended first), so a consumer that crashed
+leaves both to expire together. A bucket that must wait is released uncounted and marked ``w`` (waiting). A
+consumer that gives the lock back (its turn ended, or it held it only to find an earlier bucket) unlocks, then
+reads the group's earliest live bucket and wakes it if it is waiting (hand-off); the earliest bucket, if not
+waiting, comes back by itself (its lease or retry time) and hands off in turn. A bucket that yielded to
+someone else's lock reads the lock again once marked: if it is free by then, the hand-off may have read the
+group before the mark, so it hands off itself. Either way one of the two sees the other: nothing waits for a
+timer, which is only the fallback after a crash between two of these writes (``RECHECK``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from bson import ObjectId
+
+from bucketq.core import claims
+
+# A waiting bucket comes back by itself this long after it yielded: only a crash between the writes of a yield
+# or of a hand-off leaves it to that. Short would make every waiting bucket a claim every so often.
+RECHECK = dt.timedelta(seconds=10)
+
+
+# The counter's ``_id``: an int, which no group (a string) can take.
+COUNTER_ID = 0
+
+
+def next_places(count: int) -> tuple[dict, dict]:
+    """(filter, update) of the upsert that takes the next ``count`` places (the last one is ``seq`` after the
+    update). A retry after a lost reply takes others: places may have gaps, never repeats."""
+    return {"_id": COUNTER_ID}, {"$inc": {"seq": count}}
+
+
+def acquire(group: str, token: str, until: dt.datetime, bucket_id: ObjectId,
+            now: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update) of an upsert that takes the lock when it is free or expired. When someone else holds
+    it, the filter matches nothing and the upsert fails as a duplicate key on ``_id``: not acquired."""
+    return ({"_id": group, "$or": [{"token": None}, {"until": {"$lte": now}}]},
+            {"$set": {"token": token, "until": until, "bucket": bucket_id}})
+
+
+def held_by(group: str, token: str) -> dict:
+    """Matches the lock while ``token`` holds it: the only proof that a retried acquire or extension got through,
+    and the filter of the unlock (a delete: a free group has no document)."""
+    return {"_id": group, "token": token}
+
+
+def extend(until: dt.datetime) -> dict:
+    """Extend the lock to the bucket's new lease expiry (written, fenced by ``held_by``, before the bucket's)."""
+    return {"$set": {"until": until}}
+
+
+def earliest_live(group: str) -> tuple[dict, list]:
+    """(filter, sort) of the group's first unfinished bucket: the only one that may be served."""
+    return {"g": group, **claims.LIVE}, [("s", 1)]
+
+
+def wait_release(now: dt.datetime, token: str) -> dict:
+    """Release a bucket that must wait for its group: uncounted (no tries added), marked waiting for a
+    hand-off, and due ``RECHECK`` from now should none come."""
+    update = claims.release(now, token, due=now + RECHECK)
+    update["$set"]["w"] = True
+    return update
+
+
+def release(now: dt.datetime, token: str, done: list[int], *, due: dt.datetime | None,
+            retry_slot: int | None) -> dict:
+    """Release a group bucket that was served: uncounted; a nacked slot (``retry_slot``) gets its try added
+    in ``t`` and holds the bucket, hence its group, until ``due``, its retry time. Not waiting: only its own
+    due time brings it back (a hand-off must not cut a nack's backoff short)."""
+    update = claims.release(now, token, done, due=due)
+    if retry_slot is not None:
+        update["$inc"][f"t.{retry_slot}"] = 1
+    update["$unset"] = {"w": ""}
+    return update
+
+
+def waiting(first: Mapping[str, Any]) -> bool:
+    """Whether the group's earliest live bucket ``first`` waits for a hand-off (else it comes back by itself)."""
+    return bool(first.get("w")) and first.get("lease") is None
+
+
+def free(lock: dict | None, now: dt.datetime) -> bool:
+    """Whether a lock document (or its absence) leaves the group free to take."""
+    return lock is None or lock.get("token") is None or (lock.get("until") is not None and lock["until"] <= now)
+
+
+def wake(bucket_id: ObjectId, now: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update) of the hand-off: the waiting bucket becomes due now, unless claimed meanwhile."""
+    return {"_id": bucket_id, "w": True, "lease": None}, {"$set": {"due": now}, "$unset": {"w": ""}}

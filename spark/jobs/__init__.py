@@ -1,0 +1,1 @@
+"""Example Spark jobs over bucketq queues (not shipped: the installed package is ``bucketq_spark``)."""
