@@ -9,12 +9,11 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from pymongo import ReplaceOne
-from pymongo.errors import PyMongoError
 
 from bucketq import admin
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_option
-from bucketq.connection import connect, redact_uri
+from bucketq.connection import connect
 from bucketq.consumer import Consumer
 from bucketq.core import claims
 from bucketq.core.claims import LIVE, reap
@@ -37,7 +36,7 @@ from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClo
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
-from bucketq.setup import SetUp
+from bucketq.setup import SetUp, every
 from bucketq.store import Store, retrying
 from bucketq.wakeup import Wakeup
 
@@ -158,8 +157,8 @@ class Queue:
         if self._housekeeping is None or self._clock.stale:
             await self._ready()
             if self._housekeeping is None:
-                self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep(),
-                                                                           name="bucketq-housekeeping")
+                self._housekeeping = asyncio.get_running_loop().create_task(
+                    every(HOUSEKEEPING_EVERY_S, self.purge_expired, "housekeeping"), name="bucketq-housekeeping")
         self._consumer_set_up()
 
     def _consumer_set_up(self) -> bool:
@@ -170,15 +169,6 @@ class Queue:
         if self.options.change_streams is not False:
             self._wakeup.start_stream(self._store.buckets, self._clock, required=bool(self.options.change_streams))
         return True
-
-    async def _housekeep(self) -> None:
-        """Apply the retention options now and every ``HOUSEKEEPING_EVERY_S``, in the background."""
-        while True:
-            try:
-                await self.purge_expired()
-            except PyMongoError as exc:
-                log.warning("housekeeping failed, will retry: %s", redact_uri(str(exc)))
-            await asyncio.sleep(HOUSEKEEPING_EVERY_S)
 
     # -- observing -----------------------------------------------------------------------------------------
 

@@ -6,11 +6,17 @@ one burst and share buckets."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pymongo.errors import PyMongoError
+
 from bucketq.clock import ServerClock
-from bucketq.store import retrying
+from bucketq.connection import redact_uri
+from bucketq.store import raise_if_cancelled, retrying
+
+log = logging.getLogger("bucketq")
 
 
 class SetUp:
@@ -35,3 +41,15 @@ class SetUp:
         if write and not self.indexed:
             await retrying(lambda _: self._ensure_indexes(), timeout_s=self._timeout_s)
             self.indexed = True
+
+
+async def every(period_s: float, work: Callable[[], Awaitable[Any]], what: str) -> None:
+    """Run ``work`` now and every ``period_s`` seconds until cancelled (housekeeping); a server error is logged
+    and tried again next time. A cancel swallowed by the driver during ``work`` still stops the loop."""
+    while True:
+        try:
+            await work()
+        except PyMongoError as exc:
+            log.warning("%s failed, will retry: %s", what, redact_uri(str(exc)))
+        raise_if_cancelled()
+        await asyncio.sleep(period_s)

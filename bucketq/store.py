@@ -26,6 +26,15 @@ T = TypeVar("T")
 DUPLICATE_KEY = 11000
 
 
+def raise_if_cancelled() -> None:
+    """Raise ``CancelledError`` when the running task was cancelled. A cancel that arrives during a driver call
+    can come back as a ``PyMongoError``, or not at all; a loop that would retry or sleep on checks here, so that
+    ``close()`` does not wait on it forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def retrying(op: Callable[[bool], Awaitable[T]], *, timeout_s: float) -> T:
     """Run ``op(retry)`` until it succeeds, retrying transient errors with backoff for up to ``timeout_s``.
     ``retry`` tells the operation that an earlier attempt may already have been applied."""
@@ -35,6 +44,7 @@ async def retrying(op: Callable[[bool], Awaitable[T]], *, timeout_s: float) -> T
         try:
             return await op(retry)
         except PyMongoError as exc:
+            raise_if_cancelled()
             wait = schedule.after(exc, time.monotonic())
             if wait is None:
                 raise

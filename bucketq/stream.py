@@ -19,18 +19,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import PyMongoError
 
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
-from bucketq.connection import connect, redact_uri
+from bucketq.connection import connect
 from bucketq.core import stream as core
 from bucketq.core.format import CLAIMS_SUFFIX, MAX_BUCKET_SIZE, POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.stream import GroupState, Position, RetentionCut
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import StreamOptions, check_database, check_names
 from bucketq.producer import Outgoing, Producer
-from bucketq.setup import SetUp
+from bucketq.setup import SetUp, every
 from bucketq.store import Store
 from bucketq.stream_reader import StreamReader
 
@@ -133,7 +132,8 @@ class Stream:
             raise QueueClosed("the stream is closed")
         await self._setup.ready(write=write)
         if write and self._housekeeping is None:
-            self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep(), name="bucketq-retention")
+            self._housekeeping = asyncio.get_running_loop().create_task(
+                every(HOUSEKEEPING_EVERY_S, self.apply_retention, "stream retention"), name="bucketq-retention")
 
     # -- producing -----------------------------------------------------------------------------------------
 
@@ -270,14 +270,6 @@ class Stream:
                                          {"n": 1})
         lost = sum([d.get("n", 0) async for d in unread]) - group.committed.slot
         await self.store.positions.update_one(*core.expire_update(group, floor, max(0, lost), self.clock.now()))
-
-    async def _housekeep(self) -> None:
-        while True:
-            try:
-                await self.apply_retention()
-            except PyMongoError as exc:
-                log.warning("stream retention failed, will retry: %s", redact_uri(str(exc)))
-            await asyncio.sleep(HOUSEKEEPING_EVERY_S)
 
     # -- shutting down -------------------------------------------------------------------------------------
 
