@@ -75,7 +75,7 @@ from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
 from bucketq.queue import Queue
-from bucketq.store import retrying
+from bucketq.store import raise_if_cancelled, retrying
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq.outbox")
@@ -386,6 +386,7 @@ class Outbox:
                         raise
                     log.warning("outbox relay of %s failed, will retry: %s", self.namespace, redact_uri(str(exc)))
                     moved = 0
+                raise_if_cancelled()  # a cancel the driver swallowed during the pass
                 if moved:
                     self._wakeup.hit()
                 else:  # no limit of ours: the poll delay, which backs off (after failed passes too), decides

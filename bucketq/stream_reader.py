@@ -23,6 +23,7 @@ from bucketq.core.claims import new_token, owner_name
 from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Position
 from bucketq.errors import LeaseLost, QueueClosed
 from bucketq.options import check_timeout
+from bucketq.store import raise_if_cancelled
 
 if TYPE_CHECKING:
     from bucketq.stream import Stream
@@ -235,6 +236,7 @@ class StreamReader:
                 await self.flush()
             except PyMongoError:
                 pass  # written at the next flush; a lease lost meanwhile means a redelivery, never a loss
+            raise_if_cancelled()  # a cancel the driver swallowed during the flush
 
     async def close(self) -> None:
         """Write the acks not written yet, hand back the buckets held (their unacked messages go to another reader

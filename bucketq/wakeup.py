@@ -13,6 +13,7 @@ from bson import Timestamp
 from pymongo.errors import PyMongoError
 
 from bucketq.clock import ServerClock
+from bucketq.store import raise_if_cancelled
 
 log = logging.getLogger("bucketq")
 
@@ -75,6 +76,7 @@ class Wakeup:
                 while True:
                     asked = time.monotonic()
                     event = await stream.try_next()
+                    raise_if_cancelled()  # a cancel the driver swallowed: stop() waits for this task
                     self.streaming = self._ever_streamed = True
                     if event is not None:
                         self.notify()
