@@ -36,7 +36,7 @@ from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClo
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
-from bucketq.setup import SetUp, every
+from bucketq.setup import SetUp, every, stop
 from bucketq.store import Store, retrying
 from bucketq.wakeup import Wakeup
 
@@ -374,9 +374,7 @@ class Queue:
             await self.drain()
         finally:
             self._closed = True
-            if self._housekeeping is not None:
-                self._housekeeping.cancel()
-                await asyncio.gather(self._housekeeping, return_exceptions=True)
+            await stop(self._housekeeping)
             await self._wakeup.stop()
             await self._connection.close()
 

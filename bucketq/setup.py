@@ -53,3 +53,10 @@ async def every(period_s: float, work: Callable[[], Awaitable[Any]], what: str) 
             log.warning("%s failed, will retry: %s", what, redact_uri(str(exc)))
         raise_if_cancelled()
         await asyncio.sleep(period_s)
+
+
+async def stop(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task (an ``every`` loop) and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

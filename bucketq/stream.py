@@ -29,7 +29,7 @@ from bucketq.core.stream import GroupState, Position, RetentionCut
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import StreamOptions, check_database, check_names
 from bucketq.producer import Outgoing, Producer
-from bucketq.setup import SetUp, every
+from bucketq.setup import SetUp, every, stop
 from bucketq.store import Store
 from bucketq.stream_reader import StreamReader
 
@@ -285,9 +285,7 @@ class Stream:
             await self.drain()
         finally:
             self._closed = True
-            if self._housekeeping is not None:
-                self._housekeeping.cancel()
-                await asyncio.gather(self._housekeeping, return_exceptions=True)
+            await stop(self._housekeeping)
             await self._connection.close()
 
     async def _close_readers(self) -> None:
