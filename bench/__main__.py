@@ -41,11 +41,17 @@ def _run(cfg: plan.Settings, srv: Server, keuss_problem: str | None) -> list[dic
     # The contenders of one cell (scenario, payload, processes, w) always share one server instance.
     for _, cell in itertools.groupby(numbered, key=lambda item: item[1].cell):
         cell = [(number, job) for number, job in cell if runnable(job)]
-        if srv.make_room(sum(job.bytes_written for _, job in cell)):
+        if srv.make_room(cfg.rounds * sum(job.bytes_written for _, job in cell)):
             print("restarted the embedded test server (its in-memory oplog keeps every write)", file=sys.stderr)
             warm_up()
-        for number, job in cell:
-            rows.append(runner.run_job(job, cfg, srv, f"[{number:>2}/{len(jobs)}]"))
+        # Rounds interleave the contenders, so that a slow minute of the machine falls on all of them; one run
+        # of a job lasts a fraction of a second, and single runs of the same cell varied by a third.
+        rounds: dict[int, list[dict]] = {number: [] for number, _ in cell}
+        for round_ in range(1, cfg.rounds + 1):
+            for number, job in cell:
+                of = f" {round_}/{cfg.rounds}" if cfg.rounds > 1 else ""
+                rounds[number].append(runner.run_job(job, cfg, srv, f"[{number:>2}/{len(jobs)}{of}]"))
+        rows += [runner.median_round(rounds[number]) for number, _ in cell]
     rows += [plan.skip_row(job, keuss_problem or "") for job in jobs if not runnable(job)]
     if "spark" in cfg.scenarios:
         skipped += spark_read.rows(cfg, srv)

@@ -17,6 +17,7 @@ JSON_OVERHEAD = 45  # bytes of {"ts":1763837000.123456,"i":123456,"pad":""} arou
 class Settings:
     quick: bool
     warmup: bool
+    rounds: int  # each cell's jobs run this many times, interleaved; the median round is reported
     contenders: tuple[str, ...]
     scenarios: tuple[str, ...]
     payloads: tuple[int, ...]
@@ -82,7 +83,7 @@ def _names(allowed: tuple[str, ...]):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="the ~2-minute version")
+    parser.add_argument("--quick", action="store_true", help="the ~3.5-minute version")
     parser.add_argument("--contenders", type=_names(ALL), help=f"comma list of {','.join(ALL)}")
     parser.add_argument("--scenarios", type=_names(ALL_SCENARIOS), help=f"comma list of {','.join(ALL_SCENARIOS)}")
     parser.add_argument("--payloads", type=_ints, help="payload sizes in bytes, e.g. 100,1024,10240")
@@ -91,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--naive-messages", type=int, help="messages per job for the naive queue")
     parser.add_argument("--concurrency", type=int, help="consumer tasks/threads per process")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up rounds")
+    parser.add_argument("--rounds", type=int, help="runs of each cell (median reported; default 3)")
 
 
 def settings(args: argparse.Namespace) -> Settings:
@@ -99,6 +101,7 @@ def settings(args: argparse.Namespace) -> Settings:
     return Settings(
         quick=quick,
         warmup=not args.no_warmup,
+        rounds=max(1, args.rounds or 3),
         contenders=args.contenders or ALL,
         scenarios=args.scenarios or ALL_SCENARIOS,
         payloads=args.payloads or ((1024,) if quick else (100, 1024, 10240)),

@@ -207,6 +207,19 @@ def aggregate(job: Job, results: list[dict], concurrency: int) -> dict:
     return row
 
 
+def median_round(rounds: list[dict]) -> dict:
+    """The row of the round with the median throughput (the lower middle of an even count), noting every
+    round's; the first failed round's row if any failed."""
+    failed = [r for r in rounds if r["msgs_per_s"] is None]
+    if failed or len(rounds) == 1:
+        return (failed or rounds)[0]
+    ordered = sorted(rounds, key=lambda r: r["msgs_per_s"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    spread = ", ".join(f"{r['msgs_per_s']:,.0f}" for r in rounds)
+    row["notes"] = "; ".join(n for n in (row.get("notes"), f"median of {len(rounds)} rounds ({spread} msgs/s)") if n)
+    return row
+
+
 def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
     """Run one job; tag (e.g. "[ 3/21]") starts its progress line."""
     queue_name = f"{job.contender}_{job.scenario}"
