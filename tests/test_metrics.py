@@ -146,7 +146,9 @@ def test_counting_allocates_nothing_per_call(reader):
     assert isinstance(otel_metrics, metrics.OtelMetrics)
     plan = FlushPlan(ObjectId(), "token", {0: SlotState.ACKED, 1: SlotState.RETRY})
     for recorder in (metrics.NOOP, otel_metrics):
-        assert _growth(lambda r=recorder: r.consumed(1)) < 512  # 20,000 calls: anything kept per call would show
-        assert _growth(lambda r=recorder: r.flushed(plan, True)) < 512
+        # 20,000 calls: a byte kept per call would show as 20,000. The bound leaves room for a transient peak
+        # (an interpreter cache, a dict resized): one run of the fresh-clone CI measured exactly 512.
+        assert _growth(lambda r=recorder: r.consumed(1)) < 4096
+        assert _growth(lambda r=recorder: r.flushed(plan, True)) < 4096
     totals = metrics._TOTALS["events", "allocation-test"]
     assert (totals.consumed, totals.acked, totals.nacked) == (20_001, 20_001, 20_001)  # each call counted
