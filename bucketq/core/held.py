@@ -110,9 +110,9 @@ class HeldBucket:
     def __init__(self, bucket: StoredBucket, token: str, lease_until: dt.datetime, policy: Policy) -> None:
         self.bucket = bucket
         self.token = token
+        self.lease_until = lease_until
         self.policy = policy
         self._margin = dt.timedelta(seconds=policy.lease * policy.safety)  # see lease_ending
-        self.lease_until = lease_until
         self.lost = False
         self.ended = False
         self.giving_back = False  # a drain is releasing the bucket: no more resolutions
@@ -128,16 +128,6 @@ class HeldBucket:
         self._serving: int | None = None
         self.held_back: int | None = None
 
-    @property
-    def lease_until(self) -> dt.datetime:
-        """The lease expiry the server last applied."""
-        return self._lease_until
-
-    @lease_until.setter
-    def lease_until(self, until: dt.datetime) -> None:
-        self._lease_until = until
-        self._ending_at = until - self._margin  # checked once a message served: computed once a lease
-
     # -- serving -------------------------------------------------------------------------------------------
 
     def tries(self, slot: int) -> int:
@@ -146,7 +136,7 @@ class HeldBucket:
 
     def lease_ending(self, now: dt.datetime) -> bool:
         """Lost, ended, or within the safety margin of the lease expiry the server last applied."""
-        return self.lost or self.ended or now >= self._ending_at
+        return self.lost or self.ended or now >= self.lease_until - self._margin
 
     def serve(self, now: dt.datetime) -> int | None:
         """The next slot to hand out, marked SERVED; None when nothing is left or the lease is ending.
