@@ -76,7 +76,7 @@ from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
 from bucketq.queue import Queue
 from bucketq.store import raise_if_cancelled, retrying
-from bucketq.wakeup import Wakeup
+from bucketq.wakeup import WITHOUT_BODIES, Wakeup
 
 log = logging.getLogger("bucketq.outbox")
 
@@ -292,7 +292,8 @@ class _Changes:
     async def watch(self, pipeline: list[dict], **kwargs: Any) -> Any:
         match = {"operationType": {"$in": ["insert", "update", "replace"]}, f"fullDocument.{self._field}.0":
                  {"$exists": True}}
-        return await self._collection.watch([{"$match": match}], full_document="updateLookup", **kwargs)
+        return await self._collection.watch([{"$match": match}, WITHOUT_BODIES], full_document="updateLookup",
+                                            **kwargs)
 
 
 class Outbox:

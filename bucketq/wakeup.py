@@ -24,6 +24,11 @@ POLL_WITH_STREAM_S = 1.0
 # maxAwaitTimeMS; an empty answer that came back this fast is followed by this pause, not by a busy loop.
 STREAM_QUICK_EMPTY_S = 0.01
 STREAM_PAUSE_S = 0.04
+# A wake-up needs to know that a change happened, not what it stored. Without this stage every event carries
+# its whole document (a bucket: up to 16 MiB): a batch of them overflows one reply (the test server's 48 MB),
+# and real MongoDB refuses an event over 16 MiB.
+WITHOUT_BODIES = {"$project": {"operationType": 1}}
+WATCH_INSERTS = [{"$match": {"operationType": "insert"}}, WITHOUT_BODIES]
 
 
 class Wakeup:
@@ -70,7 +75,7 @@ class Wakeup:
         # that leave operationTime out of their replies; a second back covers a small clock error.
         start = Timestamp(int(clock.now().timestamp()) - 1, 0)
         try:
-            stream = await collection.watch([{"$match": {"operationType": "insert"}}], start_at_operation_time=start,
+            stream = await collection.watch(WATCH_INSERTS, start_at_operation_time=start,
                                             max_await_time_ms=1000)
             try:
                 while True:

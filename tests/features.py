@@ -8,8 +8,10 @@ and partial indexes are probed by behaviour.
 
 from __future__ import annotations
 
+import time
 import uuid
 
+from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
@@ -31,6 +33,13 @@ def server_features(uri: str) -> frozenset[str]:
             probe.p.insert_many([{"x": 1}, {"x": 2}])  # two docs without k: rejected unless really partial
             found.add("partial_indexes")
         except (DuplicateKeyError, OperationFailure):
+            pass
+        try:
+            # a start time, as bucketq gives: the test server leaves operationTime out of its replies
+            with probe.p.watch(max_await_time_ms=1, start_at_operation_time=Timestamp(int(time.time()), 0)) as stream:
+                stream.try_next()
+            found.add("change_streams")
+        except OperationFailure:
             pass
         finally:
             client.drop_database(probe.name)

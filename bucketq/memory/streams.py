@@ -13,7 +13,7 @@ import bson
 from bson import Timestamp
 from pymongo.errors import InvalidOperation
 
-from bucketq.memory.engine import STORED, Unsupported, compare, matches
+from bucketq.memory.engine import STORED, Unsupported, aggregate_documents, compare
 
 
 class Streams:
@@ -41,17 +41,17 @@ class Streams:
 
 
 class ChangeStream:
-    """Insert events of one collection (the only ``$match``-filtered events this database makes)."""
+    """Insert events of one collection (the only events this database makes), through ``$match`` and
+    ``$project`` stages."""
 
     def __init__(self, streams: Streams, database: str, collection: str, pipeline: list[Mapping[str, Any]],
                  max_await_s: float, start: Timestamp | None) -> None:
         self._streams = streams
         self._ns = {"db": database, "coll": collection}
-        self._filters = []
         for stage in pipeline:
-            if set(stage) != {"$match"}:
-                raise Unsupported("change streams of bucketq.memory take $match stages only")
-            self._filters.append(stage["$match"])
+            if set(stage) - {"$match", "$project"}:
+                raise Unsupported("change streams of bucketq.memory take $match and $project stages only")
+        self._pipeline = pipeline
         self._max_await_s = max_await_s
         self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         if start is not None:
@@ -67,8 +67,8 @@ class ChangeStream:
         doc = bson.decode(raw, codec_options=STORED)
         event = {"_id": {"_data": f"{at.time:08x}{at.inc:08x}"}, "operationType": "insert", "clusterTime": at,
                  "ns": dict(self._ns), "documentKey": {"_id": doc["_id"]}, "fullDocument": doc}
-        if all(matches(event, f) for f in self._filters):
-            self._events.put_nowait(event)
+        for passed in aggregate_documents([event], self._pipeline):
+            self._events.put_nowait(dict(passed))
 
     async def try_next(self) -> dict[str, Any] | None:
         if not self.alive:
