@@ -28,7 +28,7 @@ class Settings:
     codec_messages: int
     byte_budget: int  # caps messages x payload per job (the test server keeps everything in memory)
     concurrency: int  # consumer tasks/threads per process (and naive producer threads)
-    window: int  # un-acknowledged pushes per process (bucketq, keuss)
+    window: int  # un-acknowledged pushes per process (bucketq, keuss, floor)
     idle_s: float  # a consumer stops after the producers are done and nothing came for this long
     bucket_max_size: int
     bucket_max_wait_s: float

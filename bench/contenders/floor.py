@@ -1,10 +1,10 @@
 """The floor: what the server and the codec allow at best, with no queue logic at all.
 
 push: bucket documents (``bucket_max_size`` orjson-encoded messages each), built and BSON-encoded before
-the clock starts, inserted with one insert_many. consume: find_one_and_delete per bucket plus orjson
-decoding of its messages. latency: the round trip of one insert, sequential insert_one calls of pre-encoded
-one-message buckets through the async driver bucketq uses. encode / decode: orjson alone on the payloads,
-no server.
+the clock starts, inserted by insert_many calls of ``window`` messages (the other contenders' limit of
+un-acknowledged pushes). consume: find_one_and_delete per bucket plus orjson decoding of its messages.
+latency: the round trip of one insert, sequential insert_one calls of pre-encoded one-message buckets
+through the async driver bucketq uses. encode / decode: orjson alone on the payloads, no server.
 """
 
 from __future__ import annotations
@@ -30,24 +30,29 @@ def _open(ctx: Ctx) -> tuple[MongoClient, Collection]:
     return client, client[s["db"]][s["queue"]]
 
 
-def _buckets(ctx: Ctx, size: int) -> list[RawBSONDocument]:
-    """The spec's messages as buckets of ``size`` messages, BSON-encoded."""
+def _buckets(ctx: Ctx, size: int) -> list[tuple[RawBSONDocument, int]]:
+    """The spec's messages as buckets of at most ``size`` messages, BSON-encoded, each with its count."""
     total = ctx.spec["messages"]
     now = dt.datetime.now(dt.timezone.utc)
     docs = []
     for n in split(total, -(-total // size) or 1):
         msgs = [orjson.dumps(payload(i, ctx.pad)) for i in range(n)]
-        docs.append(RawBSONDocument(bson.encode({"_id": bson.ObjectId(), "mature": now, "n": n, "b": msgs})))
+        docs.append((RawBSONDocument(bson.encode({"_id": bson.ObjectId(), "mature": now, "n": n, "b": msgs})), n))
     return docs
 
 
 def push(ctx: Ctx) -> None:
+    """The buckets in insert_many calls of ``window`` messages: no more un-acknowledged at a time than the
+    other contenders may have."""
     client, coll = _open(ctx)
-    docs = _buckets(ctx, ctx.spec["bucket_max_size"])
+    size = ctx.spec["bucket_max_size"]
+    buckets = _buckets(ctx, size)
+    per_call = max(1, ctx.spec["window"] // size)
+    calls = [buckets[k:k + per_call] for k in range(0, len(buckets), per_call)]
     ctx.go()
-    if docs:
-        coll.insert_many(docs)
-    ctx.mark(ctx.spec["messages"])
+    for call in calls:
+        coll.insert_many([doc for doc, _ in call])
+        ctx.mark(sum(n for _, n in call))
     ctx.stop()
     client.close()
 
@@ -56,10 +61,10 @@ async def _insert_round_trips(ctx: Ctx) -> None:
     s = ctx.spec
     client: AsyncMongoClient = AsyncMongoClient(s["uri"], event_listeners=[ctx.commands], w=write_concern(s))
     coll = client[s["db"]][s["queue"]]
-    docs = _buckets(ctx, 1)
+    buckets = _buckets(ctx, 1)
     await coll.insert_one({"warm": True})  # the connection is up before the clock starts
     await asyncio.to_thread(ctx.go)
-    for doc in docs:
+    for doc, _ in buckets:
         started = time.perf_counter()
         await coll.insert_one(doc)
         ctx.sample(started)
