@@ -3,7 +3,7 @@
 Used to skip (with the reason printed) tests that need what mongo-java-server lacks; never to fake them.
 mongo-java-server accepts TTL and partial index options and then ignores them, so their presence in
 ``listIndexes`` proves nothing: TTL is credited to real mongod servers only (``buildInfo.gitVersion``),
-and partial indexes are probed by behaviour.
+and partial indexes and change streams (which a standalone mongod refuses) are probed by behaviour.
 """
 
 from __future__ import annotations
