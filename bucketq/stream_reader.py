@@ -176,6 +176,14 @@ class StreamReader:
                                                                  return_document=ReturnDocument.AFTER)
         except DuplicateKeyError:  # another reader holds it, or finished it meanwhile
             return False
+        # ``group`` was read before the scan. If another reader finished this bucket since and the group committed
+        # past it, its final claim may already be deleted (claims behind the position are, ``apply_retention``),
+        # and this upsert made a fresh one: the bucket would be read twice. The position passes a bucket only once
+        # its claim is final, and such claims are deleted only after that, so the position read now tells. A
+        # claim dropped here is behind the position: no reader looks at it, and retention deletes it.
+        current = await self._group()
+        if current.epoch != group.epoch or current.committed.seq > seq:
+            return True
         doc = await self._store.buckets.find_one({"_id": seq})
         if doc is None:  # deleted by retention since the scan: the next scan moves the group past it
             return True

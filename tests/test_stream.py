@@ -116,9 +116,11 @@ async def test_lag_counts_unacked_messages_and_their_age(make_stream):
 async def test_reset_replays_from_a_position_a_time_or_the_beginning_and_skips_to_the_end(make_stream):
     stream = make_stream()
     await stream.push_many(["a", "b", "c"])
-    await asyncio.sleep(0.05)
+    # ``created`` comes from the stream's estimate of the server's clock, ``middle`` from ours: a margin wider
+    # than the estimate's error (half a clock sync's round trip, which a loaded machine stretches)
+    await asyncio.sleep(0.25)
     middle = dt.datetime.now(dt.timezone.utc)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.25)
     positions = await stream.push_many(["d", "e"])
     reader = stream.reader("g", start="beginning")
     assert len(await read_all(reader)) == 5
@@ -290,6 +292,33 @@ async def test_a_lost_reply_on_the_finish_of_a_bucket_counts_as_applied(make_str
     assert lost.hits == 1
     assert await reader.read(timeout=0.2) is None
     assert (await stream.stats())["groups"]["g"]["position"] == "2:0"
+
+
+async def test_a_reader_whose_scan_is_overtaken_by_a_commit_and_retention_does_not_read_the_bucket_again(
+        make_stream, memory_db):
+    # The late reader reads the group's position, then (held back here) its claims: meanwhile the other reader
+    # finishes bucket 1, the group commits past it, and retention deletes that final claim behind the position.
+    # The late reader's upsert then makes a fresh claim on bucket 1; without reading the position again it would
+    # deliver "a" and "b" a second time (the stress run saw a whole bucket read twice).
+    stream = make_stream(target=memory_db, bucket_max_size=2)
+    await stream.push_many(["a", "b"])
+    await stream.push_many(["c", "d"])
+    first = stream.reader("g", start="beginning")
+    late = stream.reader("g", start="beginning")
+    gate = asyncio.Event()
+    held = memory_db.faults.delay("find", collection="ev.claims", until=gate)
+    scanning = asyncio.ensure_future(late.read_many(10, timeout=1))
+    while held.hits == 0:
+        await asyncio.sleep(0.01)
+    got = await first.read_many(2, timeout=1)
+    for message in got:
+        await message.ack()
+    assert [m.payload for m in got] == ["a", "b"]
+    assert memory_db.sync["ev.positions"].find_one({"_id": "g"})["s"] == 2
+    await stream.apply_retention()
+    assert memory_db.sync["ev.claims"].count_documents({"s": 1}) == 0
+    gate.set()
+    assert [m.payload for m in await scanning] == ["c", "d"]
 
 
 async def test_options_are_validated(make_stream):
