@@ -75,8 +75,7 @@ class Wakeup:
         # that leave operationTime out of their replies; a second back covers a small clock error.
         start = Timestamp(int(clock.now().timestamp()) - 1, 0)
         try:
-            stream = await collection.watch(WATCH_INSERTS, start_at_operation_time=start,
-                                            max_await_time_ms=1000)
+            stream = await collection.watch(WATCH_INSERTS, start_at_operation_time=start, max_await_time_ms=1000)
             try:
                 while True:
                     asked = time.monotonic()
