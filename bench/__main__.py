@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server: {srv.label}", file=sys.stderr)
         rows = _run(cfg, srv, keuss_problem)
     report.add_ratios(rows)
+    report.add_ceilings(rows, os.cpu_count() or 1)
     out = report.RESULTS / "latest.json"
     report.write_json(rows, srv.label, out)
     print(report.table(rows, srv.label, srv.real_mongod))

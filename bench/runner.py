@@ -19,10 +19,11 @@ from pymongo.errors import PyMongoError
 from bench import contenders
 from bench.plan import Job, Settings, pad_len
 from bench.server import DB, Server
-from bench.worker import split
+from bench.worker import interpolate, split
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_GRACE_S = 10.0
+SERVER_CPU_EVERY_S = 0.05  # /proc read of the server's CPU: the timed span's figure is interpolated between these
 
 
 class Worker:
@@ -107,8 +108,12 @@ class Progress:
         sys.stderr.flush()
 
 
-def _run_workers(job: Job, specs: list[dict], progress: Progress, phase: str, timeout_s: float) -> list[dict]:
+def _run_workers(job: Job, specs: list[dict], progress: Progress, phase: str, timeout_s: float,
+                 server: Server) -> tuple[list[dict], list[tuple[float, float]]]:
+    """The workers' results, and (time, server CPU seconds) samples taken while they ran (none if the server's
+    CPU cannot be read here)."""
     inbox: queue.Queue = queue.Queue()
+    server_cpu: list[tuple[float, float]] = []
     workers = [Worker(job.contender, spec, inbox) for spec in specs]
     deadline = time.monotonic() + timeout_s
     went = False
@@ -130,11 +135,21 @@ def _run_workers(job: Job, specs: list[dict], progress: Progress, phase: str, ti
             if not went and any(w.result is not None for w in workers):
                 break  # one failed during setup: do not start the others
             progress.show(sum(w.progress for w in workers), phase)
+            _sample(server_cpu, server)
     finally:
         for w in workers:
             w.send("quit")  # unblocks a worker still waiting for go
             w.finish()
-    return [w.result or {"error": "did not start (another worker failed during setup)"} for w in workers]
+    _sample(server_cpu, server, every_s=0.0)
+    return [w.result or {"error": "did not start (another worker failed during setup)"} for w in workers], server_cpu
+
+
+def _sample(samples: list[tuple[float, float]], server: Server, every_s: float = SERVER_CPU_EVERY_S) -> None:
+    now = time.time()
+    if not samples or now - samples[-1][0] >= every_s:
+        cpu = server.cpu_s()
+        if cpu is not None:
+            samples.append((now, cpu))
 
 
 def _spec(cfg: Settings, server: Server, job: Job, role: str, messages: int, index: int, queue_name: str) -> dict:
@@ -163,7 +178,10 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def aggregate(job: Job, results: list[dict], concurrency: int) -> dict:
+def aggregate(job: Job, results: list[dict], concurrency: int,
+              server_cpu: list[tuple[float, float]] | None = None) -> dict:
+    """One row from the workers' results; ``server_cpu`` samples (from ``_run_workers``) give the server's CPU
+    over the timed span."""
     row: dict = {
         "contender": job.contender,
         "scenario": job.scenario,
@@ -179,7 +197,6 @@ def aggregate(job: Job, results: list[dict], concurrency: int) -> dict:
         row["notes"] = "error: " + "; ".join(sorted(set(errors)))
         return row
     messages = sum(r["messages"] for r in results)
-    seconds = max(r["t_end"] for r in results) - min(r["t_start"] for r in results)
     commands = None if any(r["commands"] is None for r in results) else sum(r["commands"] for r in results)
     latencies = sorted(x for r in results for x in r.get("latencies_ms", []))
     names: Counter[str] = Counter()
@@ -189,17 +206,22 @@ def aggregate(job: Job, results: list[dict], concurrency: int) -> dict:
     if messages != job.messages:
         notes.append(f"INCOMPLETE: {messages:,} of {job.messages:,} messages")
     per_k = 1000.0 / messages if messages else None
+    t_start, t_end = min(r["t_start"] for r in results), max(r["t_end"] for r in results)
+    covered = server_cpu and server_cpu[0][0] <= t_start and server_cpu[-1][0] >= t_end
+    server_s = interpolate(server_cpu, t_end) - interpolate(server_cpu, t_start) if covered else None
     row.update(
-        msgs_per_s=messages / seconds if seconds > 0 and messages else None,
+        msgs_per_s=messages / (t_end - t_start) if t_end > t_start and messages else None,
         commands_per_1000=commands * per_k if commands is not None and per_k else None,
         cpu_s_per_1000=sum(r["cpu_s"] for r in results) * per_k if per_k else None,
+        server_cpu_s_per_1000=server_s * per_k if server_s is not None and per_k else None,
+        client_cores=job.processes,  # one event loop per worker process: a core each at most
         peak_rss_mb=sum(r["peak_rss_mb"] for r in results),
         p50_ms=_percentile(latencies, 0.50),
         p99_ms=_percentile(latencies, 0.99),
         latency_mean_ms=statistics.fmean(latencies) if latencies else None,
         messages=messages,
         complete=messages == job.messages,
-        seconds=seconds,
+        seconds=t_end - t_start,
         commands=commands,
         command_names=dict(names) if commands is not None else None,
         notes="; ".join(notes),
@@ -228,7 +250,7 @@ def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
         server.drop_bench_db()
         if job.scenario in ("consume", "consume_batch"):
             fill_spec = _spec(cfg, server, job, "fill", job.messages, 0, queue_name)
-            fill = _run_workers(job, [fill_spec], progress, "fill ", cfg.job_timeout_s)
+            fill, _ = _run_workers(job, [fill_spec], progress, "fill ", cfg.job_timeout_s, server)
             if fill[0].get("error"):
                 row = aggregate(job, [{"error": "prefill failed: " + fill[0]["error"]}], cfg.concurrency)
                 progress.close(row["notes"][:120])
@@ -237,7 +259,8 @@ def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
             _spec(cfg, server, job, job.scenario, n, k, queue_name)
             for k, n in enumerate(split(job.messages, job.processes))
         ]
-        row = aggregate(job, _run_workers(job, specs, progress, "", cfg.job_timeout_s), cfg.concurrency)
+        results, server_cpu = _run_workers(job, specs, progress, "", cfg.job_timeout_s, server)
+        row = aggregate(job, results, cfg.concurrency, server_cpu)
         server.drop_bench_db()
     except PyMongoError as exc:  # the server went away: this row says so, the run goes on
         row = aggregate(job, [{"error": f"server: {type(exc).__name__}: {str(exc)[:200]}"}], cfg.concurrency)

@@ -32,6 +32,10 @@ class Server:
     embedded: Any = None  # the TestServer started here, if any
     written_bytes: int = 0
 
+    def cpu_s(self) -> float | None:
+        """The embedded server's CPU seconds so far (all its threads: JIT and GC too); None for any other."""
+        return process_cpu_s(self.embedded.pid if self.embedded is not None else None)
+
     def drop_bench_db(self) -> None:
         with contextlib.closing(MongoClient(self.uri, serverSelectionTimeoutMS=10_000)) as client:
             client.drop_database(DB)
@@ -55,6 +59,18 @@ class Server:
         self.embedded.restart()
         self.written_bytes = job_bytes
         return True
+
+
+def process_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), None if unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _mongo_java_server_version() -> str:

@@ -28,7 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench.plan import Job, Settings, skip_row
-from bench.server import Server, server
+from bench.server import Server, process_cpu_s, server
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -85,18 +85,6 @@ def _summary(df: DataFrame) -> DataFrame:
                             F.sum(F.length("pad")).alias("pad"))
 
 
-def _cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), None if unknown."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _same_rows(a: DataFrame, b: DataFrame) -> None:
     """Raises unless ``a`` and ``b`` hold the same decoded rows (as multisets)."""
     for left, right, name in ((a, b, "bucketq"), (b, a, "naive")):
@@ -115,7 +103,8 @@ def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, 
 
     Returns ``{"messages", "payload_bytes", "bucket_size", "partitions", "rounds",
     "bucketq": {"docs", "partitions", "rows", "seconds", "rows_per_s", "median_s", "spark_cpu_s",
-    "server_cpu_s"}, "naive": {...}, "speedup", "median_speedup"}``: ``seconds`` is the best read,
+    "server_cpu_s", "best_cpu_s"}, "naive": {...}, "speedup", "median_speedup"}``: ``seconds`` is the best read
+    (``best_cpu_s``: its Spark and server CPU seconds),
     ``speedup`` = bucketq rows/s over naive rows/s (best reads), ``median_speedup`` the median of the rounds'
     ratios (each round reads both), CPU seconds are per read, median, of the Spark JVM and of the server
     (``server_pid``, when it runs here). With ``cleanup`` both collections are dropped after.
@@ -151,11 +140,11 @@ def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, 
         expected = None
         for round_ in range(1 + max(1, repeats)):
             for name, (make, _) in layouts.items():
-                cpu_before = _cpu_seconds(spark_pid), _cpu_seconds(server_pid)
+                cpu_before = process_cpu_s(spark_pid), process_cpu_s(server_pid)
                 started = time.perf_counter()
                 row = _summary(make()).collect()[0].asDict()
                 elapsed = time.perf_counter() - started
-                cpu_after = _cpu_seconds(spark_pid), _cpu_seconds(server_pid)
+                cpu_after = process_cpu_s(spark_pid), process_cpu_s(server_pid)
                 if row["n"] != n_messages or (expected is not None and row != expected):
                     raise AssertionError(f"{name}: read {row}, expected {expected or n_messages} rows")
                 expected = row
@@ -173,7 +162,8 @@ def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, 
                          "rows": n_messages, "seconds": best, "rows_per_s": n_messages / best if best else 0.0,
                          "median_s": statistics.median(seconds[name]),
                          "spark_cpu_s": statistics.median(spark_cpu) if spark_cpu else None,
-                         "server_cpu_s": statistics.median(server_cpu) if server_cpu else None}
+                         "server_cpu_s": statistics.median(server_cpu) if server_cpu else None,
+                         "best_cpu_s": cpu[name][seconds[name].index(best)]}
         out["speedup"] = out["naive"]["seconds"] / out["bucketq"]["seconds"]
         out["median_speedup"] = statistics.median(n / b for b, n in zip(seconds["bucketq"], seconds["naive"],
                                                                           strict=True))
@@ -221,9 +211,13 @@ def rows(cfg: Settings, server: Server) -> list[dict]:
         row = skip_row(job, f"rows/s reading {LAYOUTS[contender]} through the Spark connector (best of "
                             f"{figures['rounds']}; paired-round median bucketq/naive {figures['median_speedup']:.2f}x; "
                             "both layouts' decoded rows checked equal)")
-        row["msgs_per_s"] = figures[contender]["rows_per_s"]
-        row["seconds"] = figures[contender]["seconds"]
-        row["documents"] = figures[contender]["docs"]
+        read = figures[contender]
+        row["msgs_per_s"] = read["rows_per_s"]
+        row["seconds"] = read["seconds"]
+        row["documents"] = read["docs"]
+        for field, cpu in zip(("cpu_s_per_1000", "server_cpu_s_per_1000"), read["best_cpu_s"], strict=True):
+            row[field] = None if cpu is None else cpu * 1000.0 / read["rows"]  # the CPU of the read whose rate this is
+        row["client_cores"] = os.cpu_count() or 1  # local[*]: Spark's tasks run on every core
         out.append(row)
     return out
 

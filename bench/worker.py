@@ -85,7 +85,7 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _interpolate(samples: list[tuple[float, float]], t: float) -> float:
+def interpolate(samples: list[tuple[float, float]], t: float) -> float:
     """The value at time t, linearly between the (time, value) samples around it."""
     before = max((s for s in samples if s[0] <= t), default=samples[0])
     after = min((s for s in samples if s[0] >= t), default=samples[-1])
@@ -146,7 +146,7 @@ class Ctx:
         message (so the idle wait and its polling count neither as time, nor as commands, nor as CPU)."""
         now, cpu = time.time(), _cpu_s()
         self._t_end = self._t_last if at_last_mark else now
-        self._cpu = _interpolate([*self._cpu_samples, (now, cpu)], self._t_end) - self._cpu_samples[0][1]
+        self._cpu = interpolate([*self._cpu_samples, (now, cpu)], self._t_end) - self._cpu_samples[0][1]
         self._windows.append((self._t0, self._t_end))
         self._stopped.set()
 

@@ -1,0 +1,74 @@
+"""The bench's arithmetic: the server's CPU over a job's timed span, and the CPU ceiling the report sets
+beside a missed goal."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.plan import Job
+from bench.report import add_ceilings, goals
+from bench.runner import aggregate
+
+
+def _result(t_start: float, t_end: float, messages: int = 1000, cpu_s: float = 0.5) -> dict:
+    return {"messages": messages, "t_start": t_start, "t_end": t_end, "cpu_s": cpu_s, "peak_rss_mb": 50.0,
+            "commands": 3, "command_names": {"insert": 3}, "latencies_ms": [], "notes": ""}
+
+
+def _row(contender: str, rate: float, client: float | None = None, server: float | None = None,
+         processes: int = 1) -> dict:
+    return {"contender": contender, "scenario": "push", "payload_bytes": 1024, "processes": processes,
+            "write_concern": "1", "msgs_per_s": rate, "cpu_s_per_1000": client, "server_cpu_s_per_1000": server,
+            "client_cores": processes}
+
+
+def test_the_server_cpu_of_a_job_is_interpolated_over_its_timed_span() -> None:
+    job = Job("bucketq", "push", 1024, 2, 2000)
+    # Two workers timed from 10.0 to 12.0 s; the server's CPU was read at 9 s (100 s) and 13 s (104 s).
+    row = aggregate(job, [_result(10.0, 11.5), _result(10.5, 12.0)], 16, [(9.0, 100.0), (13.0, 104.0)])
+    assert row["msgs_per_s"] == pytest.approx(1000.0)
+    assert row["server_cpu_s_per_1000"] == pytest.approx(1.0)  # 2 s of server CPU for 2,000 messages
+    assert row["cpu_s_per_1000"] == pytest.approx(0.5)
+    assert row["client_cores"] == 2
+
+
+def test_no_server_cpu_unless_the_samples_cover_the_timed_span() -> None:
+    job = Job("bucketq", "push", 1024, 1, 1000)
+    assert aggregate(job, [_result(10.0, 12.0)], 16, [(10.5, 100.0), (13.0, 104.0)])["server_cpu_s_per_1000"] is None
+    assert aggregate(job, [_result(10.0, 12.0)], 16, [])["server_cpu_s_per_1000"] is None
+
+
+def test_the_ceiling_is_the_tighter_of_the_shared_cores_and_one_core_per_client_process() -> None:
+    shared = _row("bucketq", 90_000, client=0.008, server=0.010)
+    client_bound = _row("bucketq", 90_000, client=0.010, server=0.001)
+    two_processes = _row("bucketq", 90_000, client=0.010, server=0.001, processes=2)
+    unknown = _row("bucketq", 90_000, client=0.008)
+    add_ceilings([shared, client_bound, two_processes, unknown], cores=2)
+    assert shared["cpu_ceiling_msgs_per_s"] == pytest.approx(2 / 0.018 * 1000)  # 111,111: the cores
+    assert client_bound["cpu_ceiling_msgs_per_s"] == pytest.approx(100_000)  # one event loop's core
+    assert two_processes["cpu_ceiling_msgs_per_s"] == pytest.approx(2 / 0.011 * 1000)
+    assert unknown["cpu_ceiling_msgs_per_s"] is None
+
+
+def test_a_missed_goal_says_where_the_ceiling_is_and_a_met_one_says_nothing_of_it() -> None:
+    rows = [_row("bucketq", 90_000, client=0.008, server=0.010), _row("keuss", 60_000)]
+    add_ceilings(rows, cores=2)
+    (status, _, detail), = [g for g in goals(rows) if g[1] == "bucketq push >= 2x keuss"]
+    assert status == "MISS"
+    assert detail == ("worst 1.50x at 1 KiB x1; CPU per msg: client 0.0080 ms + server 0.0100 ms, "
+                      "ceiling 111,111/s, below the 120,000/s the goal needs")
+    rows[1]["msgs_per_s"] = 40_000
+    (status, _, detail), = [g for g in goals(rows) if g[1] == "bucketq push >= 2x keuss"]
+    assert (status, detail) == ("PASS", "worst 2.25x at 1 KiB x1")
+
+
+def test_end_to_end_latency_passes_only_below_keuss_in_every_cell() -> None:
+    rows = []
+    for processes, ours, theirs in ((1, 500.0, 1100.0), (2, 700.0, 650.0)):
+        for contender, p50 in (("bucketq", ours), ("keuss", theirs)):
+            rows.append({**_row(contender, 40_000, processes=processes), "scenario": "end_to_end", "p50_ms": p50})
+    (verdict,) = [g for g in goals(rows) if g[1] == "bucketq end_to_end p50 latency < keuss's"]
+    assert verdict == ("MISS", "bucketq end_to_end p50 latency < keuss's", "worst 700 vs 650 ms at 1 KiB x2")
+    rows[-1]["p50_ms"] = 900.0
+    (verdict,) = [g for g in goals(rows) if g[1] == "bucketq end_to_end p50 latency < keuss's"]
+    assert verdict[0] == "PASS"
