@@ -37,8 +37,9 @@ def add_ratios(rows: list[dict]) -> None:
 
 def add_ceilings(rows: list[dict], cores: int) -> None:
     """``cpu_ceiling_msgs_per_s``: the most a row's measured CPU per message allows on ``cores`` cores, where
-    the client's and the server's CPU share the cores and each client process (one event loop) gets one core
-    at most. A goal above it needs less CPU per message, not less waiting. None without both CPU figures."""
+    the client's and the server's CPU share the cores and the client gets ``client_cores`` of them at most (one
+    per worker process, each one event loop; every core for a row without it, such as Spark's local[*]). A goal
+    above it needs less CPU per message, not less waiting. None without both CPU figures."""
     for r in rows:
         client, server = r.get("cpu_s_per_1000"), r.get("server_cpu_s_per_1000")
         if not client or server is None:

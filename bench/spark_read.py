@@ -22,7 +22,6 @@ import asyncio
 import datetime as dt
 import importlib.util
 import json
-import os
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
@@ -217,7 +216,6 @@ def rows(cfg: Settings, server: Server) -> list[dict]:
         row["documents"] = read["docs"]
         for field, cpu in zip(("cpu_s_per_1000", "server_cpu_s_per_1000"), read["best_cpu_s"], strict=True):
             row[field] = None if cpu is None else cpu * 1000.0 / read["rows"]  # the CPU of the read whose rate this is
-        row["client_cores"] = os.cpu_count() or 1  # local[*]: Spark's tasks run on every core
         out.append(row)
     return out
 
