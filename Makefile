@@ -7,12 +7,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars lint test unit demo devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars lint test test-pythons unit demo devserver devserver-stop bench bench-quick stress stress-quick clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
 	@echo "make test          install everything, lint, then run the test suite"
 	@echo "make lint          ruff (bucketq spark tests bench devtools) and mypy (bucketq)"
+	@echo "make test-pythons  the tests that need no server on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
 	@echo "make unit          the tests on the in-memory database (bucketq.memory), in parallel: no JVM, no jars"
 	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"
 	@echo "make devserver-stop"
@@ -35,8 +36,12 @@ lint: venv
 	$(PY) -m ruff check bucketq spark tests bench devtools
 	$(PY) -m mypy
 
-test: venv jars lint
+# The whole suite on the venv's Python (3.11); before it, the tests that need no server on 3.12 and 3.13.
+test: venv jars lint test-pythons
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-pythons: venv
+	$(PY) -m devtools.pythons
 
 # Six workers on two cores: the in-memory tests mostly wait out leases and timeouts. Bytecode (and pytest's
 # rewritten test modules) is cached under .cache/pycache even where PYTHONDONTWRITEBYTECODE is set: each worker

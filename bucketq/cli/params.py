@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import re
 import types
 import typing
@@ -45,7 +46,9 @@ DURATION = Duration()
 # -- queue options ---------------------------------------------------------------------------------------------
 
 _UNSET_TO_NONE = object()  # "--inbox-retention none": the option's value None, unlike an option not given
-_DOC_ENTRY = re.compile(r"^ {8}([a-z_]+(?:, [a-z_]+)*): (.*?)(?=^ {8}[a-z_]+(?:, [a-z_]+)*: |^ {4}\S|\Z)",
+# Entries of the cleaned docstring (inspect.cleandoc: Python 3.13 strips docstring indentation when compiling,
+# older versions keep it): "    name: text", inside sections whose headers start at column 0.
+_DOC_ENTRY = re.compile(r"^ {4}([a-z_]+(?:, [a-z_]+)*): (.*?)(?=^ {4}[a-z_]+(?:, [a-z_]+)*: |^\S|\Z)",
                         re.M | re.S)
 
 
@@ -110,6 +113,6 @@ def _option(f: dataclasses.Field, hint: Any) -> Callable[[Any], Any]:
 @functools.cache
 def field_help() -> dict[str, str]:
     """Each ``QueueOptions`` field's entry in its docstring, on one line without reST markup."""
-    doc = QueueOptions.__doc__ or ""
+    doc = inspect.cleandoc(QueueOptions.__doc__ or "")
     return {name: " ".join(text.replace("``", "").split())
             for names, text in _DOC_ENTRY.findall(doc) for name in names.split(", ")}

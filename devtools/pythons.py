@@ -1,0 +1,90 @@
+"""Run the tests that need no server on the other supported Pythons (3.12, 3.13): ``make test-pythons``.
+
+The full suite runs on the main venv's Python (3.11). Each other version gets a venv of its own under
+``.cache/venvs/<version>`` with the package and its test extra (no Spark, no JVM), rebuilt when pyproject.toml
+or constraints.txt change, and runs ``pytest -m "not server and not slow"``: the in-memory queue tests, the
+property tests, the CLI and the codecs. An interpreter is looked up as ``pythonX.Y`` on the PATH, then in
+pyenv's versions; a missing one fails the target, since the package claims to support it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VERSIONS = ("3.12", "3.13")
+MARKS = "not server and not slow"
+
+
+def find_interpreter(version: str) -> str | None:
+    """The newest ``pythonX.Y`` on the PATH or in pyenv's versions folder, or None."""
+    found = shutil.which(f"python{version}")
+    if found and _reports(found, version):
+        return found
+    pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    candidates = sorted(glob.glob(f"{pyenv_root}/versions/{version}.*/bin/python{version}"),
+                        key=lambda p: [int(x) for x in Path(p).parts[-3].split(".") if x.isdigit()])
+    return next((c for c in reversed(candidates) if _reports(c, version)), None)
+
+
+def _reports(interpreter: str, version: str) -> bool:
+    out = subprocess.run([interpreter, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip() == version
+
+
+def ensure_venv(version: str, interpreter: str) -> Path:
+    """A venv for ``version`` with ``.[test]`` installed, reinstalled when the package's pins change."""
+    venv = ROOT / ".cache" / "venvs" / version
+    python = venv / "bin" / "python"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes())
+    stamp = venv / ".installed"
+    if stamp.exists() and python.exists() and stamp.read_text() == digest.hexdigest():
+        return python
+    print(f"python {version}: installing the package and its test extra into {venv.relative_to(ROOT)} ...",
+          file=sys.stderr, flush=True)
+    subprocess.run([interpreter, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", "constraints.txt", "-e", ".[test]"],
+                   cwd=ROOT, check=True)
+    stamp.write_text(digest.hexdigest())
+    return python
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.pythons", description=__doc__)
+    parser.add_argument("versions", nargs="*", default=list(VERSIONS))
+    parser.add_argument("--workers", type=int, default=4, help="pytest-xdist workers per version")
+    args = parser.parse_args(argv)
+    failed = []
+    for version in args.versions:
+        interpreter = find_interpreter(version)
+        if interpreter is None:
+            print(f"python {version}: no interpreter found (python{version} on PATH or in pyenv)", file=sys.stderr)
+            failed.append(version)
+            continue
+        python = ensure_venv(version, interpreter)
+        started = time.monotonic()
+        print(f"python {version}: pytest -m {MARKS!r} ({interpreter})", file=sys.stderr, flush=True)
+        # The venv's own bytecode cache: another interpreter's .pyc files would be rewritten on every switch.
+        env = {**os.environ, "PYTHONPYCACHEPREFIX": str(ROOT / ".cache" / "pycache" / version)}
+        run = subprocess.run([str(python), "-m", "pytest", "-m", MARKS, "-q", "-n", str(args.workers),
+                              "-p", "no:cacheprovider"], cwd=ROOT, env=env)
+        print(f"python {version}: pytest exited {run.returncode} after {time.monotonic() - started:.0f} s",
+              file=sys.stderr, flush=True)
+        if run.returncode != 0:
+            failed.append(version)
+    if failed:
+        print(f"failed on python {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
