@@ -592,7 +592,7 @@ async def test_stats_watch_shows_messages_in_and_out_per_second(mongo_uri: str, 
 def test_stats_watch_table_has_rate_columns(mongo_uri: str, db_name: str, bq: Run) -> None:
     ok(bq("push", "events", "1"))
     proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.3", "--db", db_name], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, env={**_env(mongo_uri), "COLUMNS": "120"}, cwd=REPO)
     try:
         rows = []
         while len(rows) < 2:
@@ -606,6 +606,62 @@ def test_stats_watch_table_has_rate_columns(mongo_uri: str, db_name: str, bq: Ru
         proc.kill()
     assert proc.returncode == 0 and "Traceback" not in err
     assert rows[0][-2:] == ["-", "-"] and rows[1][-2:] == ["0.0", "0.0"]  # in/s and out/s, known from the second
+
+
+# -- tables at 80 columns ------------------------------------------------------------------------------------------
+
+STATS_HEADERS = ["ready", "scheduled", "in flight", "dead", "quarantined", "buckets", "oldest"]  # and queue
+LONG_NAME = "orders-of-the-northern-warehouse"
+
+
+def _fits_80_columns(output: str, headers: list[str], cells: list[str]) -> None:
+    """Every header and cell in full on one line (nothing cut with "…", nothing wrapped), no line over 80."""
+    lines = output.splitlines()
+    assert max(len(line) for line in lines) <= 80, output
+    assert "…" not in output, output
+    for text in [*headers, *cells]:
+        assert any(text in line for line in lines), f"{text!r} is not on one line of:\n{output}"
+
+
+def test_tables_fit_80_columns_or_turn_plain(mongo_uri: str, db_name: str, bq: Run, sync_db) -> None:
+    """Not a terminal, 80 columns: headers are never cut and cells never wrapped, as in the README."""
+    ok(bq("push", LONG_NAME, "1"))
+    ok(bq("push", "events", "0"))
+    now = dt.datetime.now(dt.timezone.utc)
+    sync_db["events.dead"].insert_one({  # the dead-letter format (core/format.py dead_letter)
+        "_id": f"{ObjectId()}:0", "enc": "json", "p": '{"n": 0}', "h": None, "k": None, "tries": 5, "at": now,
+        "error": "TimeoutError: the upstream payment service did not answer within 30 seconds", "enqueued_at": now,
+        "origin": {}})
+    narrow = CliRunner(env={"COLUMNS": "80"})
+    where = ["--uri", mongo_uri, "--db", db_name]
+
+    short = narrow.invoke(cli, ["stats", "events", *where])
+    assert short.exit_code == 0 and short.output.splitlines()[1].split() == \
+        ["queue", "ready", "scheduled", "in", "flight", "dead", "quarantined", "buckets", "oldest"]  # a table still
+    every = narrow.invoke(cli, ["stats", *where])
+    assert every.exit_code == 0, every.output
+    _fits_80_columns(every.output, STATS_HEADERS, [LONG_NAME, "events"])
+
+    dead = narrow.invoke(cli, ["dead", "list", "events", *where])
+    assert dead.exit_code == 0, dead.output
+    letter = json.loads(ok(bq("dead", "list", "events", "--json")).stdout)
+    _fits_80_columns(dead.output, ["at", "tries", "error", "payload"], [letter["id"], '{"n":0}'])
+    assert "upstream payment service" in dead.output
+
+    proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.2", *where], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**_env(None), "COLUMNS": "80"}, cwd=REPO)
+    try:
+        lines: list[str] = []
+        while sum("out/s" in line for line in lines) < 2:  # two refreshes, the second with rates
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, proc.communicate()[1]
+            lines.append(line)
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    _fits_80_columns("".join(lines) + rest, [*STATS_HEADERS, "in/s", "out/s"], [LONG_NAME, "events"])
 
 
 def test_push_group_stores_an_ordered_group_and_refuses_a_delay_or_a_bad_group(bq: Run, sync_db) -> None:
