@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from bucketq.cli.common import CliError, Target, confirm, connection_options, open_queue, run
+from bucketq.cli.common import BadUsage, CliError, Target, confirm, connection_options, open_queue, run
 from bucketq.control import PAUSE_REFRESH_S
+from bucketq.core.control import producer_bucket
 from bucketq.errors import MessageHeld
 
 
@@ -65,6 +66,10 @@ def remove(target: Target, queue: str, ids: tuple[str, ...]) -> None:
       bucketq remove events 6b0340a5e418eb7f18364742:3
       bucketq peek events --json | jq -r .id | head -5 | xargs bucketq remove events
     """
+    malformed = [i for i in ids if producer_bucket(i) is None]
+    if malformed:  # checked before connecting: nothing is removed
+        raise BadUsage(f"malformed message id(s) {', '.join(map(repr, malformed))}: an id looks like "
+                       f"6b0340a5e418eb7f18364742:3 (<bucket as 24 hex digits>:<slot>); nothing removed")
     run(_remove(target, queue, ids))
 
 
