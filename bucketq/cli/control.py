@@ -57,7 +57,8 @@ async def _pause(target: Target, name: str, paused: bool) -> None:
 def remove(target: Target, queue: str, ids: tuple[str, ...]) -> None:
     """Remove pending messages of QUEUE by id, so that no consumer delivers them.
 
-    Ids are those `bucketq peek --json` and `bucketq drain --meta` print. A message in a bucket that a
+    Ids are those `bucketq peek --json` and `bucketq drain --meta` print; another string is refused as
+    malformed (exit code 2) before anything is removed. A message in a bucket that a
     consumer holds right now is not removed (it may be being handled): the command says so and exits
     with 1; try again later. Finding retried messages scans the queue.
 
