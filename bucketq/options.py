@@ -35,12 +35,16 @@ class QueueOptions:
         lease: seconds a claimed bucket stays reserved without being extended.
         state_flush_period: seconds between flushes of ack/nack state (also extends leases).
         max_attempts: deliveries of a message before it goes to the dead-letter collection.
-        retry_base, retry_factor, retry_max, retry_jitter: the nack backoff,
-            ``min(retry_max, retry_base * retry_factor**tries)`` scaled by ``1 ± retry_jitter``.
+        retry_base: the first retry's delay in seconds. A message nacked after ``tries`` deliveries waits
+            ``min(retry_max, retry_base * retry_factor**tries)`` scaled by ``1 ± retry_jitter`` (the backoff).
+        retry_factor: what the retry delay is multiplied by at each further try.
+        retry_max: the longest retry delay, in seconds.
+        retry_jitter: the random spread of each retry delay, a fraction in [0, 1).
         malformed: "quarantine" moves a bucket with any undecodable message to quarantine whole;
             "skip" quarantines only the bad messages and serves the rest.
-        quarantine_retention, inbox_retention: seconds before quarantine entries / dedupe keys are purged;
-            None keeps them forever.
+        quarantine_retention: seconds before quarantine entries are purged; None keeps them forever.
+        inbox_retention: seconds before the dedupe keys of acknowledged messages (the inbox collection that
+            ``dedupe`` reads) are purged; None keeps them forever.
         dedupe: skip messages whose ``key`` was already acknowledged (keys kept in an inbox collection).
         poll_interval: longest wait between claim attempts when no change stream wakes the consumer.
         change_streams: use change streams for wake-ups; None detects support at run time.

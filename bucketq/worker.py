@@ -29,6 +29,7 @@ from bucketq.queue import Queue
 
 log = logging.getLogger("bucketq")
 RESERVE_WAIT_S = 0.5  # how often an idle task looks at the stop flag
+DEFAULT_CONCURRENCY = 1  # handler calls at once, unless asked for more: `bucketq worker --concurrency` too
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ TimingHook = Callable[[BatchTiming], Any]
 
 
 class Worker:
-    def __init__(self, queue: Queue, handler: Callable[..., Awaitable[Any]], *, concurrency: int = 1,
+    def __init__(self, queue: Queue, handler: Callable[..., Awaitable[Any]], *, concurrency: int = DEFAULT_CONCURRENCY,
                  batch_size: int | None = None, on_error: ErrorHook | None = None,
                  after_batch: TimingHook | None = None, handle_signals: bool = True,
                  handler_timeout: float | None = None) -> None:

@@ -245,13 +245,16 @@ async def test_read_commands_and_methods_write_nothing(bq: Run, sync_db, adb) ->
 
 def test_bad_json_on_stdin_stops_at_the_line(bq: Run) -> None:
     message = one_line_error(bq("push", "events", input='{"ok": 1}\n{"ok": 2}\n{broken\n{"ok": 4}\n'),
-                             "line 3", "invalid JSON")
+                             "line 3, column 2: invalid JSON (unexpected character")
+    assert "line 1" not in message  # one line number: the input's, not orjson's count within the line
     assert "2 message(s) before it were pushed" in message
     assert stats(bq, "events")["ready"] == 2
 
 
 def test_bad_json_argument_pushes_nothing(bq: Run, sync_db) -> None:
-    one_line_error(bq("push", "events", '{"ok": 1}', "{nope"), "argument 2", "invalid JSON", "nothing was pushed")
+    one_line_error(bq("push", "events", '{"ok": 1}', "{nope"), "argument 2, column 2: invalid JSON",
+                   "nothing was pushed")
+    one_line_error(bq("push", "events", '{"ok":\n x}'), "argument 1, line 2 column 2: invalid JSON")
     assert "events" not in sync_db.list_collection_names()
 
 
@@ -331,6 +334,31 @@ def test_unknown_queue_is_an_error_and_creates_nothing(bq: Run, sync_db) -> None
 def test_bad_options_are_usage_errors(bq: Run) -> None:
     result = bq("dead", "purge", "events", "--older-than", "soon")
     assert result.returncode == 2 and "not a duration" in result.stderr and "Traceback" not in result.stderr
+
+
+WORK = ["worker", "tests.cli_hooks:fail_marked", "-q", "tasks"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ([*WORK, "--concurrency", "0"], "0 is not in the range 1<=x<=1024"),  # checked by click
+    ([*WORK, "--lease", "-1"], "InvalidOption: lease must be between 1"),  # checked by QueueOptions
+    ([*WORK, "--max-attempts", "0"], "InvalidOption: max_attempts must be at least 1"),
+    ([*WORK, "--batch-size", "200000"], "InvalidOption: batch_size must be"),  # checked by Worker, once connected
+    (["worker", "tests.cli_handlers:not_async", "-q", "tasks"], "InvalidOption: handler must be an async function"),
+    (["worker", "tests.cli_handlers", "-q", "tasks"], "must look like MODULE:HANDLER"),
+    (["remove", "events", "notanid"], "malformed message id(s) 'notanid'"),
+], ids=["click", "lease", "max-attempts", "batch-size", "not-async", "handler-spec", "message-id"])
+def test_bad_usage_exits_with_2_whichever_check_finds_it(bq: Run, args: list[str], fragment: str) -> None:
+    result = bq(*args)
+    assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_failures_at_run_time_exit_with_1(bq: Run) -> None:
+    ok(bq("push", "events", "1"))
+    for args in (["peek", "ghost"], ["purge", "events"], ["stats", "--connect-timeout", "0.3"]):
+        uri = "mongodb://127.0.0.1:1/db" if args[0] == "stats" else None
+        result = bq(*args, **({"uri": uri} if uri else {}))
+        assert result.returncode == 1 and result.stderr.startswith("Error: "), result.stderr
 
 
 # -- dead letters and quarantine --------------------------------------------------------------------------------
@@ -476,6 +504,17 @@ def test_remove_command(bq: Run) -> None:
     assert result.returncode == 2 and "Missing argument 'ID...'" in result.stderr
 
 
+def test_remove_command_reports_a_malformed_id_and_removes_nothing(bq: Run) -> None:
+    ok(bq("push", "events", "1"))
+    (good,) = [p["id"] for p in jsonl(ok(bq("peek", "events", "--json")).stdout)]
+    for bad in ("notanid", f"{good}x", good.split(":")[0], good.replace(":", "-")):
+        result = bq("remove", "events", good, bad)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert f"malformed message id(s) {bad!r}: an id looks like " in result.stderr, result.stderr
+        assert "no pending message" not in result.stderr and "nothing removed" in result.stderr
+    assert stats(bq, "events")["ready"] == 1
+
+
 def test_remove_command_refuses_a_held_message(bq: Run, mongo_uri: str, db_name: str, sync_db) -> None:
     sync_db["events"].insert_one({**_bucket(["1"]), "due": dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5),
                                   "lease": {"token": "t", "owner": "worker-7:42", "until": dt.datetime.now()}})
@@ -508,10 +547,41 @@ def test_worker_options_are_generated_from_queue_options() -> None:
     for field in dataclasses.fields(QueueOptions):
         option = options.get(field.name)
         assert option is not None, f"--{field.name.replace('_', '-')} is missing from bucketq worker"
-        assert option.help and option.help.endswith(f"[default: {field.default}]") and len(option.help) > 30
+        assert option.help and option.help.endswith("]") and "[default: " in option.help and len(option.help) > 30
     help_text = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).output
     assert "--dedupe / --no-dedupe" in help_text and "--malformed [quarantine|skip]" in help_text
     assert "--lease NUMBER" in help_text and "--max-attempts INTEGER" in help_text
+
+
+def test_worker_help_gives_each_option_its_own_text_and_its_default_as_typed() -> None:
+    import dataclasses
+
+    from bucketq.cli.worker import worker
+    from bucketq.options import QueueOptions
+
+    options = {p.name: p for p in worker.params}
+    texts = [options[f.name].help.rsplit(" [default: ", 1)[0] for f in dataclasses.fields(QueueOptions)]
+    shared = {text for text in texts if texts.count(text) > 1}
+    assert not shared, shared  # --quarantine-retention and --inbox-retention had one text, the retry_* options another
+    help_text = " ".join(CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).output.split())
+    assert "[default: None]" not in help_text and "[default: False]" not in help_text
+    assert "--dedupe / --no-dedupe skip messages" in help_text and "[default: --no-dedupe]" in help_text
+    assert "--change-streams / --no-change-streams" in help_text and "[default: neither flag (None)]" in help_text
+    assert "--write-concern 1..50|majority|TAG|none" in help_text  # not INTEGER|NONE: "majority" and tags work
+    assert "--inbox-retention NUMBER|NONE seconds before the dedupe keys" in help_text
+
+
+def test_worker_concurrency_has_one_default_in_the_library_the_cli_and_the_readme() -> None:
+    import inspect
+
+    from bucketq.cli.worker import worker
+    from bucketq.worker import Worker
+
+    default = inspect.signature(Worker).parameters["concurrency"].default
+    assert {p.name: p for p in worker.params}["concurrency"].default == default
+    assert f"`bucketq.Worker(q, handler, concurrency={default}, " in (REPO / "README.md").read_text()
+    help_text = " ".join(CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).output.split())
+    assert f"[default: {default}; 1<=x<=1024]" in help_text
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -521,7 +591,9 @@ def test_worker_options_are_generated_from_queue_options() -> None:
 ])
 def test_worker_refuses_bad_queue_options_before_connecting(bq: Run, args: list[str], fragment: str) -> None:
     unreachable = "mongodb://127.0.0.1:1/db?connectTimeoutMS=300"
-    one_line_error(bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *args, uri=unreachable), fragment)
+    result = bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *args, uri=unreachable)
+    one_line_error(result, fragment)
+    assert result.returncode == 2  # bad usage
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -592,7 +664,7 @@ async def test_stats_watch_shows_messages_in_and_out_per_second(mongo_uri: str, 
 def test_stats_watch_table_has_rate_columns(mongo_uri: str, db_name: str, bq: Run) -> None:
     ok(bq("push", "events", "1"))
     proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.3", "--db", db_name], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, env={**_env(mongo_uri), "COLUMNS": "120"}, cwd=REPO)
     try:
         rows = []
         while len(rows) < 2:
@@ -606,6 +678,62 @@ def test_stats_watch_table_has_rate_columns(mongo_uri: str, db_name: str, bq: Ru
         proc.kill()
     assert proc.returncode == 0 and "Traceback" not in err
     assert rows[0][-2:] == ["-", "-"] and rows[1][-2:] == ["0.0", "0.0"]  # in/s and out/s, known from the second
+
+
+# -- tables at 80 columns ------------------------------------------------------------------------------------------
+
+STATS_HEADERS = ["ready", "scheduled", "in flight", "dead", "quarantined", "buckets", "oldest"]  # and queue
+LONG_NAME = "orders-of-the-northern-warehouse"
+
+
+def _fits_80_columns(output: str, headers: list[str], cells: list[str]) -> None:
+    """Every header and cell in full on one line (nothing cut with "…", nothing wrapped), no line over 80."""
+    lines = output.splitlines()
+    assert max(len(line) for line in lines) <= 80, output
+    assert "…" not in output, output
+    for text in [*headers, *cells]:
+        assert any(text in line for line in lines), f"{text!r} is not on one line of:\n{output}"
+
+
+def test_tables_fit_80_columns_or_turn_plain(mongo_uri: str, db_name: str, bq: Run, sync_db) -> None:
+    """Not a terminal, 80 columns: headers are never cut and cells never wrapped, as in the README."""
+    ok(bq("push", LONG_NAME, "1"))
+    ok(bq("push", "events", "0"))
+    now = dt.datetime.now(dt.timezone.utc)
+    sync_db["events.dead"].insert_one({  # the dead-letter format (core/format.py dead_letter)
+        "_id": f"{ObjectId()}:0", "enc": "json", "p": '{"n": 0}', "h": None, "k": None, "tries": 5, "at": now,
+        "error": "TimeoutError: the upstream payment service did not answer within 30 seconds", "enqueued_at": now,
+        "origin": {}})
+    narrow = CliRunner(env={"COLUMNS": "80"})
+    where = ["--uri", mongo_uri, "--db", db_name]
+
+    short = narrow.invoke(cli, ["stats", "events", *where])
+    assert short.exit_code == 0 and short.output.splitlines()[1].split() == \
+        ["queue", "ready", "scheduled", "in", "flight", "dead", "quarantined", "buckets", "oldest"]  # a table still
+    every = narrow.invoke(cli, ["stats", *where])
+    assert every.exit_code == 0, every.output
+    _fits_80_columns(every.output, STATS_HEADERS, [LONG_NAME, "events"])
+
+    dead = narrow.invoke(cli, ["dead", "list", "events", *where])
+    assert dead.exit_code == 0, dead.output
+    letter = json.loads(ok(bq("dead", "list", "events", "--json")).stdout)
+    _fits_80_columns(dead.output, ["at", "tries", "error", "payload"], [letter["id"], '{"n":0}'])
+    assert "upstream payment service" in dead.output
+
+    proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.2", *where], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**_env(None), "COLUMNS": "80"}, cwd=REPO)
+    try:
+        lines: list[str] = []
+        while sum("out/s" in line for line in lines) < 2:  # two refreshes, the second with rates
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, proc.communicate()[1]
+            lines.append(line)
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    _fits_80_columns("".join(lines) + rest, [*STATS_HEADERS, "in/s", "out/s"], [LONG_NAME, "events"])
 
 
 def test_push_group_stores_an_ordered_group_and_refuses_a_delay_or_a_bad_group(bq: Run, sync_db) -> None:

@@ -6,6 +6,8 @@ two package roots) puts a ``sys.meta_path`` finder first that raises ``ImportErr
 both packages with ``pkgutil.walk_packages``: each module's source must have no import statement naming them
 (lazy imports inside functions included), and each module must import (but ``__main__``, which would run its
 program). It prints the modules that passed and the ones that failed, with the reason.
+
+And the build backend reads ``pyproject.toml`` without a warning.
 """
 
 from __future__ import annotations
@@ -79,3 +81,17 @@ def test_the_blocker_catches_an_import_of_the_checkout() -> None:
     result = _probe((*FORBIDDEN, "pymongo"))
     assert "pymongo is not part of the installed packages" in result["failed"]["bucketq.batch"]
     assert "bucketq.errors" in result["imported"]  # imports no driver
+
+
+def test_pyproject_reads_without_a_deprecation_warning() -> None:
+    """The build backend reads pyproject.toml with every warning an error: ``project.license`` as a TOML table
+    printed setuptools' deprecation notice on every install (three times each ``make demo`` reinstalled)."""
+    import warnings
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    assert dist.metadata.license_expression == "MIT"

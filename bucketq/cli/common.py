@@ -1,7 +1,9 @@
 """What every command shares: the --uri/--db options, a fail-fast connection, finding and opening queues,
 running a command, its errors and stop signals.
 
-Expected failures become one line on stderr and exit code 1; nothing an operator can cause prints a traceback.
+Expected failures become one line on stderr; nothing an operator can cause prints a traceback. Exit codes: 1 for
+a failure at run time (no server, an unknown queue, a refusal), 2 for bad usage, whichever check finds it: click's
+(an unknown option, a value of the wrong type) or bucketq's (``InvalidOption``, a malformed id), 130 for Ctrl-C.
 No message, traceback or log line shows a password: they all pass through ``redact_uri``.
 """
 
@@ -31,7 +33,7 @@ from pymongo.errors import (
 
 from bucketq.connection import DEFAULT_DB, redact_uri
 from bucketq.control import collection_names, is_queue
-from bucketq.errors import BucketqError
+from bucketq.errors import BucketqError, InvalidOption
 from bucketq.queue import Queue
 
 T = TypeVar("T")
@@ -46,6 +48,13 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str) -> None:
         super().__init__(one_line(redact_uri(message)))  # before a cut could split a URI
+
+
+class BadUsage(CliError):
+    """A value the user gave that bucketq's own checks refuse (``InvalidOption``, a malformed id): exit code 2,
+    as for the values click checks, and the same one line as any other error."""
+
+    exit_code = 2
 
 
 def one_line(text: str) -> str:
@@ -132,7 +141,8 @@ def connection_options(command: Callable[..., T]) -> Callable[..., T]:
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine; expected errors become one line and exit code 1, Ctrl-C exits with 130."""
+    """Run a command's coroutine; expected errors become one line and exit code 1 (2 for ``InvalidOption``), Ctrl-C
+    exits with 130."""
     try:
         return asyncio.run(coro)
     except click.ClickException:
@@ -140,6 +150,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         raise SystemExit(130) from None
+    except InvalidOption as exc:  # a value given on the command line, refused by the library
+        raise BadUsage(f"InvalidOption: {exc}") from None
     except Exception as exc:
         message = describe(exc)
         if message is None:

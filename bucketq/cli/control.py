@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from bucketq.cli.common import CliError, Target, confirm, connection_options, open_queue, run
+from bucketq.cli.common import BadUsage, CliError, Target, confirm, connection_options, open_queue, run
 from bucketq.control import PAUSE_REFRESH_S
+from bucketq.core.control import producer_bucket
 from bucketq.errors import MessageHeld
 
 
@@ -56,7 +57,8 @@ async def _pause(target: Target, name: str, paused: bool) -> None:
 def remove(target: Target, queue: str, ids: tuple[str, ...]) -> None:
     """Remove pending messages of QUEUE by id, so that no consumer delivers them.
 
-    Ids are those `bucketq peek --json` and `bucketq drain --meta` print. A message in a bucket that a
+    Ids are those `bucketq peek --json` and `bucketq drain --meta` print; another string is refused as
+    malformed (exit code 2) before anything is removed. A message in a bucket that a
     consumer holds right now is not removed (it may be being handled): the command says so and exits
     with 1; try again later. Finding retried messages scans the queue.
 
@@ -65,6 +67,10 @@ def remove(target: Target, queue: str, ids: tuple[str, ...]) -> None:
       bucketq remove events 6b0340a5e418eb7f18364742:3
       bucketq peek events --json | jq -r .id | head -5 | xargs bucketq remove events
     """
+    malformed = [i for i in ids if producer_bucket(i) is None]
+    if malformed:  # checked before connecting: nothing is removed
+        raise BadUsage(f"malformed message id(s) {', '.join(map(repr, malformed))}: an id looks like "
+                       f"6b0340a5e418eb7f18364742:3 (<bucket as 24 hex digits>:<slot>); nothing removed")
     run(_remove(target, queue, ids))
 
 

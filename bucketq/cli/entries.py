@@ -13,7 +13,7 @@ from bson import ObjectId
 
 from bucketq.admin import entry_filter
 from bucketq.cli.common import Target, confirm, connection_options, open_queue, run
-from bucketq.cli.output import console, preview, relative, table, to_json
+from bucketq.cli.output import preview, print_table, relative, table, to_json
 from bucketq.cli.params import DURATION
 from bucketq.codecs import codec_named
 
@@ -82,7 +82,7 @@ async def _list(kind: Kind, target: Target, name: str, *, as_json: bool, **filte
     elif not views:
         click.echo(f"no {kind.many} match")
     else:
-        console().print(entry_table(views, kind.reason))
+        print_table(entry_table(views, kind.reason))
 
 
 def _action_command(kind: Kind, verb: str, done: str, summary: str) -> click.Command:

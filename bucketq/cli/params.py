@@ -99,15 +99,27 @@ def _fields() -> list[tuple[dataclasses.Field, Any]]:
     return [(f, hints[f.name]) for f in dataclasses.fields(QueueOptions)]
 
 
+# A field whose text values are of a few kinds the type cannot tell (QueueOptions checks them).
+_METAVARS = {"write_concern": "1..50|majority|TAG|none"}
+
+
 def _option(f: dataclasses.Field, hint: Any) -> Callable[[Any], Any]:
     flag = "--" + f.name.replace("_", "-")
-    help_text = f"{field_help().get(f.name, '')} [default: {f.default}]".strip()
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    help_text = f"{field_help().get(f.name, '')} [default: {default_label(flag, f.default, bool in args)}]".strip()
     if bool in args:
         return click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
     if typing.get_origin(hint) is typing.Literal:
         return click.option(flag, f.name, type=click.Choice(typing.get_args(hint)), help=help_text)
-    return click.option(flag, f.name, type=FieldValue(args), help=help_text)
+    return click.option(flag, f.name, type=FieldValue(args), metavar=_METAVARS.get(f.name), help=help_text)
+
+
+def default_label(flag: str, default: Any, is_flag: bool) -> str:
+    """A field's default as it is given on the command line: the flag (``--no-dedupe``), ``none``, or the value.
+    A flag whose default is None is neither given: the field's text says what None does."""
+    if is_flag:
+        return "neither flag (None)" if default is None else flag if default else f"--no-{flag[2:]}"
+    return "none" if default is None else str(default)
 
 
 @functools.cache

@@ -94,10 +94,14 @@ async def _push(target: Target, name: str, source: AsyncIterator[tuple[str, Any,
 
 
 def _parse(where: str, text: str | bytes) -> Any:
+    """The JSON value of ``text``, the stdin line or argument ``where`` names. An error gives one position: the
+    column, and within ``where`` the line too when ``text`` has several (an argument may); never orjson's own
+    "line 1 column 2", which counts lines of ``text`` alone."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise BadInput(where, f"invalid JSON ({exc})") from None
+        line = f"line {exc.lineno} " if exc.lineno > 1 else ""
+        raise BadInput(f"{where}, {line}column {exc.colno}", f"invalid JSON ({exc.msg})") from None
 
 
 def _arguments(payloads: tuple[str, ...]) -> AsyncIterator[tuple[str, Any, int]]:

@@ -25,7 +25,7 @@ from bucketq.cli.common import (
     run,
     stop_on_signals,
 )
-from bucketq.cli.output import age, console, preview, relative, table, to_json
+from bucketq.cli.output import age, console, fitted, preview, print_table, relative, table, to_json
 from bucketq.control import queue_names
 from bucketq.core.stats import STATS_KEYS
 from bucketq.message import Message
@@ -184,7 +184,7 @@ def _show(out: Any, live: Any, rows: dict[str, dict[str, Any]], paused: set[str]
     if as_json:
         click.echo(to_json(next(iter(rows.values())) if single else rows))
         return
-    grid = _stats_table(rows, paused, db)
+    grid = fitted(out, _stats_table(rows, paused, db))
     if live is not None:
         live.update(grid, refresh=True)
     elif not rows:
@@ -241,11 +241,10 @@ async def _peek(target: Target, name: str, count: int, as_json: bool) -> None:
         for entry in entries:
             click.echo(to_json(entry))
         return
-    out = console()
     if not entries:
-        out.print(f"queue {name!r} has no messages")
+        click.echo(f"queue {name!r} has no messages")
         return
-    out.print(_peek_table(entries))
+    print_table(_peek_table(entries))
 
 
 def _peek_table(entries: list[dict[str, Any]]) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from bucketq.cli.common import CliError, Target, connection_options, database, run
-from bucketq.cli.output import age, console, table, to_json
+from bucketq.cli.output import age, print_table, table, to_json
 from bucketq.cli.params import parse_duration
 from bucketq.control import collection_names
 from bucketq.core.format import SEQ_SUFFIX
@@ -78,7 +78,7 @@ async def _list(target: Target, name: str, as_json: bool) -> None:
         out.add_column(column, justify="left" if column == "group" else "right")
     for group in groups:
         out.add_row(group.name, str(group.committed), str(group.epoch), f"{group.expired:,}")
-    console().print(out)
+    print_table(out)
 
 
 @stream.command()
@@ -113,7 +113,7 @@ async def _lag(target: Target, name: str, as_json: bool) -> None:
         out.add_column(column, justify="left" if column == "group" else "right")
     for group, row in groups.items():
         out.add_row(group, row["position"], f"{row['lag_messages']:,}", age(row["lag_s"]), f"{row['expired']:,}")
-    console().print(out)
+    print_table(out)
 
 
 @stream.command()

@@ -12,17 +12,26 @@ from typing import Any
 
 import click
 
-from bucketq.cli.common import CliError, Target, connection_options, log_to_stderr, open_queue, run, stop_on_signals
+from bucketq.cli.common import (
+    BadUsage,
+    CliError,
+    Target,
+    connection_options,
+    log_to_stderr,
+    open_queue,
+    run,
+    stop_on_signals,
+)
 from bucketq.cli.params import queue_options
 from bucketq.errors import InvalidOption
 from bucketq.options import QueueOptions
-from bucketq.worker import Worker
+from bucketq.worker import DEFAULT_CONCURRENCY, Worker
 
 
 @click.command()
 @click.argument("handler", metavar="MODULE:HANDLER")
 @click.option("--queue", "-q", required=True, metavar="NAME", help="Queue to consume (it may not exist yet).")
-@click.option("--concurrency", "-c", type=click.IntRange(1, 1024), default=1, show_default=True,
+@click.option("--concurrency", "-c", type=click.IntRange(1, 1024), default=DEFAULT_CONCURRENCY, show_default=True,
               help="Messages (or batches) handled at once.")
 @click.option("--batch-size", type=click.IntRange(min=1), metavar="N",
               help="Call the handler with lists of up to N messages instead of one message.")
@@ -57,7 +66,7 @@ def worker(target: Target, handler: str, queue: str, concurrency: int, batch_siz
     try:
         QueueOptions(**queue_options)  # refused here, before connecting
     except InvalidOption as exc:
-        raise CliError(f"InvalidOption: {exc}") from None
+        raise BadUsage(f"InvalidOption: {exc}") from None
     hooks = {name: load_callable(spec, name.replace("_", "-")) for name, spec in
              (("on_error", on_error), ("after_batch", after_batch)) if spec}
     function = load_handler(handler)
@@ -89,7 +98,7 @@ def load_callable(spec: str, what: str, metavar: str = "FUNCTION") -> Any:
     """``MODULE:NAME`` imported (the current directory importable, as uvicorn does), or a one-line error."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CliError(f"{what} {spec!r} must look like MODULE:{metavar}, e.g. myapp.tasks:handle")
+        raise BadUsage(f"{what} {spec!r} must look like MODULE:{metavar}, e.g. myapp.tasks:handle")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

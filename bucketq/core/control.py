@@ -57,15 +57,21 @@ def check_message_id(message_id: object) -> str:
     return message_id
 
 
+def producer_bucket(message_id: str) -> ObjectId | None:
+    """The bucket a message id names when it has the form bucketq gives every message
+    (``<bucket _id as 24 hex digits>:<slot>``, docs/FORMAT.md), else None."""
+    match = _PRODUCER_ID.fullmatch(message_id)
+    return ObjectId(match.group(1)) if match and int(match.group(2)) < MAX_BUCKET_SIZE else None
+
+
 def holders(message_id: str) -> dict[str, Any]:
     """Unfinished buckets that may hold ``message_id``: the bucket its id names (``<bucket>:<slot>``, a message
     as its producer stored it) and every bucket with a copy of it (``o``: retries, requeued entries; a crash
     between a copy's insert and its original's mark can leave two). ``o`` has no index: this scans the
     queue's buckets."""
-    match = _PRODUCER_ID.fullmatch(message_id)
     where: list[dict[str, Any]] = [{"o": message_id}]
-    if match and int(match.group(2)) < MAX_BUCKET_SIZE:
-        where.insert(0, {"_id": ObjectId(match.group(1))})
+    if (bucket := producer_bucket(message_id)) is not None:
+        where.insert(0, {"_id": bucket})
     return {"$or": where, **LIVE}
 
 

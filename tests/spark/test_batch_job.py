@@ -214,10 +214,15 @@ def test_partitions_follow_documents_and_bytes() -> None:
     assert read.partition_count(20, 2) == 2 and read.partition_count(1, 2) == 1 and read.partition_count(None, 2) == 2
     assert read.partition_count(100, 2, 100 << 20) == 4  # one per 32 MiB: a test-server reply stays under 48 MB
     assert read.partition_count(3, 2, 1 << 30) == 3  # never more partitions than documents
+    assert read.partition_count(2, 2) == 1 and read.partition_count(4, 8) == 3  # fewer: see the loop below
     assert ReadOptions(partitions=1).partition_count(100, 2, 1 << 30) == 1  # an explicit count wins
     assert read.reader_options(1, 2)["partitioner"] == SINGLE_PARTITION
     assert read.reader_options(100, 2, 100 << 20) == {
         "partitioner": PAGINATE_INTO_PARTITIONS, "partitioner.options.max.number.of.partitions": "4"}
+    for docs in range(2, 10):  # asked for as many, the connector's paginating partitioner makes one per document
+        options = read.reader_options(docs, 8)  # and warns: "Inefficient partitioning" on every local run
+        assert options["partitioner"] == SINGLE_PARTITION or \
+            int(options["partitioner.options.max.number.of.partitions"]) < docs, options
     for bad in ({"partitions": 0}, {"partition_bytes": 0}):
         with pytest.raises(InvalidOption, match=next(iter(bad))):
             ReadOptions(**bad)
