@@ -235,7 +235,8 @@ class BatchQueue:
         for doc in batch.buckets:
             tried = attempts(doc)
             if tried >= self.max_attempts:
-                if self._quarantine(doc, batch.token, f"failed {tried} attempt(s) in a batch job; last error: {reason}"):
+                why = f"failed {tried} attempt(s) in a batch job; last error: {reason}"
+                if self._quarantine(doc, batch.token, why):
                     out["quarantined"].append(doc["_id"])
             else:
                 due = now + dt.timedelta(seconds=max(0.0, self.backoff.delay(tried - 1)))

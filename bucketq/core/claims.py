@@ -103,7 +103,8 @@ def extend(now: dt.datetime, lease_s: float, done: list[int] | None = None) -> d
     return update
 
 
-def guard(now: dt.datetime, lease_s: float, done: list[int] | None = None, copies: list[ObjectId] | None = None) -> dict:
+def guard(now: dt.datetime, lease_s: float, done: list[int] | None = None,
+          copies: list[ObjectId] | None = None) -> dict:
     """The update of the fenced write (filter ``fenced``) that a claimant runs before it writes copies of its
     messages (retry buckets, dead letters, quarantine entries): a lease extension, so that a claimant whose lease
     was lost copies nothing that someone else now holds. It records the ``_id``s of the retry buckets about to be

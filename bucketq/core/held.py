@@ -71,7 +71,8 @@ class FlushPlan:
     """The writes that make a set of resolutions durable, in order:
 
     1. ``guard``: when copies are written, a fenced lease extension first, so that a consumer which lost
-       its lease does not copy messages someone else now holds;
+       its lease does not copy messages someone else now holds; it records the retry copies' ids in ``r``
+       (``claims.guard``), which ``final`` takes out again;
     2. ``retry_docs``, ``dead_docs``, ``quarantine_docs``: copies, idempotent by ``_id``;
     3. ``final``, fenced: an extension (``kind == "extend"``), a release, or the tombstone that finishes
        the bucket (``kind == "finish"``, a replacement). ``mine`` is the filter that only this token's own
