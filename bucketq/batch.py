@@ -6,7 +6,9 @@ a single token and lease. The caller processes them (e.g. Spark reads ``{"lease.
 the buckets by tombstones (``core.claims.finish``), or ``release`` hands them back after a failure (tries + 1,
 backoff) and moves a bucket that has used up ``max_attempts`` to ``<queue>.quarantine``. Every write after the
 claim is fenced by the token; a write retried after a lost reply counts as applied only if the bucket carries
-this token's mark (``finished_by``, ``released_by``), never merely because the bucket changed or is gone.
+this token's mark (``finished_by``, ``released_by``), never merely because the bucket changed or is gone. Copies
+to quarantine come after the consumer's fenced guard (``claims.guard``): a batch whose lease passed to another
+copies nothing.
 
 Attempts of a bucket: ``max(t) + c`` counting the current claim (a message's tries are ``t[slot] + c - 1``).
 A bucket on its last attempt is claimed alone, so a poisoned bucket cannot take good ones to quarantine with
@@ -157,8 +159,8 @@ class BatchQueue:
                 reason = (f"claimed {attempts(doc) - 1} times without a commit or release "
                           "(leases expired: the job died or hung)")
             if reason is not None:
-                self._quarantine(doc, batch.token, reason)
-                batch.quarantined.append(doc["_id"])
+                if self._quarantine(doc, batch.token, reason):
+                    batch.quarantined.append(doc["_id"])
                 continue
             last_attempt = attempts(doc) >= self.max_attempts
             if last_attempt and batch.buckets:  # the last attempt runs alone: give it back untouched
@@ -233,8 +235,9 @@ class BatchQueue:
         for doc in batch.buckets:
             tried = attempts(doc)
             if tried >= self.max_attempts:
-                self._quarantine(doc, batch.token, f"failed {tried} attempt(s) in a batch job; last error: {reason}")
-                out["quarantined"].append(doc["_id"])
+                why = f"failed {tried} attempt(s) in a batch job; last error: {reason}"
+                if self._quarantine(doc, batch.token, why):
+                    out["quarantined"].append(doc["_id"])
             else:
                 due = now + dt.timedelta(seconds=max(0.0, self.backoff.delay(tried - 1)))
                 ops[doc["_id"]] = UpdateOne(claims.fenced(doc["_id"], batch.token),
@@ -242,27 +245,44 @@ class BatchQueue:
         out["released"] = self._fenced_write(batch.token, ops, claims.released_by)
         return out
 
-    def _quarantine(self, doc: dict[str, Any], token: str, reason: str) -> None:
-        """The copy first (idempotent by ``_id``), then the fenced finish: as the consumer does."""
+    def _guard(self, token: str, ids: Iterable[Any]) -> set[Any]:
+        """The fenced lease extension that comes before copies, as the consumer's (``claims.guard``): returns the
+        buckets still held, the only ones whose messages may be copied; a claimant whose lease passed to another
+        must not copy what the other now holds."""
+        now = self.now()
+        writes = {i: UpdateOne(claims.fenced(i, token), claims.guard(now, self.lease)) for i in ids}
+        return set(self._fenced_write(token, writes, claims.fenced))
+
+    def _quarantine(self, doc: dict[str, Any], token: str, reason: str) -> bool:
+        """The guard, the copy (idempotent by ``_id``), then the fenced finish: as the consumer does. False when
+        the lease was lost: nothing is copied."""
+        if not self._guard(token, [doc["_id"]]):
+            return False
         entry = quarantined_bucket(doc, reason=reason, at=self.now(), host=self._host, pid=os.getpid())
         self._insert_new(self.quarantine, [entry])
-        self._fenced_write(token, {doc["_id"]: ReplaceOne(claims.fenced(doc["_id"], token),
-                                                          claims.finish(self.now(), token))}, claims.finished_by)
+        return bool(self._fenced_write(token, {doc["_id"]: ReplaceOne(claims.fenced(doc["_id"], token),
+                                                                      claims.finish(self.now(), token))},
+                                       claims.finished_by))
 
     def _quarantine_messages(self, batch: Batch) -> None:
-        """Copy each message of ``batch.malformed`` to quarantine (``kind: "message"``, its payload as stored)."""
+        """Copy each message of ``batch.malformed`` to quarantine (``kind: "message"``, its payload as stored), for
+        the buckets still held (``_guard``)."""
         if not batch.malformed:
             return
+        held_ids = self._guard(batch.token, {bucket_id for bucket_id, _ in batch.malformed})
         at = self.now()
         parsed: dict[Any, StoredBucket] = {}
         held = {doc["_id"]: doc for doc in batch.buckets}
         entries = []
         for (bucket_id, slot), reason in batch.malformed.items():
+            if bucket_id not in held_ids:
+                continue
             if bucket_id not in parsed:
                 parsed[bucket_id] = parse_bucket(held[bucket_id])
             entries.append(quarantined_message(parsed[bucket_id], slot, reason=reason, at=at, host=self._host,
                                                pid=os.getpid()))
-        self._insert_new(self.quarantine, entries)
+        if entries:
+            self._insert_new(self.quarantine, entries)
 
     def _insert_new(self, collection: Collection, docs: list[dict[str, Any]]) -> None:
         """Insert documents whose ``_id`` makes them idempotent: one already there (an earlier attempt got

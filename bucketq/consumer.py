@@ -25,8 +25,8 @@ from bucketq.core import claims, groups
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
 from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
-from bucketq.core.retry import is_transient
-from bucketq.errors import InvalidOption, LeaseLost, MalformedBucket, QueueClosed
+from bucketq.core.retry import is_too_large, is_transient
+from bucketq.errors import InvalidOption, LeaseLost, MalformedBucket, QueueClosed, WriteFailed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
 from bucketq.store import Store
@@ -309,11 +309,14 @@ class Consumer:
             held.ack(keyed[key])
 
     async def _quarantine_bucket(self, doc: dict, token: str, reason: str) -> None:
-        log.warning("bucket %s quarantined: %s", doc.get("_id"), reason)
         now = self._clock.now()
         entry = quarantined_bucket(doc, reason=reason, at=now, host=self._owner.split(":")[0], pid=os.getpid())
         await self._store.quarantine_bucket(entry, claims.fenced(doc["_id"], token), claims.finish(now, token),
                                             claims.finished_by(doc["_id"], token))
+        # reported once stored, not before: a copy refused (too large) must not read as quarantined
+        log.warning("bucket %s quarantined%s: %s", doc.get("_id"),
+                    f" without its fields {', '.join(entry['omitted'])} (over 16 MiB)" if "omitted" in entry else "",
+                    reason)
         self._metrics.quarantined(1)
 
     # -- resolving -----------------------------------------------------------------------------------------
@@ -400,10 +403,22 @@ class Consumer:
 
     async def _run(self, holding: Holding, plan: FlushPlan) -> None:
         held = holding.held
-        applied = await self._execute(plan)  # raises: the plan stays pending, to be retried as it is
+        refused: WriteFailed | None = None
+        try:
+            applied = await self._execute(plan)  # raises: the plan stays pending, to be retried as it is
+        except Exception as exc:
+            if not is_too_large(exc):
+                raise
+            # Over 16 MiB (a bucket someone else wrote near the limit): the same plan would be refused for ever.
+            # The bucket is given up as a lost lease would be: it comes back when the lease expires.
+            refused = WriteFailed(f"a write for bucket {held.bucket.id} was refused as too large ({exc}); its "
+                                  "unflushed messages come back when the lease expires")
+            applied = False
         held.outcome(plan, applied)
         self._metrics.flushed(plan, applied)
-        if not applied:
+        if refused is not None:
+            log.error("%s", refused)
+        elif not applied:
             log.warning("lease on bucket %s lost; its unflushed state was refused", held.bucket.id)
         elif plan.retry_docs:
             due = min(d["due"] for d in plan.retry_docs)
@@ -417,7 +432,8 @@ class Consumer:
                 if applied:
                     future.set_result(None)
                 else:
-                    future.set_exception(LeaseLost(f"the lease on bucket {held.bucket.id} was lost before the flush"))
+                    future.set_exception(refused or LeaseLost(f"the lease on bucket {held.bucket.id} was lost "
+                                                              "before the flush"))
         if held.ended:
             self._holdings.remove(holding)
             for future in holding.waiters.values():

@@ -20,6 +20,7 @@ from bucketq.core.claims import LIVE, reap
 from bucketq.core.control import (
     PAUSE,
     check_message_id,
+    copies_on_their_way,
     holders,
     is_paused,
     live_lease,
@@ -341,23 +342,37 @@ class Queue:
         """Delete every message in the queue (ready, scheduled or in flight) and return how many there were.
         Their buckets end as finished ones do, as tombstones, so a producer's late insert retry cannot store
         one again; a consumer holding one has its writes refused (``LeaseLost``). Dead letters, quarantine
-        and dedupe keys are kept. Messages pushed while it runs may be purged or kept."""
+        and dedupe keys are kept. Messages pushed while it runs may be purged or kept; a message nacked while it
+        runs is purged with its retry copy, also one whose insert lands after the purge (``claims.guard``)."""
         await self._ready()
         now = self._clock.now()
-        token = claims.new_token()
-        await retrying(lambda _: self._store.buckets.update_many(LIVE, purge_mark(now, token)),
+        # ``late`` marks retry copies that landed after the mark: each repeats a message its original counts.
+        token, late = claims.new_token(), claims.new_token()
+        buckets = self._store.buckets
+        await retrying(lambda _: buckets.update_many(LIVE, purge_mark(now, token)),
                        timeout_s=self.options.write_timeout)
         total = 0
-        unreplaced = {**purged_by(token), "n": {"$exists": True}}  # a tombstone has no n
-        while batch := await self._store.buckets.find(unreplaced, {"n": 1, "done": 1},
-                                                      limit=PURGE_CHUNK).to_list(None):
-            total += sum(unfinished_messages(doc) for doc in batch)
-            tombstones = [ReplaceOne({"_id": doc["_id"], **purged_by(token)}, claims.finish(now, token))
-                          for doc in batch]
+        while batch := await buckets.find(purged_by(token, late), {"n": 1, "done": 1, "r": 1, "fin.token": 1},
+                                          limit=PURGE_CHUNK).to_list(None):
+            total += sum(unfinished_messages(doc) for doc in batch if doc["fin"]["token"] == token)
+            await self._purge_copies([c for doc in batch for c in copies_on_their_way(doc)], now, late)
+            tombstones = [ReplaceOne({"_id": doc["_id"], "fin.token": doc["fin"]["token"]},
+                                     claims.finish(now, doc["fin"]["token"])) for doc in batch]
             # B023 is a false alarm: the lambda is awaited within this iteration, on this batch's tombstones.
             await retrying(lambda _: self._store.buckets.bulk_write(tombstones, ordered=False),  # noqa: B023
                            timeout_s=self.options.write_timeout)
         return total
+
+    async def _purge_copies(self, copies: list[Any], now: dt.datetime, late: str) -> None:
+        """End the retry copies that purged buckets' claimants may still be inserting: their tombstones first, so
+        that one landing later stores nothing; then one that landed since the purge's mark is marked ``late``, to
+        be replaced like the others, uncounted (its message is counted in its original)."""
+        if copies:
+            await self._store.insert_copies(self._store.buckets, [{"_id": c, **claims.finish(now, late)}
+                                                                  for c in copies])
+            await retrying(lambda _: self._store.buckets.update_many({"_id": {"$in": copies}, **LIVE},
+                                                                     purge_mark(now, late)),
+                           timeout_s=self.options.write_timeout)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from bson import DatetimeMS, ObjectId
 from pymongo.errors import PyMongoError
 
 import bucketq
+from bucketq.core import claims
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION, MAX_BUCKET_BYTES
 from bucketq.memory import Fault, Faults, Operation
 from tests.proxy import TcpProxy
@@ -218,6 +219,57 @@ async def test_a_bucket_at_the_size_limit_is_quarantined_within_16_mib(make_queu
     assert await q.reserve(timeout=2) is None
     entry = sync_db["events.quarantine"].find_one()
     assert entry["_id"] == doc["_id"] and len(bson.encode(entry)) < BSON_LIMIT
+
+
+def _near_the_limit(room: int, **fields: Any) -> dict:
+    """A one-message bucket (``fields`` added) that someone else wrote: ``room`` bytes below 16 MiB once claimed."""
+    doc = _raw_bucket(**fields)
+    claimed = {**doc, "lease": {"token": "0" * 24, "owner": claims.owner_name(), "until": _past()}}
+    doc["p"] = ['"' + "w" * (BSON_LIMIT - room - len(bson.encode(claimed))) + '"']
+    return doc
+
+
+async def test_a_malformed_bucket_near_16_mib_is_stored_in_quarantine_without_its_largest_field(make_queue,
+                                                                                                sync_db):
+    """Its quarantine entry (the bucket and the reason, host, pid, time) would exceed 16 MiB: the entry is stored,
+    without the bucket's largest field, named in ``omitted``; the bucket is counted quarantined only then."""
+    doc = _near_the_limit(10, n=2)  # n says 2, p holds 1: malformed
+    sync_db.events.insert_one(doc)
+    q = make_queue(**QUICK)
+    assert await q.reserve(timeout=0.5) is None
+    entry = sync_db["events.quarantine"].find_one()
+    assert entry is not None, "reported quarantined, but not in quarantine"
+    assert len(bson.encode(entry)) <= BSON_LIMIT and entry["reason"] == "n is 2 but p holds 1 payloads"
+    assert list(entry["omitted"]) == ["p"] and entry["doc"]["_id"] == doc["_id"] and entry["doc"]["n"] == 2
+    row = await q.stats()
+    assert (row["quarantined"], row["buckets"]) == (1, 0)
+
+
+async def test_a_dead_letter_of_a_message_near_16_mib_is_stored_and_close_returns(make_queue, sync_db):
+    """The dead letter of a message that fills its bucket, with a long error, would exceed 16 MiB: the error is
+    cut, the payload kept whole, and the nack completes."""
+    doc = _near_the_limit(1000)
+    sync_db.events.insert_one(doc)
+    q = make_queue(**QUICK, max_attempts=1)
+    message = await q.reserve(timeout=2)
+    await asyncio.wait_for(message.nack(error="E" * 4000, wait=True), 10)
+    await asyncio.wait_for(q.close(), 10)
+    letter = sync_db["events.dead"].find_one()
+    assert letter is not None and len(bson.encode(letter)) <= BSON_LIMIT
+    assert letter["p"] == doc["p"][0] and letter["error"].startswith("E" * 256)
+    assert sync_db.events.count_documents(LIVE) == 0
+
+
+async def test_a_nack_refused_as_too_large_fails_clearly_and_close_returns(make_queue, memory_db):
+    """No room is left for the nack's lease extension (16 MiB enforced by the in-memory database, as by MongoDB):
+    the nack raises ``WriteFailed`` instead of waiting for ever, close() returns, and the message is kept."""
+    memory_db.sync.events.insert_one(_near_the_limit(8))
+    q = make_queue(**QUICK)
+    message = await q.reserve(timeout=2)
+    with pytest.raises(bucketq.WriteFailed, match="too large"):
+        await asyncio.wait_for(message.nack(delay=0, wait=True), 10)
+    await asyncio.wait_for(q.close(), 10)
+    assert memory_db.sync.events.count_documents(LIVE) == 1
 
 
 @pytest.mark.slow

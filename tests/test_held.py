@@ -181,6 +181,20 @@ def test_release_plan_gives_back_the_claim_and_records_the_token():
     assert plan.mine == claims.released_by(held.bucket.id, "token")
 
 
+@pytest.mark.parametrize("release", [False, True])
+def test_a_nacks_retry_copies_are_recorded_by_the_guard_and_taken_out_by_the_final_write(release):
+    """The guard (``claims.guard``, the fenced write the batch side runs too) lists the copies a purge must end
+    if they land after it; the write marking their slots done takes them out again."""
+    held = _bucket(3)
+    held.serve(T0)
+    held.nack(0, T0)
+    plan = held.take_plan(T0, release=release)
+    copies = [doc["_id"] for doc in plan.retry_docs]
+    assert copies and plan.guard == claims.guard(T0, POLICY.lease, [], copies)
+    assert plan.guard["$addToSet"] == {"r": {"$each": copies}}
+    assert plan.final["$pull"] == {"r": {"$in": copies}} and plan.final["$addToSet"] == {"done": {"$each": [0]}}
+
+
 def test_give_back_retries_outstanding_messages_and_later_resolutions_raise_lease_lost():
     held = _bucket(3)
     first, second = held.serve(T0), held.serve(T0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -278,3 +279,48 @@ async def test_push_many_refuses_a_bad_item_before_pushing_any(make_queue, item,
 async def test_an_outgoing_is_not_a_payload(make_queue):
     with pytest.raises(bucketq.EncodeError, match="Outgoing"):
         await make_queue().push(bucketq.Outgoing({"n": 1}, key="k"))
+
+
+@pytest.mark.backends("memory", "server")
+@pytest.mark.parametrize("lands", ["after the purge", "between the purge's mark and its tombstones"])
+async def test_a_purge_while_a_nack_writes_its_retry_copy_leaves_nothing_to_deliver(make_queue, sync_db,
+                                                                                    monkeypatch, lands):
+    """The nack's fenced lease extension is applied, then its retry copy's insert is held back while an operator
+    (another process) purges the queue; the copy lands after the purge, or while it runs. The purged message is
+    counted once and not delivered again."""
+    options = {"bucket_max_wait": 0.005, "poll_interval": 0.02, "change_streams": False}
+    q, operator = make_queue(**options), make_queue(**options)
+    await q.push("purged")
+    message = await q.reserve(timeout=2)
+    on_its_way, landing, landed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    def hold(store: Any, before: Callable[[], Awaitable[None]]) -> None:
+        insert_copies = store.insert_copies
+
+        async def held_back(collection: Any, docs: list[dict]) -> None:
+            if collection is store.buckets:
+                await before()
+            await insert_copies(collection, docs)
+            landed.set()
+
+        monkeypatch.setattr(store, "insert_copies", held_back)
+
+    async def copy_waits() -> None:  # the retry copy, sent after the fenced extension
+        on_its_way.set()
+        await landing.wait()
+
+    async def copy_lands() -> None:  # the purge's first insert: the tombstones of the copies
+        landing.set()
+        await landed.wait()
+
+    hold(q._store, copy_waits)
+    if lands != "after the purge":
+        hold(operator._store, copy_lands)
+    nack = asyncio.ensure_future(message.nack(delay=0, wait=True))
+    await asyncio.wait_for(on_its_way.wait(), 5)
+    assert await operator.purge() == 1
+    landing.set()
+    with pytest.raises(bucketq.LeaseLost):
+        await nack
+    assert await served(q) == [], "the purged message was delivered again from its retry copy"
+    assert sync_db["events"].count_documents({"fin": {"$exists": False}}) == 0

@@ -103,6 +103,28 @@ def extend(now: dt.datetime, lease_s: float, done: list[int] | None = None) -> d
     return update
 
 
+def guard(now: dt.datetime, lease_s: float, done: list[int] | None = None,
+          copies: list[ObjectId] | None = None) -> dict:
+    """The update of the fenced write (filter ``fenced``) that a claimant runs before it writes copies of its
+    messages (retry buckets, dead letters, quarantine entries): a lease extension, so that a claimant whose lease
+    was lost copies nothing that someone else now holds. It records the ``_id``s of the retry buckets about to be
+    inserted in ``r`` (``copies``), so that a purge that ends this bucket before they land ends them too
+    (``core.control.purge_copies``); the write that marks their slots done takes them out of ``r`` again
+    (``copies_landed``)."""
+    update = extend(now, lease_s, done)
+    if copies:
+        update.setdefault("$addToSet", {})["r"] = {"$each": list(copies)}
+    return update
+
+
+def copies_landed(update: dict, copies: list[ObjectId]) -> dict:
+    """``update`` (an extension or a release, which marks the copied slots done), also taking ``copies`` out of
+    ``r``: once the slots are done, the copies are buckets like any other, which a purge finds by itself."""
+    if copies:
+        update["$pull"] = {"r": {"$in": list(copies)}}
+    return update
+
+
 def release(now: dt.datetime, token: str, done: list[int] | None = None, *, due: dt.datetime | None = None,
             count_claim: bool = False) -> dict:
     """Hand the bucket back: claimable again at ``due`` (default now).

@@ -116,8 +116,17 @@ def purge_mark(now: dt.datetime, token: str) -> dict[str, Any]:
     return {"$set": {"due": TOMBSTONE_DUE, "lease": None, "fin": {"token": token, "at": now}}}
 
 
-def purged_by(token: str) -> dict[str, Any]:
-    return {"fin.token": token}
+def purged_by(*tokens: str) -> dict[str, Any]:
+    """Buckets a purge marked with one of ``tokens`` and has not yet replaced by tombstones."""
+    return {"fin.token": {"$in": list(tokens)}, "n": {"$exists": True}}  # a tombstone has no n
+
+
+def copies_on_their_way(doc: Mapping[str, Any]) -> list[ObjectId]:
+    """The retry buckets that a claimant of the purged bucket ``doc`` may still be inserting (``r``, recorded by
+    its fenced write before the insert: ``claims.guard``). A purge ends them too: it stores their tombstones
+    first, so that an insert landing later stores nothing, and ends those that landed since its mark."""
+    copies = doc.get("r")
+    return [c for c in copies if isinstance(c, ObjectId)] if isinstance(copies, list) else []
 
 
 def unfinished_messages(doc: Mapping[str, Any]) -> int:

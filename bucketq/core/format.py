@@ -333,8 +333,9 @@ def _optional_array(doc: Mapping[str, Any], field: str, n: int, kind: type) -> l
 
 
 def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: dt.datetime) -> dict[str, Any]:
-    """A dead-letter document; its ``_id`` is the message id, so writing it twice stores it once."""
-    letter = {
+    """A dead-letter document; its ``_id`` is the message id, so writing it twice stores it once. It fits 16 MiB
+    (``within_limit``)."""
+    letter: dict[str, Any] = {
         "_id": bucket.message_id(slot),
         "enc": bucket.codec,
         "p": bucket.payloads[slot],
@@ -348,23 +349,53 @@ def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: 
     }
     if bucket.group is not None:
         letter["g"] = bucket.group  # a requeue puts it back at the end of its group
-    return letter
+    return within_limit(letter, "error")
 
 
 # A reason (an exception's text) is kept to this many characters: room for it is part of STATE_HEADROOM.
 MAX_REASON_CHARS = 4000
+MIN_REASON_BYTES = 256  # what ``within_limit`` keeps of a reason, to leave fields out of a quarantined copy instead
 
 
 def quarantined_bucket(doc: Mapping[str, Any], *, reason: str, at: dt.datetime, host: str, pid: int) -> dict[str, Any]:
     """A quarantine entry for a whole bucket: the original document kept as it was, without its lease."""
     kept = {k: v for k, v in doc.items() if k != "lease"}
-    return {"_id": doc.get("_id", ObjectId()), "kind": "bucket", "reason": reason[:MAX_REASON_CHARS], "doc": kept,
-            "at": at, "host": host, "pid": pid}
+    return within_limit({"_id": doc.get("_id", ObjectId()), "kind": "bucket", "reason": reason[:MAX_REASON_CHARS],
+                         "doc": kept, "at": at, "host": host, "pid": pid}, "reason")
 
 
 def quarantined_message(bucket: StoredBucket, slot: int, *, reason: str, at: dt.datetime, host: str,
                         pid: int) -> dict[str, Any]:
     """A quarantine entry for one message of an otherwise good bucket (``malformed="skip"``)."""
-    return {"_id": bucket.message_id(slot), "kind": "message", "reason": reason[:MAX_REASON_CHARS], "enc": bucket.codec,
-            "p": bucket.payloads[slot], "h": bucket.headers[slot], "k": bucket.keys[slot],
-            "origin": {"bucket": bucket.id, "slot": slot}, "at": at, "host": host, "pid": pid}
+    return within_limit({"_id": bucket.message_id(slot), "kind": "message", "reason": reason[:MAX_REASON_CHARS],
+                         "enc": bucket.codec, "p": bucket.payloads[slot], "h": bucket.headers[slot],
+                         "k": bucket.keys[slot], "origin": {"bucket": bucket.id, "slot": slot}, "at": at,
+                         "host": host, "pid": pid}, "reason")
+
+
+def within_limit(entry: dict[str, Any], text: str) -> dict[str, Any]:
+    """``entry`` (a dead letter or quarantine entry) cut to fit MongoDB's 16 MiB document limit. Only a copy of a
+    bucket that someone else wrote near that limit can exceed it (a producer's buckets leave room): its ``text``
+    field (the reason) is cut first, to no less than ``MIN_REASON_BYTES``; then the largest fields of a whole
+    bucket's ``doc`` are left out, largest first, each named in ``omitted`` with its size in bytes, so that the
+    entry says what it lost."""
+    size = _bson_size(entry)
+    if size <= BSON_LIMIT:
+        return entry
+    encoded = entry[text].encode()
+    keep = max(MIN_REASON_BYTES, len(encoded) - (size - BSON_LIMIT))
+    entry[text] = encoded[:keep].decode(errors="ignore")
+    doc = entry.get("doc")
+    if isinstance(doc, dict):
+        sizes = sorted(((_bson_size({k: v}), k) for k, v in doc.items() if k != "_id"), reverse=True)
+        omitted: dict[str, int] = {}
+        while sizes and _bson_size(entry) > BSON_LIMIT:
+            field_size, key = sizes.pop(0)
+            del doc[key]
+            omitted[key] = field_size
+            entry["omitted"] = omitted
+    return entry
+
+
+def _bson_size(doc: Mapping[str, Any]) -> int:
+    return len(bson.encode(doc))

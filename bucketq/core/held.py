@@ -71,7 +71,8 @@ class FlushPlan:
     """The writes that make a set of resolutions durable, in order:
 
     1. ``guard``: when copies are written, a fenced lease extension first, so that a consumer which lost
-       its lease does not copy messages someone else now holds;
+       its lease does not copy messages someone else now holds; it records the retry copies' ids in ``r``
+       (``claims.guard``), which ``final`` takes out again;
     2. ``retry_docs``, ``dead_docs``, ``quarantine_docs``: copies, idempotent by ``_id``;
     3. ``final``, fenced: an extension (``kind == "extend"``), a release, or the tombstone that finishes
        the bucket (``kind == "finish"``, a replacement). ``mine`` is the filter that only this token's own
@@ -277,9 +278,10 @@ class HeldBucket:
                                 for s, r in copied.items() if r.state is SlotState.QUARANTINED]
         # A group's nacked slot stays in its bucket (released, due at the retry time): not done.
         done = sorted(taken) if group is None else sorted(s for s in taken if s not in retries)
+        copies = [d["_id"] for d in plan.retry_docs]
         if plan.retry_docs or plan.dead_docs or plan.quarantine_docs:
             acked = [s for s in done if taken[s].state is SlotState.ACKED]
-            plan.guard = claims.extend(now, self.policy.lease, acked)
+            plan.guard = claims.guard(now, self.policy.lease, acked, copies)
         if group is not None and (release or retries):
             # A nacked slot holds the bucket (and its group) until its retry time; a drain hands it back now.
             retry_slot = next(iter(retries), None)
@@ -287,13 +289,14 @@ class HeldBucket:
             plan.kind, plan.final = "release", groups.release(now, self.token, done, due=due, retry_slot=retry_slot)
             plan.mine = claims.released_by(self.bucket.id, self.token)
         elif release:
-            plan.kind, plan.final = "release", claims.release(now, self.token, done, due=release_due)
+            plan.kind = "release"
+            plan.final = claims.copies_landed(claims.release(now, self.token, done, due=release_due), copies)
             plan.mine = claims.released_by(self.bucket.id, self.token)
         elif self.finished:
             plan.kind, plan.final = "finish", claims.finish(now, self.token)
             plan.mine = claims.finished_by(self.bucket.id, self.token)
         else:
-            plan.final = claims.extend(now, self.policy.lease, done)
+            plan.final = claims.copies_landed(claims.extend(now, self.policy.lease, done), copies)
             plan.lease_until = self.policy.lease_from(now)
         if group is not None and (plan.guard is not None or plan.kind == "extend"):
             plan.lock_until = self.policy.lease_from(now)  # the expiry guard and extend set

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from pymongo.errors import ConnectionFailure, PyMongoError
+from pymongo.errors import ConnectionFailure, DocumentTooLarge, OperationFailure, PyMongoError
 
 FIRST_DELAY_S = 0.05
 MAX_DELAY_S = 2.0
@@ -20,6 +20,15 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionFailure):  # includes AutoReconnect, NetworkTimeout, NotPrimaryError
         return True
     return isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError")
+
+
+# Server codes of a write whose document would exceed 16 MiB: BSONObjectTooLarge, and an update's result too large.
+TOO_LARGE_CODES = frozenset({10334, 17419, 17420})
+
+
+def is_too_large(exc: BaseException) -> bool:
+    """A write refused because a document would exceed 16 MiB: the same write will never succeed."""
+    return isinstance(exc, DocumentTooLarge) or (isinstance(exc, OperationFailure) and exc.code in TOO_LARGE_CODES)
 
 
 class RetrySchedule:

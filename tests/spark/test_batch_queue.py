@@ -228,6 +228,29 @@ async def test_commit_that_cannot_quarantine_finishes_nothing(make_queue, sync_d
     assert sync_db.events.find_one({"_id": bucket["_id"]})["lease"]["token"] == batch.token  # still held, intact
 
 
+@pytest.mark.parametrize("step", ["commit of a malformed message", "release after the last attempt"])
+async def test_a_stale_claimant_does_not_quarantine_a_bucket_another_claimant_holds(sync_db, bq, mongo_uri,
+                                                                                   db_name, step) -> None:
+    """A batch's lease runs out and another job claims its bucket; the stale batch then commits (quarantining a
+    message it could not decode) or releases (its last attempt: the bucket to quarantine). Its fenced guard
+    (``claims.guard``, as the consumer's) is refused: nothing is copied to quarantine, the other job keeps it."""
+    bucket = _raw_bucket(c=2 if step.startswith("release") else 0)  # the stale claim is the last of 3 attempts
+    sync_db.events.insert_one(bucket)
+    stale = bq.claim(10)
+    assert stale.ids == [bucket["_id"]]
+    _expire_leases(sync_db)
+    with BatchQueue(mongo_uri, name="events", db=db_name, lease=60, max_attempts=5) as other:
+        current = other.claim(10)
+        assert current.ids == [bucket["_id"]]
+    if step.startswith("commit"):
+        stale.malformed[(bucket["_id"], 1)] = "does not parse"
+        assert bq.commit(stale) == 0
+    else:
+        assert bq.release(stale, "boom") == {"released": [], "quarantined": []}
+    assert sync_db["events.quarantine"].count_documents({}) == 0, "a stale claimant copied what another holds"
+    assert sync_db.events.find_one({"_id": bucket["_id"]})["lease"]["token"] == current.token
+
+
 def test_claims_reap_old_tombstones(mongo_uri, db_name, sync_db):
     sync_db.events.insert_many([
         {"_id": ObjectId(), "v": 1, "due": claims.TOMBSTONE_DUE, "lease": None,
