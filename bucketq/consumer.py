@@ -130,24 +130,10 @@ class Consumer:
                 return message
             if self._draining:
                 return None
-            async with self._claim_lock:
-                message = self._next_message()
-                if message is None and self._ahead is not None and not self._ahead.done():
-                    await self._ahead_landed()
-                    message = self._next_message()
-                if message is not None or self._draining:
-                    return message
-                try:
-                    claimed = await self._claim()
-                except PyMongoError as exc:
-                    if not is_transient(exc):
-                        raise
-                    # A claim whose reply was lost leaves its bucket claimed by nobody: it comes back when
-                    # the lease expires, with one more try.
-                    log.warning("claim failed, will retry: %s", exc)
-                    claimed = False
+            message, claimed = await self._next_or_claim()
+            if message is not None or self._draining:
+                return message
             if claimed:
-                self._wakeup.hit()
                 continue
             remaining = float("inf") if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
@@ -159,16 +145,26 @@ class Consumer:
             await self._wakeup.wait(remaining)
 
     async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
-        """Up to ``n`` messages: the first as ``reserve`` gives it, then those already at hand, without
-        waiting or claiming."""
+        """Up to ``n`` messages: the first as ``reserve`` gives it, then those due now, from the buckets held
+        and from further claims, without waiting."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise InvalidOption(f"n must be a positive int, got {n!r}")
         first = await self.reserve(timeout)
         if first is None:
             return []
         batch = [first]
-        while len(batch) < n and (message := self._next_message()) is not None:
-            batch.append(message)
+        while len(batch) < n and not self._draining:
+            message = self._next_message()
+            if message is None:
+                try:
+                    message, claimed = await self._next_or_claim()
+                except PyMongoError as exc:  # the batch is held: hand it over; the next reserve claims again
+                    log.warning("claim failed, returning the %d message(s) at hand: %s", len(batch), exc)
+                    break
+                if message is None and not claimed:
+                    break
+            if message is not None:
+                batch.append(message)
         return batch
 
     async def consume(self, idle_timeout: float | None = None) -> AsyncIterator[Message]:
@@ -179,6 +175,29 @@ class Consumer:
             if message is None:
                 return
             yield message
+
+    async def _next_or_claim(self) -> tuple[Message | None, bool]:
+        """Under the claim lock: a message at hand (once the claim ahead under way, if any, has landed), or else
+        one claim. Returns the message, or None and whether a bucket was claimed (none while draining)."""
+        async with self._claim_lock:
+            message = self._next_message()
+            if message is None and self._ahead is not None and not self._ahead.done():
+                await self._ahead_landed()
+                message = self._next_message()
+            if message is not None or self._draining:
+                return message, False
+            try:
+                claimed = await self._claim()
+            except PyMongoError as exc:
+                if not is_transient(exc):
+                    raise
+                # A claim whose reply was lost leaves its bucket claimed by nobody: it comes back when
+                # the lease expires, with one more try.
+                log.warning("claim failed, will retry: %s", exc)
+                claimed = False
+        if claimed:
+            self._wakeup.hit()
+        return None, claimed
 
     def _next_message(self) -> Message | None:
         now = self._clock.now()

@@ -133,8 +133,9 @@ class Queue:
 
     async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
         """Up to ``n`` messages for a handler that takes many at once: waits up to ``timeout`` seconds for the
-        first, then adds those already at hand in the buckets this consumer holds, without waiting. Empty
-        when none arrives in time. Each message is acked or nacked on its own."""
+        first, then adds those due now, from the buckets this consumer holds and, while fewer than ``n``, from
+        further buckets it claims, without waiting. Empty when none arrives in time. Each message is acked or
+        nacked on its own."""
         if not self._consumer_set_up():
             await self._consumer_ready()
         return await self._consumer.reserve_many(n, timeout)

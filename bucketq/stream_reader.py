@@ -21,7 +21,7 @@ from bucketq.codecs import codec_for
 from bucketq.core import stream as core
 from bucketq.core.claims import new_token, owner_name
 from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Position
-from bucketq.errors import LeaseLost, QueueClosed
+from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.options import check_timeout
 from bucketq.store import raise_if_cancelled
 
@@ -76,17 +76,26 @@ class StreamReader:
         return messages[0] if messages else None
 
     async def read_many(self, n: int, timeout: float | None = None) -> list[StreamMessage]:
-        """Up to ``n`` of the group's next messages, in position order within each bucket; waits up to
-        ``timeout`` seconds for the first. Empty when none arrives in time."""
+        """Up to ``n`` of the group's next messages, in position order within each bucket: those available now,
+        across as many buckets as it takes; waits up to ``timeout`` seconds only while it has none. Empty when
+        none arrives in time."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidOption(f"n must be a positive int, got {n!r}")
         wait = check_timeout(timeout)
         deadline = None if wait is None else time.monotonic() + wait
         await self._ready()
+        messages: list[StreamMessage] = []
         while True:
-            messages = self._take(n)
+            messages += self._take(n - len(messages))
+            if len(messages) == n:
+                return messages
+            claimed = await self._claim_next()
+            # a reset (the claim's look at the group) or a lost lease drops buckets: their messages are read again
+            messages = [m for m in messages if self._held.get(m.position.seq) is m._held]
+            if claimed:
+                continue
             if messages:
                 return messages
-            if await self._claim_next():
-                continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return []

@@ -13,6 +13,7 @@ from itertools import pairwise
 
 import pytest
 from bson import ObjectId
+from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
@@ -449,18 +450,41 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
     assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
 
 
-async def test_reserve_many_takes_what_is_at_hand_up_to_n(make_queue):
+async def test_reserve_many_takes_what_is_due_up_to_n_across_buckets(make_queue):
+    # issue 24: a reserve_many stopped at the end of the bucket it held while more buckets were due
     q = make_queue(bucket_max_wait=0.01, bucket_max_size=50, change_streams=False)
     await q.push_many(list(range(120)))
-    first = await q.reserve_many(80, timeout=2)
-    assert [m.payload for m in first] == list(range(50)), "one claim: the messages of the bucket held"
-    rest = []
-    while batch := await q.reserve_many(80, timeout=0.3):
-        assert len(batch) <= 80
-        rest += batch
-    assert sorted(m.payload for m in rest) == list(range(50, 120))
+    first = await q.reserve_many(80, timeout=2)  # a bucket and a part of the next: n bounds it
+    rest = await q.reserve_many(80, timeout=2)  # the rest of that one and the third
+    assert (len(first), len(rest)) == (80, 40)
+    assert sorted(m.payload for m in first + rest) == list(range(120))
     for message in first + rest:
         await message.ack()
     assert await q.reserve_many(5, timeout=0.1) == []
     with pytest.raises(bucketq.InvalidOption):
         await q.reserve_many(0)
+
+
+async def test_reserve_many_returns_every_due_message_of_two_buckets_at_once(make_queue):
+    q = make_queue(bucket_max_size=2, change_streams=False)
+    await q.push_many(["1:0", "1:1", "2:0", "2:1"])
+    assert (await q.stats())["buckets"] == 2
+    batch = await q.reserve_many(100, timeout=1)
+    assert sorted(m.payload for m in batch) == ["1:0", "1:1", "2:0", "2:1"]
+    for message in batch:
+        await message.ack()
+    assert await q.reserve_many(100, timeout=0.1) == []
+
+
+async def test_reserve_many_hands_over_what_it_holds_when_a_further_claim_fails(make_queue, memory_db):
+    q = make_queue(target=memory_db, bucket_max_size=2, change_streams=False)
+    await q.push_many(["1:0", "1:1", "2:0", "2:1"])
+    first = await q.reserve(timeout=1)
+    refused = memory_db.faults.refuse("findAndModify", collection="events", times=2,
+                                      error=OperationFailure("not authorized", 13))
+    batch = await q.reserve_many(100, timeout=1)  # its further claim (and the uncounted retry) refused
+    assert refused.hits == 2 and [m.payload for m in [first, *batch]] == ["1:0", "1:1"]
+    rest = await q.reserve_many(100, timeout=1)
+    assert [m.payload for m in rest] == ["2:0", "2:1"]
+    for message in [first, *batch, *rest]:
+        await message.ack()

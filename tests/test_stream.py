@@ -65,6 +65,25 @@ async def test_positions_increase_and_a_group_reads_everything_in_order(make_str
     assert stats["groups"]["audit"]["position"] == str(Position(positions[-1].seq + 1, 0))
 
 
+async def test_read_many_takes_what_is_available_across_buckets(make_stream):
+    # issue 24: 4 messages in 2 buckets came out as two batches of 2, and the README's single read showed half
+    stream = make_stream(bucket_max_size=2)
+    positions = await stream.push_many(["1:0", "1:1", "2:0", "2:1"])
+    assert {p.seq for p in positions} == {1, 2}
+    async with stream.reader("g", start="beginning") as reader:
+        batch = await reader.read_many(100, timeout=1)
+        assert [m.payload for m in batch] == ["1:0", "1:1", "2:0", "2:1"]
+        assert await reader.read(timeout=0.1) is None
+        for message in batch:
+            await message.ack()
+    async with stream.reader("h", start="beginning") as reader:  # n bounds it: a third bucket's worth is left
+        assert [m.payload for m in await reader.read_many(3, timeout=1)] == ["1:0", "1:1", "2:0"]
+        assert [m.payload for m in await reader.read_many(100, timeout=1)] == ["2:1"]
+        with pytest.raises(bucketq.InvalidOption):
+            await reader.read_many(0)
+    assert (await stream.stats())["groups"]["g"]["lag_messages"] == 0
+
+
 async def test_groups_are_independent_and_a_new_group_at_the_end_reads_only_what_follows(make_stream):
     stream = make_stream()
     await stream.push_many(["a", "b"])
