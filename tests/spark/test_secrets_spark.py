@@ -51,6 +51,30 @@ def test_spark_entries_hide_credentials_of_a_bad_uri(entry: str, uri: str, says:
     assert_hidden(str(caught.value), repr(caught.value), everything_logged())
 
 
+async def test_a_failed_batch_stores_and_reports_its_error_redacted(monkeypatch: pytest.MonkeyPatch, mongo_uri: str,
+                                                                  db_name: str, make_queue: Any, sync_db: Any) -> None:
+    """A batch's error is stored in its buckets and shown: a URI in it (the connector's errors may quote one)
+    loses its credentials."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from bucketq_spark.job import BatchJob
+    from bucketq_spark.sinks import ParquetSink
+
+    queue = make_queue()
+    await queue.push({"a": "1"})
+    await queue.close()
+    schema = StructType([StructField("a", StringType())])
+    with BatchJob(NO_SESSION, mongo_uri, db_name, "events", payload_schema=schema, process=lambda df: df,
+                  sink=ParquetSink("/nonexistent")) as job:
+        def failing_read(batch: Any) -> Any:
+            raise RuntimeError("connector: cannot read mongodb://alice9:S3cr/pw9@h1:1,h2:2/shop\n\tat java...")
+
+        monkeypatch.setattr(job, "read", failing_read)
+        result = job.run_once()
+    assert result is not None and result.error == "RuntimeError: connector: cannot read mongodb://***@h1:1,h2:2/shop"
+    assert_hidden(str(list(sync_db.events.find())))
+
+
 def test_run_group_batch_says_an_unreachable_server(closed_port: int,
                                                     everything_logged: Callable[[], str]) -> None:
     with pytest.raises(bucketq.ServerUnreachable) as caught:
