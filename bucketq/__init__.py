@@ -24,6 +24,7 @@ from bucketq.errors import (
     QueueClosed,
     Reject,
     Retry,
+    ServerUnreachable,
     WriteFailed,
 )
 from bucketq.message import Message
@@ -39,6 +40,7 @@ __all__ = [
     "FORMAT_VERSION", "AlreadyResolved", "BatchTiming", "BucketqError", "BufferFull", "Codec", "CodecUnavailable",
     "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket", "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
-    "Position", "Reject", "Retry", "Stream", "StreamMessage", "StreamOptions", "StreamReader", "Worker", "WriteFailed",
+    "Position", "Reject", "Retry", "ServerUnreachable", "Stream", "StreamMessage", "StreamOptions", "StreamReader",
+    "Worker", "WriteFailed",
     "list_queues",
 ]

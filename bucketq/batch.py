@@ -30,9 +30,10 @@ from typing import Any, TypeVar
 from pymongo import MongoClient, ReplaceOne, ReturnDocument, UpdateOne, WriteConcern
 from pymongo.collection import Collection
 from pymongo.database import Database
-from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError, ServerSelectionTimeoutError
 
 from bucketq.clock import ServerClock
+from bucketq.connection import client_of, unreachable
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.control import PAUSE, is_paused
@@ -98,8 +99,9 @@ class BatchQueue:
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidOption("max_attempts must be an int >= 1")
         self._owned: MongoClient | None = None
+        self._uri = target if isinstance(target, str) else None  # shown only redacted
         if isinstance(target, str):
-            self._owned = MongoClient(target, tz_aware=True, connect=False)
+            self._owned = client_of(target, MongoClient)
             database = self._owned[db] if db else self._owned.get_default_database("bucketq")
         elif isinstance(target, MongoClient):
             database = target[db] if db else target.get_default_database("bucketq")
@@ -127,7 +129,7 @@ class BatchQueue:
 
     def now(self) -> dt.datetime:
         if self._clock.stale:
-            self._clock.sync_blocking(self.database.client)
+            self._retrying(lambda _: self._clock.sync_blocking(self.database.client))
         return self._clock.now()
 
     # -- claim ---------------------------------------------------------------------------------------------
@@ -319,12 +321,19 @@ class BatchQueue:
 
     def _retrying(self, op: Callable[[bool], T]) -> T:
         """Run ``op(retry)`` until it succeeds, retrying transient errors with backoff for up to ``op_timeout_s``;
-        ``retry`` tells it that an earlier attempt may already have been applied."""
-        schedule = RetrySchedule(self.op_timeout_s, time.monotonic())
+        ``retry`` tells it that an earlier attempt may already have been applied. A server that never answered
+        raises ``ServerUnreachable``."""
+        started = time.monotonic()
+        schedule = RetrySchedule(self.op_timeout_s, started)
         retry = False
         while True:
             try:
                 return op(retry)
+            except ServerSelectionTimeoutError as exc:
+                wait = schedule.after(exc, time.monotonic())
+                if wait is None:
+                    tried = f"tried for {time.monotonic() - started:.1f} s (op_timeout_s {self.op_timeout_s:g} s)"
+                    raise unreachable(exc, self._uri, tried) from None
             except PyMongoError as exc:
                 wait = schedule.after(exc, time.monotonic())
                 if wait is None:

@@ -1,58 +1,103 @@
 """Turn what the user passes (a URI, an ``AsyncMongoClient``, an ``AsyncDatabase``, a Motor client or
 database, or an in-memory one from ``bucketq.memory``) into a database handle, and remember whether bucketq
-owns (and must close) the client."""
+owns (and must close) the client. Every client bucketq makes from a URI is made by ``client_of`` (the async
+shells, the CLI, the batch and Spark shells), after ``check_uri``; URIs reach messages only through ``redact``."""
 
 from __future__ import annotations
 
+import logging
 import re
-from dataclasses import dataclass
-from typing import Any
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import ServerSelectionTimeoutError
 from pymongo.uri_parser import parse_uri
 
-from bucketq.errors import InvalidOption
+from bucketq.errors import InvalidOption, ServerUnreachable
 from bucketq.memory import MemoryClient, MemoryDatabase
 from bucketq.motor_adapter import MotorDatabase, is_motor
+from bucketq.redaction import credentials_span, redact
 
 DEFAULT_DB = "bucketq"
+C = TypeVar("C")
+log = logging.getLogger("bucketq")
+
+_SCHEME = re.compile(r"mongodb(?:\+srv)?://")
+_RESERVED = re.compile(r"[/?#\[\]@]|:.*:")  # in credentials: a character that must be percent-escaped there
+_ESCAPE_HINT = ("percent-escape ':', '/', '?', '#', '[', ']' and '@' in the user name and password "
+                "(urllib.parse.quote_plus), and '@' in a database name")
+
+
+def check_uri(uri: str) -> dict[str, Any]:
+    """pymongo's reading of ``uri`` (``parse_uri``), refused with ``InvalidOption`` when it is not a MongoDB URI,
+    when pymongo would misread a password that holds a reserved character, or when pymongo refuses it (an
+    unknown or invalid option included: pymongo would only warn of an unknown one and ignore it). pymongo's own
+    warnings (a deprecated or repeated option) are logged instead, redacted. No message shows the credentials."""
+    shown = redact(uri, uri)
+    if not _SCHEME.match(uri):  # pymongo takes any other string for a host name
+        raise InvalidOption(f"invalid MongoDB URI {shown}: it must begin with mongodb:// or mongodb+srv://")
+    authority_and_path, _, options = uri[uri.index("://") + 3:].partition("?")
+    if "@" in authority_and_path.partition("/")[2] or ("@" in options and "/" not in authority_and_path):
+        # pymongo would read a part of the password as the database name, hosts or options
+        raise InvalidOption(f"invalid MongoDB URI {shown}: an '@' follows the hosts; {_ESCAPE_HINT}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            parsed = parse_uri(uri)
+        except Exception as exc:  # pymongo raises InvalidURI / ConfigurationError / ValueError
+            start, end = credentials_span(uri)
+            hint = f"; {_ESCAPE_HINT}" if _RESERVED.search(uri[start:end]) and "escape" not in str(exc) else ""
+            raise InvalidOption(f"invalid MongoDB URI {shown}: {redact(str(exc), uri)}{hint}") from None
+    for message in dict.fromkeys(str(warning.message) for warning in caught):  # pymongo may repeat one
+        log.warning("MongoDB URI %s: %s", shown, redact(message, uri))
+    return parsed
+
+
+def client_of(uri: str, client_class: Callable[..., C] = AsyncMongoClient, **options: Any) -> C:  # type: ignore[assignment]
+    """A ``client_class`` client of ``uri`` (not connected yet), after ``check_uri``; ``options`` are the
+    client's keywords. A refused option raises ``InvalidOption`` without the credentials."""
+    check_uri(uri)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # check_uri logged them
+        try:
+            return client_class(uri, tz_aware=True, connect=False, **options)
+        except Exception as exc:  # pymongo's ConfigurationError / ValueError / TypeError for an option
+            raise InvalidOption(f"invalid MongoDB client options for {redact(uri, uri)}: {redact(str(exc), uri)}") \
+                from None
+
+
+def server_errors(exc: ServerSelectionTimeoutError) -> str:
+    """What each server answered, from pymongo's message (without its timeouts and topology description)."""
+    return re.sub(r" \(configured timeouts:[^)]*\)", "", str(exc).split(", Timeout:")[0])
+
+
+def unreachable(exc: ServerSelectionTimeoutError, uri: str | None, tried: str) -> ServerUnreachable:
+    """bucketq's error for a server that did not answer: ``uri`` (redacted; None when the caller passed a client),
+    what was ``tried``, and what each server said."""
+    where = f" at {redact(uri, uri)}" if uri else ""
+    return ServerUnreachable(redact(f"cannot reach MongoDB{where}: {tried}: {server_errors(exc)}", uri))
 
 
 @dataclass
 class Connection:
     database: Any  # AsyncDatabase, MotorDatabase or MemoryDatabase
     owned_client: AsyncMongoClient | None = None
+    uri: str | None = field(default=None, repr=False)  # as the user passed it: shown only through ``redact``
 
     async def close(self) -> None:
         if self.owned_client is not None:
             await self.owned_client.close()
 
 
-# userinfo in a mongodb:// or mongodb+srv:// URI: everything between the scheme and the last "@" before the hosts
-_USERINFO = re.compile(r"(mongodb(?:\+srv)?://)([^@/?#\s]*(?:@[^@/?#\s]*)*)@", re.IGNORECASE)
-_SECRET_OPTIONS = re.compile(r"((?:password|authMechanismProperties|tlsCertificateKeyFilePassword)=)[^&\s'\"]*",
-                             re.IGNORECASE)
-
-
-def redact_uri(text: str) -> str:
-    """``text`` with the credentials of every MongoDB URI in it replaced by ``***``: for error messages, log
-    lines and CLI output. The user name is kept (it helps to tell accounts apart), the password is not."""
-    def userinfo(match: re.Match[str]) -> str:
-        user = match.group(2).split(":", 1)[0]
-        return f"{match.group(1)}{user}:***@" if ":" in match.group(2) else f"{match.group(1)}{user}@"
-
-    return _SECRET_OPTIONS.sub(r"\1***", _USERINFO.sub(userinfo, text))
-
-
 def connect(target: Any, db: str | None = None) -> Connection:
     if isinstance(target, str):
-        try:
-            parsed = parse_uri(target)
-        except Exception as exc:  # pymongo raises InvalidURI / ConfigurationError / ValueError
-            raise InvalidOption(f"invalid MongoDB URI {redact_uri(target)!r}: {redact_uri(str(exc))}") from None
-        client: AsyncMongoClient = AsyncMongoClient(target, tz_aware=True, connect=False)
-        return Connection(client[db or parsed.get("database") or DEFAULT_DB], owned_client=client)
+        client: AsyncMongoClient = client_of(target)
+        database = client[db] if db else client.get_default_database(DEFAULT_DB)
+        return Connection(database, owned_client=client, uri=target)
     if isinstance(target, AsyncMongoClient):
         return Connection(target[db or _default_db(target)])
     if isinstance(target, (AsyncDatabase, MemoryDatabase)):

@@ -68,13 +68,13 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import InvalidName, PyMongoError
 
 from bucketq.codecs import Codec, codec_option
-from bucketq.connection import redact_uri
 from bucketq.core.format import MAX_BUCKET_BYTES, UTC, Slot, bucket_document, encode_slot, message_id, slot_bytes
 from bucketq.core.retry import is_transient
 from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
 from bucketq.queue import Queue
+from bucketq.redaction import redact
 from bucketq.store import raise_if_cancelled, retrying
 from bucketq.wakeup import WITHOUT_BODIES, Wakeup
 
@@ -385,7 +385,7 @@ class Outbox:
                 except PyMongoError as exc:
                     if not is_transient(exc):
                         raise
-                    log.warning("outbox relay of %s failed, will retry: %s", self.namespace, redact_uri(str(exc)))
+                    log.warning("outbox relay of %s failed, will retry: %s", self.namespace, redact(str(exc)))
                     moved = 0
                 raise_if_cancelled()  # a cancel the driver swallowed during the pass
                 if moved:

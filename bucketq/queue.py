@@ -74,7 +74,7 @@ class Queue:
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
                                   on_written=self._wakeup.notify, before_write=self._ready)
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup)
-        self._setup = SetUp(self._connection.database, self._clock, self._store.ensure_indexes,
+        self._setup = SetUp(self._connection, self._clock, self._store.ensure_indexes,
                             self.options.write_timeout)
         self._housekeeping: asyncio.Task[None] | None = None
         self._closed = False

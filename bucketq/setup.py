@@ -7,22 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pymongo.errors import PyMongoError
+from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 
 from bucketq.clock import ServerClock
-from bucketq.connection import redact_uri
+from bucketq.connection import Connection, unreachable
+from bucketq.redaction import redact
 from bucketq.store import raise_if_cancelled, retrying
 
 log = logging.getLogger("bucketq")
 
 
 class SetUp:
-    def __init__(self, database: Any, clock: ServerClock, ensure_indexes: Callable[[], Awaitable[None]],
+    def __init__(self, connection: Connection, clock: ServerClock, ensure_indexes: Callable[[], Awaitable[None]],
                  timeout_s: float) -> None:
-        self._database = database
+        self._connection = connection
         self._clock = clock
         self._ensure_indexes = ensure_indexes
         self._timeout_s = timeout_s
@@ -37,10 +39,19 @@ class SetUp:
 
     async def _set_up(self, write: bool) -> None:
         if self._clock.stale:
-            await retrying(lambda _: self._clock.sync(self._database), timeout_s=self._timeout_s)
+            await self._retrying("reading the server clock", lambda: self._clock.sync(self._connection.database))
         if write and not self.indexed:
-            await retrying(lambda _: self._ensure_indexes(), timeout_s=self._timeout_s)
+            await self._retrying("creating the indexes", self._ensure_indexes)
             self.indexed = True
+
+    async def _retrying(self, what: str, op: Callable[[], Awaitable[Any]]) -> None:
+        """``op`` retried up to ``timeout_s``; a server that never answered raises ``ServerUnreachable``."""
+        started = time.monotonic()
+        try:
+            await retrying(lambda _: op(), timeout_s=self._timeout_s)
+        except ServerSelectionTimeoutError as exc:
+            tried = f"tried {what} for {time.monotonic() - started:.1f} s (write_timeout {self._timeout_s:g} s)"
+            raise unreachable(exc, self._connection.uri, tried) from None
 
 
 async def every(period_s: float, work: Callable[[], Awaitable[Any]], what: str) -> None:
@@ -50,7 +61,7 @@ async def every(period_s: float, work: Callable[[], Awaitable[Any]], what: str) 
         try:
             await work()
         except PyMongoError as exc:
-            log.warning("%s failed, will retry: %s", what, redact_uri(str(exc)))
+            log.warning("%s failed, will retry: %s", what, redact(str(exc)))
         raise_if_cancelled()
         await asyncio.sleep(period_s)
 

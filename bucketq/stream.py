@@ -117,7 +117,7 @@ class Stream:
         self._producer = Producer(self.store, self.codec, shared, self.clock,
                                   before_write=self.ready)
         self._readers: set[StreamReader] = set()
-        self._setup = SetUp(self.database, self.clock, self.store.ensure_indexes, shared.write_timeout)
+        self._setup = SetUp(self._connection, self.clock, self.store.ensure_indexes, shared.write_timeout)
         self._housekeeping: asyncio.Task[None] | None = None
         self._closed = False
 

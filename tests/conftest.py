@@ -15,9 +15,12 @@ Every test that needs the server is marked ``server``, every one on the in-memor
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -84,6 +87,23 @@ def _skip_missing_features(request: pytest.FixtureRequest) -> None:
 def db_name() -> str:
     """A database of the test's own, dropped afterwards."""
     return f"bq_test_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on: bound, read, closed."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def everything_logged(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[], str]]:
+    """The text of every log record (every logger, from DEBUG) and every warning of the test so far."""
+    caplog.set_level(logging.DEBUG)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield lambda: caplog.text + "".join(str(w.message) for w in caught)
 
 
 @pytest.fixture

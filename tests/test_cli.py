@@ -262,6 +262,10 @@ def test_bad_json_argument_pushes_nothing(bq: Run, sync_db) -> None:
     ("stats", "notmongo://localhost", "invalid MongoDB URI"),
     ("push", "mongodb://127.0.0.1:badport", "invalid MongoDB URI"),
     ("peek", "mongodb://127.0.0.1:1/?connectTimeoutMS=300", "cannot reach MongoDB"),
+    # issue 24: no longer taken for a host name; an unknown option is an error, not pymongo's raw warning
+    ("stats", "notamongouri", "invalid MongoDB URI notamongouri: it must begin with mongodb:// or mongodb+srv://"),
+    ("stats", "mongodb://127.0.0.1:1/?bogusOption=1", "invalid MongoDB URI mongodb://127.0.0.1:1/?bogusOption=1: "
+                                                      "Unknown option: bogusoption"),
 ])
 def test_bad_uri_fails_fast(bq: Run, command: str, uri: str, fragment: str) -> None:
     started = time.monotonic()
@@ -279,31 +283,38 @@ def test_uri_option_and_db_option(mongo_uri: str, db_name: str, bq: Run) -> None
 
 
 def _with_password(mongo_uri: str) -> dict[str, str]:
-    """URIs carrying ``PASSWORD``: unreachable, invalid, and valid (the test server then refuses the login)."""
+    """URIs carrying ``PASSWORD``: unreachable, invalid, valid (the test server then refuses the login), and two
+    whose password holds an unescaped '/' (issue 24: pymongo's own message echoed a piece of it)."""
     host = mongo_uri.split("://", 1)[1].split("/", 1)[0].split("@")[-1]
+    slashed = PASSWORD.replace("-", "/", 1)
     return {"unreachable": f"mongodb://user:{PASSWORD}@127.0.0.1:1/db?connectTimeoutMS=300",
             "invalid": f"mongodb://user:{PASSWORD}@127.0.0.1:badport/db",
-            "valid": f"mongodb://user:{PASSWORD}@{host}/db"}
+            "valid": f"mongodb://user:{PASSWORD}@{host}/db",
+            "slash": f"mongodb://user:{slashed}@127.0.0.1:57321/shop",
+            "slash-several-hosts": f"mongodb://user:{slashed}@h1:1,h2:2/shop"}
 
 
-@pytest.mark.parametrize("kind", ["unreachable", "invalid", "valid"])
+@pytest.mark.parametrize("kind", ["unreachable", "invalid", "valid", "slash", "slash-several-hosts"])
 def test_no_output_shows_a_password(bq: Run, mongo_uri: str, kind: str) -> None:
     uri = _with_password(mongo_uri)[kind]
+    pieces = PASSWORD.split("-", 1)  # what a password cut at its '/' would leave
     worker = ["worker", "tests.cli_handlers:record", "--queue", "events", "--log-level", "debug"]
     for command, via_env in ((["stats"], True), (["stats"], False), (["peek", "events"], False),
-                             (["push", "events", "1"], False), (worker, True)):
+                             (["push", "events", "1"], False), (worker, True), (["dead", "list", "events"], True)):
         args = [*command, "--connect-timeout", "0.5", *([] if via_env else ["--uri", uri])]
         result = bq(*args, uri=uri if via_env else None)
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-        assert PASSWORD not in result.stdout + result.stderr  # the worker's debug log lines included
+        for secret in (PASSWORD, *pieces):  # the worker's debug log lines included
+            assert secret not in result.stdout + result.stderr, result.stderr
         error = result.stderr.strip().splitlines()[-1]
         assert error.startswith("Error: "), result.stderr
-        if kind != "valid":  # the message names the URI it could not use, without the password
-            assert "mongodb://user:***@127.0.0.1:" in error
+        if kind != "valid":  # the message names the URI it could not use, without the credentials
+            assert "mongodb://***@" in error
     # A URI typed where a queue name or a command goes is echoed back in the error, redacted.
-    assert PASSWORD not in one_line_error(bq("peek", uri), "unknown queue 'mongodb://user:***@")
+    if kind == "valid":
+        assert PASSWORD not in one_line_error(bq("peek", uri), "unknown queue 'mongodb://***@")
     typo = bq(uri)
-    assert typo.returncode == 2 and "No such command 'mongodb://user:***@" in typo.stderr
+    assert typo.returncode == 2 and "No such command 'mongodb://***@" in typo.stderr
     assert PASSWORD not in typo.stdout + typo.stderr
 
 
@@ -317,7 +328,7 @@ def test_a_bug_traceback_shows_no_password(monkeypatch: pytest.MonkeyPatch, mong
     monkeypatch.setattr(Queue, "peek", broken_peek)
     result = CliRunner().invoke(cli, ["peek", "events", "--uri", mongo_uri, "--db", db_name])
     assert result.exit_code == 1
-    assert "Traceback" in result.stderr and "RuntimeError: a bug, with mongodb://user:***@example.invalid/db" \
+    assert "Traceback" in result.stderr and "RuntimeError: a bug, with mongodb://***@example.invalid/db" \
         in result.stderr
     assert PASSWORD not in result.output + result.stderr
 
@@ -444,7 +455,7 @@ def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: s
                              "--db", db_name], env, lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "worker started" in err and "worker stopped" in err
-    assert "handled a message for mongodb://app:***@db.example/app" in err and cli_handlers.PASSWORD not in err
+    assert "handled a message for mongodb://***@db.example/app" in err and cli_handlers.PASSWORD not in err
     assert sorted(json.loads(line)["task"] for line in out.read_text().splitlines()) == list(range(6))
     row = stats(bq, "tasks")
     assert row["ready"] == row["in_flight"] == row["dead"] == 0

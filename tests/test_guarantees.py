@@ -427,11 +427,18 @@ async def test_an_ack_after_drain_gave_the_message_back_raises_lease_lost(make_q
 # -- 13. credentials never appear in errors ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("uri", ["mongodb://user:s3cret-pw@host:notaport/db", "mongodb://user:s3cret-pw@/db",
-                                 "mongodb://user:s3cret-pw@h/db?authMechanism=NOPE"])
+                                 "mongodb://user:s3cret-pw@h/db?authMechanism=NOPE",
+                                 # issue 24: reserved characters in the password, several hosts, srv
+                                 "mongodb://user:s3cret/pw7@127.0.0.1:57321/shop",
+                                 "mongodb://user:s3cret/pw7@h1:1,h2:2/shop",
+                                 "mongodb+srv://user:s3cret/pw7@cluster.example.invalid/shop",
+                                 "mongodb://user:s3cret?pw7@127.0.0.1:57321/shop"])
 def test_an_invalid_uri_error_does_not_show_the_password(uri):
     with pytest.raises(bucketq.InvalidOption) as caught:
         bucketq.Queue(uri, name="events")
-    assert "s3cret-pw" not in str(caught.value) and "user" in str(caught.value)
+    message = str(caught.value)
+    assert message.startswith("invalid MongoDB URI mongodb") and "://***@" in message
+    assert "s3cret" not in message and "pw7" not in message and "user:" not in message  # the user name is hidden too
 
 
 # -- tombstones are reaped after their retention --------------------------------------------------------------

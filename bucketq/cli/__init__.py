@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from bucketq.cli.common import log_to_stderr, redacted
+from bucketq.cli.common import log_to_stderr, redacted, remember_uris
 from bucketq.cli.control import pause, purge, remove, resume
 from bucketq.cli.entries import DEAD, QUARANTINE, group
 from bucketq.cli.push import push
@@ -27,9 +27,10 @@ __all__ = ["cli", "main"]
 class _Group(click.Group):
     """The top-level group: parsing and running every command happens within ``redacted``."""
 
-    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+    def make_context(self, info_name: str | None, args: list[str], *rest: Any, **kwargs: Any) -> click.Context:
+        remember_uris(args)
         with redacted():
-            return super().make_context(*args, **kwargs)
+            return super().make_context(info_name, args, *rest, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         with redacted():

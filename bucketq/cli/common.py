@@ -4,7 +4,8 @@ running a command, its errors and stop signals.
 Expected failures become one line on stderr; nothing an operator can cause prints a traceback. Exit codes: 1 for
 a failure at run time (no server, an unknown queue, a refusal), 2 for bad usage, whichever check finds it: click's
 (an unknown option, a value of the wrong type) or bucketq's (``InvalidOption``, a malformed id), 130 for Ctrl-C.
-No message, traceback or log line shows a password: they all pass through ``redact_uri``.
+No message, traceback or log line shows a password: they all pass through ``hide``, which redacts the URIs of
+the command line wherever they or pieces of their credentials appear (``bucketq.redaction``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
+import os
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -31,14 +32,35 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from bucketq.connection import DEFAULT_DB, redact_uri
+from bucketq.connection import DEFAULT_DB, client_of, server_errors
 from bucketq.control import collection_names, is_queue
-from bucketq.errors import BucketqError, InvalidOption
+from bucketq.errors import BucketqError, InvalidOption, ServerUnreachable
 from bucketq.queue import Queue
+from bucketq.redaction import redact
 
 T = TypeVar("T")
 MAX_MESSAGE = 300
 URI_ENV = "BUCKETQ_MONGODB_URI"
+
+
+# -- hiding credentials ---------------------------------------------------------------------------------------
+
+_uris: list[str] = []  # the URIs of the command line being run
+
+
+def remember_uris(args: Sequence[str]) -> None:
+    """Note the URIs of a command line before it is parsed: ``$BUCKETQ_MONGODB_URI``, the value of ``--uri``, and
+    any argument holding ``://`` (a URI typed where a queue name goes). ``hide`` hides their credentials."""
+    after_uri = [value for flag, value in zip(args, args[1:], strict=False) if flag == "--uri"]
+    given = [arg.removeprefix("--uri=") for arg in args if "://" in arg or arg.startswith("--uri=")]
+    _uris[:] = [uri for uri in (os.environ.get(URI_ENV, ""), *after_uri, *given) if uri]
+
+
+def hide(text: str) -> str:
+    """``text`` with the credentials of the command line's URIs hidden, and those of any other URI in it."""
+    for uri in _uris:
+        text = redact(text, uri)
+    return redact(text)
 
 
 # -- errors -------------------------------------------------------------------------------------------------
@@ -47,7 +69,7 @@ class CliError(click.ClickException):
     """An expected failure: click prints ``Error: <message>`` on stderr and exits with 1."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(one_line(redact_uri(message)))  # before a cut could split a URI
+        super().__init__(one_line(hide(message)))  # before a cut could split a URI
 
 
 class BadUsage(CliError):
@@ -64,12 +86,13 @@ def one_line(text: str) -> str:
 
 def describe(exc: BaseException, uri: str = "") -> str | None:
     """A one-line explanation of an expected error, or None for a bug (which keeps its traceback)."""
-    where = f" at {redact_uri(uri)}" if uri else ""
+    where = f" at {hide(uri)}" if uri else ""
+    if isinstance(exc, ServerUnreachable):
+        return str(exc)
     if isinstance(exc, ServerSelectionTimeoutError):
-        reason = re.sub(r" \(configured timeouts:[^)]*\)", "", str(exc).split(", Timeout:")[0])
-        return f"cannot reach MongoDB{where}: {reason}"
+        return f"cannot reach MongoDB{where}: {server_errors(exc)}"
     if isinstance(exc, ConfigurationError):
-        return f"invalid MongoDB URI{' ' + redact_uri(uri) if uri else ''}: {exc}"
+        return f"invalid MongoDB URI{' ' + hide(uri) if uri else ''}: {exc}"
     if isinstance(exc, InvalidName):
         return f"invalid name: {exc}"
     if isinstance(exc, OperationFailure):
@@ -91,18 +114,18 @@ def redacted() -> Iterator[None]:
     except click.ClickException as exc:
         # click types message Final, but it is a plain attribute that format_message() reads; a new exception
         # in its place would lose the class and so the exit code (2 for usage errors)
-        exc.message = redact_uri(exc.message)  # type: ignore[misc]
+        exc.message = hide(exc.message)  # type: ignore[misc]
         raise
     except (click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:
-        click.echo(redact_uri("".join(traceback.format_exception(exc))), err=True, nl=False)
+        click.echo(hide("".join(traceback.format_exception(exc))), err=True, nl=False)
         raise SystemExit(1) from None
 
 
 class RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return redact_uri(super().format(record))
+        return hide(super().format(record))
 
 
 def log_to_stderr(level: str) -> None:
@@ -165,10 +188,9 @@ async def database(target: Target) -> AsyncIterator[Any]:
     if not target.uri:
         raise CliError(f"no MongoDB URI: pass --uri or set {URI_ENV}")
     try:
-        client: AsyncMongoClient = AsyncMongoClient(
-            target.uri, serverSelectionTimeoutMS=int(target.connect_timeout * 1000), tz_aware=True)
-    except (PyMongoError, ValueError, TypeError) as exc:  # the URI's syntax or options
-        raise CliError(f"invalid MongoDB URI {redact_uri(target.uri)}: {exc}") from None
+        client: AsyncMongoClient = client_of(target.uri, serverSelectionTimeoutMS=int(target.connect_timeout * 1000))
+    except InvalidOption as exc:  # the URI's syntax or options
+        raise CliError(str(exc)) from None
     try:
         try:
             await client.admin.command("ping")

@@ -30,6 +30,7 @@ from bson import ObjectId
 from bucketq.batch import Batch, BatchQueue
 from bucketq.core.backoff import Backoff
 from bucketq.errors import BucketqError, InvalidOption
+from bucketq.redaction import redact
 from bucketq_spark.reader import ReadOptions, decode_options, payload_struct, read_messages
 from bucketq_spark.sinks import Sink
 
@@ -179,7 +180,7 @@ class BatchJob:
                 self.write(batch, out)
             result.seconds["write"] = t.seconds
         except Exception as exc:
-            result.error = f"{type(exc).__name__}: {_first_line(exc)}"
+            result.error = redact(f"{type(exc).__name__}: {_first_line(exc)}", self.uri)  # stored and shown
             outcome = self.queue.release(batch, result.error)
             result.released, result.quarantined = outcome["released"], result.quarantined + outcome["quarantined"]
             self._emit("release", "done", 0.0, released=len(result.released), quarantined=len(result.quarantined),
@@ -193,7 +194,7 @@ class BatchJob:
                 result.committed = self.commit(batch)
             result.seconds["commit"] = t.seconds
         except Exception as exc:  # written but not finished: the lease runs out and a re-run rewrites the same rows
-            result.error = f"commit failed: {type(exc).__name__}: {_first_line(exc)}"
+            result.error = redact(f"commit failed: {type(exc).__name__}: {_first_line(exc)}", self.uri)
         return result
 
     def run(self, max_batches: int | None = None) -> list[BatchResult]:

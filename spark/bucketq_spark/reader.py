@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bucketq.connection import check_uri
 from bucketq.core import claims
 from bucketq.errors import InvalidOption
 from bucketq_spark.session import PAGINATE_INTO_PARTITIONS, SINGLE_PARTITION
@@ -106,6 +107,7 @@ def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, to
     """The bucket documents of ``queue`` (all live ones, or those leased under ``token``) as rows of
     ``BUCKET_SCHEMA``. ``pipeline`` stages run after the token match, before the projection.
     ``expected_docs`` and ``expected_bytes`` (their BSON size) size the partitions (``ReadOptions``)."""
+    check_uri(uri)  # before the connector could echo it
     stages: list[dict[str, Any]] = [{"$match": {"lease.token": token} if token is not None else claims.LIVE}]
     stages += list(pipeline or [])
     stages.append({"$project": {f: 1 for f in BUCKET_FIELDS}})

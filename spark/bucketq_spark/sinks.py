@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from bucketq.connection import check_uri
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -65,11 +67,14 @@ class MongoSink:
     """A MongoDB collection written through the connector, upserting by an ``_id`` made of ``id_columns``
     (one column: its value; several: a sub-document of them, in order)."""
 
-    uri: str
+    uri: str = field(repr=False)  # shown only redacted
     database: str
     collection: str
     id_columns: Sequence[str] = ("message_id",)
     options: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_uri(self.uri)
 
     def write(self, df: DataFrame) -> None:
         from pyspark.sql import functions as F

@@ -28,9 +28,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DuplicateKeyError, ServerSelectionTimeoutError
 
 from bucketq.clock import ServerClock
+from bucketq.connection import check_uri, client_of, unreachable
 from bucketq.core import stream as core
 from bucketq.core.claims import owner_name
 from bucketq.core.format import POSITIONS_SUFFIX, SEQ_SUFFIX
@@ -51,6 +52,7 @@ def read_stream_range(spark: SparkSession, uri: str, database: str, stream: str,
                       json_options: Mapping[str, str] | None = None) -> DataFrame:
     """The messages of ``stream`` with ``start <= position < end``, one row each (``STREAM_MESSAGE_COLUMNS``).
     The connector runs ``$match`` on the sequences; the slots of the first and last bucket are cut here."""
+    check_uri(uri)  # before the connector could echo it
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -153,10 +155,13 @@ def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, g
     ``{"start", "end", "rows", "committed"}``."""
     from pymongo import MongoClient
 
-    client: MongoClient = MongoClient(uri, tz_aware=True)
+    client: MongoClient = client_of(uri, MongoClient)
     try:
         db = client[database]
-        taken = uncommitted_range(db, stream, group, start=start, max_buckets=max_buckets, gap_wait=gap_wait)
+        try:
+            taken = uncommitted_range(db, stream, group, start=start, max_buckets=max_buckets, gap_wait=gap_wait)
+        except ServerSelectionTimeoutError as exc:
+            raise unreachable(exc, uri, f"tried reading the range of group {group!r}") from None
         if taken.empty:
             return {"start": str(taken.start), "end": str(taken.end), "rows": 0, "committed": False}
         frame = read_stream_range(spark, uri, database, stream, payload_schema, start=taken.start, end=taken.end,
