@@ -269,7 +269,9 @@ def test_bad_json_argument_pushes_nothing(bq: Run, sync_db) -> None:
 ])
 def test_bad_uri_fails_fast(bq: Run, command: str, uri: str, fragment: str) -> None:
     started = time.monotonic()
-    one_line_error(bq(command, "events", "--connect-timeout", "0.5", uri=uri), fragment)
+    result = bq(command, "events", "--connect-timeout", "0.5", uri=uri)
+    one_line_error(result, fragment)
+    assert result.returncode == (1 if fragment == "cannot reach MongoDB" else 2)  # an invalid URI is bad usage
     assert time.monotonic() - started < 10
 
 
@@ -303,7 +305,8 @@ def test_no_output_shows_a_password(bq: Run, mongo_uri: str, kind: str) -> None:
                              (["push", "events", "1"], False), (worker, True), (["dead", "list", "events"], True)):
         args = [*command, "--connect-timeout", "0.5", *([] if via_env else ["--uri", uri])]
         result = bq(*args, uri=uri if via_env else None)
-        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        expected = 1 if kind in ("unreachable", "valid") else 2  # an invalid URI is bad usage
+        assert result.returncode == expected and "Traceback" not in result.stderr, result.stderr
         for secret in (PASSWORD, *pieces):  # the worker's debug log lines included
             assert secret not in result.stdout + result.stderr, result.stderr
         error = result.stderr.strip().splitlines()[-1]

@@ -189,8 +189,8 @@ async def database(target: Target) -> AsyncIterator[Any]:
         raise CliError(f"no MongoDB URI: pass --uri or set {URI_ENV}")
     try:
         client: AsyncMongoClient = client_of(target.uri, serverSelectionTimeoutMS=int(target.connect_timeout * 1000))
-    except InvalidOption as exc:  # the URI's syntax or options
-        raise CliError(str(exc)) from None
+    except InvalidOption as exc:  # the URI's syntax or options: bad usage, like any other value refused
+        raise BadUsage(str(exc)) from None
     try:
         try:
             await client.admin.command("ping")
