@@ -119,11 +119,12 @@ class Worker:
             self.stop()  # a loop that ended before stop() failed: stop the others too
             drain_timeout = self.queue.options.drain_timeout
             _, running = await asyncio.wait(loops, timeout=drain_timeout)
-            if running and self._calls:
-                log.warning("%d handler call(s) still running %g s after the worker began stopping "
-                            "(drain_timeout): cancelling them, and waiting for them to return", len(self._calls),
-                            drain_timeout)
-                self._cut_off = True
+            if running:
+                self._cut_off = True  # from now on, a handler call is cancelled as it starts
+                if self._calls:
+                    log.warning("%d handler call(s) still running %g s after the worker began stopping "
+                                "(drain_timeout): cancelling them, and waiting for them to return",
+                                len(self._calls), drain_timeout)
                 for call in list(self._calls):
                     call.cancel()
                 await asyncio.wait(loops)
@@ -150,10 +151,13 @@ class Worker:
         may never end); one cancelled on stop (``_serve``) was waited for. Both raise ``HandlerTimeout``."""
         call = asyncio.ensure_future(self.handler(batch) if self.batch_size else self.handler(batch[0]))
         self._calls.add(call)
+        if self._cut_off:  # a batch reserved after the cut-off
+            call.cancel()
         try:
             done, _ = await asyncio.wait({call}, timeout=self.handler_timeout)
-        except asyncio.CancelledError:  # the worker itself is cancelled: so is its handler
+        except asyncio.CancelledError:  # the worker itself is cancelled: so is its handler, which it waits for
             call.cancel()
+            await asyncio.wait({call})
             raise
         finally:
             self._calls.discard(call)

@@ -274,10 +274,14 @@ async def test_a_handler_past_drain_timeout_is_cancelled_and_its_message_goes_to
     await asyncio.wait_for(started.wait(), 10)
     other = asyncio.ensure_future(other_consumer())
     worker.stop()
-    await _until(lambda: "cancelled" in events)  # before: the worker waited for its handler forever
-    await asyncio.sleep(0.5)  # the other consumer polls every 20 ms meanwhile
-    assert not other.done() and not run.done(), "the handler still runs: its message stays held"
-    release.set()
+    try:
+        await _until(lambda: "cancelled" in events)  # before: the worker waited for its handler forever
+        await asyncio.sleep(0.5)  # the other consumer polls every 20 ms meanwhile
+        assert not other.done() and not run.done(), "the handler still runs: its message stays held"
+    finally:
+        release.set()
+        if "cancelled" not in events:
+            run.cancel()
     await asyncio.wait_for(run, 10)
     again = await asyncio.wait_for(other, 10)
     assert events == ["started", "cancelled", "returned", "delivered to the other consumer"]
