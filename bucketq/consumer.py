@@ -341,11 +341,13 @@ class Consumer:
     # -- resolving -----------------------------------------------------------------------------------------
 
     async def resolve(self, holding: Holding, slot: int, outcome: tuple[str, float | None, str], *,
-                      wait: bool) -> None:
-        """Record ``outcome``, ``(kind, delay, reason)`` with kind "ack", "nack" or "dead"."""
+                      wait: bool) -> float | None:
+        """Record ``outcome``, ``(kind, delay, reason)`` with kind "ack", "nack" or "dead". A nack returns the
+        seconds until its retry, or None when it was the message's last attempt (a dead letter)."""
         held = holding.held
         held.check_held(slot)
         kind, delay, reason = outcome
+        retry_in = None
         if kind == "ack":
             key = held.bucket.keys[slot]
             if self._options.dedupe and key is not None:
@@ -364,7 +366,8 @@ class Consumer:
         else:
             delay = self._backoff.delay(held.tries(slot)) if delay is None else check_delay(delay)
             retry_at = self._clock.now() + dt.timedelta(seconds=max(0.0, delay))
-            held.nack(slot, retry_at, reason)
+            if held.nack(slot, retry_at, reason) is SlotState.RETRY:
+                retry_in = delay
         future = None
         if wait:
             future = holding.waiters[slot] = asyncio.get_running_loop().create_future()
@@ -372,6 +375,7 @@ class Consumer:
             self._schedule_flush(holding)
         if future is not None:
             await future
+        return retry_in
 
     # -- flushing ------------------------------------------------------------------------------------------
 

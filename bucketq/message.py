@@ -39,11 +39,11 @@ class Message:
         await self._consumer.resolve(self._holding, self._slot, ("ack", None, ""), wait=wait)
 
     async def nack(self, delay: float | None = None, *, error: str | BaseException | None = None,
-                   wait: bool = False) -> None:
+                   wait: bool = False) -> float | None:
         """Deliver the message again after ``delay`` seconds (default: the queue's backoff for its tries),
         without holding back its siblings; after ``max_attempts`` deliveries it goes to the dead letters
-        with ``error`` as its reason."""
-        await self._consumer.resolve(self._holding, self._slot, ("nack", delay, _reason(error)), wait=wait)
+        with ``error`` as its reason. Returns the seconds until the retry, or None for a dead letter."""
+        return await self._consumer.resolve(self._holding, self._slot, ("nack", delay, _reason(error)), wait=wait)
 
     async def dead_letter(self, *, error: str | BaseException | None = None, wait: bool = False) -> None:
         """Give up on the message: it goes straight to the dead letters with ``error`` as its reason, without

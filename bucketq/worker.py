@@ -7,6 +7,11 @@ A batch handler (``batch_size=N``) gets a list of up to N messages and may fail 
 failed ones: a mapping ``{message_id: error}`` (errors may be ``Retry``/``Reject``) or an iterable of
 ``Message``; raising fails the whole batch. ``handler_timeout`` bounds each call: a handler past it is
 cancelled and its messages are retried with the time limit as the reason.
+
+Each failed message is logged (a warning with its id, its try, what becomes of it and the traceback), within
+a budget per minute. Nothing that goes wrong with one message stops the worker: an error while resolving it is
+logged, and the message nacked. On stop, handlers get the queue's ``drain_timeout`` to finish; those still
+running are cancelled and waited for before their messages are retried and the queue drains.
 """
 
 from __future__ import annotations
@@ -22,14 +27,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketq import metrics
+from bucketq.core.logbudget import LogBudget
 from bucketq.errors import HandlerTimeout, InvalidOption, LeaseLost, Reject, Retry
 from bucketq.message import Message
 from bucketq.options import check_delay
 from bucketq.queue import Queue
 
-log = logging.getLogger("bucketq")
+log = logging.getLogger("bucketq.worker")
 RESERVE_WAIT_S = 0.5  # how often an idle task looks at the stop flag
 DEFAULT_CONCURRENCY = 1  # handler calls at once, unless asked for more: `bucketq worker --concurrency` too
+# Handler failures are logged one warning each, with the traceback, up to this many per window; beyond that they
+# are counted, and summed up in one line when the window ends, so that a failure storm cannot flood the log.
+FAILURE_LOG_LIMIT = 10
+FAILURE_LOG_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -75,10 +85,14 @@ class Worker:
         self._stopping = asyncio.Event()
         self.handled = 0
         self.failed = 0
+        self._calls: set[asyncio.Future[Any]] = set()  # the handler calls running
+        self._cut_off = False  # stop() waited drain_timeout, then cancelled the handler calls still running
+        self._failure_log = LogBudget(FAILURE_LOG_LIMIT, FAILURE_LOG_WINDOW_S)
         self._metrics = metrics.for_queue(queue.name, queue.database.name)
 
     def stop(self) -> None:
-        """Ask for a graceful stop: running handlers finish, then state is flushed and buckets released."""
+        """Ask for a graceful stop: running handlers get ``drain_timeout`` to finish (then they are cancelled),
+        then state is flushed and buckets released."""
         self._stopping.set()
 
     async def run(self) -> None:
@@ -88,14 +102,44 @@ class Worker:
         for sig in signals:
             loop.add_signal_handler(sig, self.stop)
         try:
-            await asyncio.gather(*(self._loop() for _ in range(self.concurrency)))
+            await self._serve()
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
+            self._log_suppressed(force=True)
             await self.queue.drain()
+
+    async def _serve(self) -> None:
+        """Run the loops until ``stop()`` (or one of them fails). Handlers still running ``drain_timeout``
+        seconds later are cancelled, and waited for: their messages are retried only once they returned, and
+        the queue drains after that, so no other consumer gets a message while its handler here still runs."""
+        loops = [asyncio.ensure_future(self._loop()) for _ in range(self.concurrency)]
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([*loops, stopping], return_when=asyncio.FIRST_COMPLETED)
+            self.stop()  # a loop that ended before stop() failed: stop the others too
+            drain_timeout = self.queue.options.drain_timeout
+            _, running = await asyncio.wait(loops, timeout=drain_timeout)
+            if running:
+                self._cut_off = True  # from now on, a handler call is cancelled as it starts
+                if self._calls:
+                    log.warning("%d handler call(s) still running %g s after the worker began stopping "
+                                "(drain_timeout): cancelling them, and waiting for them to return",
+                                len(self._calls), drain_timeout)
+                for call in list(self._calls):
+                    call.cancel()
+                await asyncio.wait(loops)
+        finally:
+            for task in (*loops, stopping):
+                task.cancel()
+            await asyncio.gather(*loops, stopping, return_exceptions=True)
+        for task in loops:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
 
     async def _loop(self) -> None:
         while not self._stopping.is_set():
+            self._log_suppressed()
             batch = await self._next_batch()
             if batch:
                 await self._handle(batch)
@@ -104,8 +148,30 @@ class Worker:
         return await self.queue.reserve_many(self.batch_size or 1, timeout=RESERVE_WAIT_S)
 
     async def _call_handler(self, batch: list[Message]) -> Any:
-        call = self.handler(batch) if self.batch_size else self.handler(batch[0])
-        return await (call if self.handler_timeout is None else _timed(call, self.handler_timeout))
+        """The handler's result. A call past ``handler_timeout`` is cancelled but not waited for (a hung one
+        may never end); one cancelled on stop (``_serve``) was waited for. Both raise ``HandlerTimeout``."""
+        call = asyncio.ensure_future(self.handler(batch) if self.batch_size else self.handler(batch[0]))
+        self._calls.add(call)
+        if self._cut_off:  # a batch reserved after the cut-off
+            call.cancel()
+        try:
+            done, _ = await asyncio.wait({call}, timeout=self.handler_timeout)
+        except asyncio.CancelledError:  # the worker itself is cancelled: so is its handler, which it waits for
+            call.cancel()
+            await asyncio.wait({call})
+            raise
+        finally:
+            self._calls.discard(call)
+        if not done:
+            call.cancel()
+            call.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it: retrieve
+            raise HandlerTimeout(f"the handler did not finish within {self.handler_timeout:g} s (handler_timeout)")
+        if call.cancelled() and self._cut_off:
+            raise HandlerTimeout(f"the worker stopped and the handler did not finish within "
+                                 f"{self.queue.options.drain_timeout:g} s (drain_timeout)")
+        if call.cancelled():
+            raise RuntimeError("the handler was cancelled")
+        return call.result()
 
     async def _handle(self, batch: list[Message]) -> None:
         started = time.monotonic()
@@ -123,42 +189,76 @@ class Worker:
         for message in batch:
             error = failures.get(message.id)
             try:
-                if message.resolved:  # the handler acked or nacked it itself
-                    pass
-                elif error is None:
-                    await message.ack()
-                elif isinstance(error, Reject):
-                    await message.dead_letter(error=error)
-                else:
-                    await message.nack(error.delay if isinstance(error, Retry) else None, error=error)
-            except LeaseLost:
-                log.warning("lease lost before message %s was resolved; it will be delivered again", message.id)
+                fate = await self._resolve(message, error)
+            except Exception as exc:  # e.g. the dedupe key's write failed: the message must come back
+                log.exception("resolving message %s failed", message.id)
+                error = failures[message.id] = exc
+                fate = await self._retry_unresolved(message, exc)
             if error is not None:
+                self._log_failure(message, error, fate)
                 await _call_hook(self.on_error, message, error)
         self.handled += len(batch) - len(failures)
         self.failed += len(failures)
         await _call_hook(self.after_batch, BatchTiming(len(batch), len(failures), sum(queue_times) / len(batch),
                                                        max(queue_times), processing))
 
+    async def _resolve(self, message: Message, error: BaseException | None) -> str:
+        """Ack, nack or dead-letter ``message`` as its handler's outcome says; what became of it, in words."""
+        try:
+            if message.resolved:
+                return "the handler resolved it itself"
+            if error is None:
+                await message.ack()
+                return "acked"
+            if isinstance(error, Reject):
+                await message.dead_letter(error=error)
+                return "dead-lettered: rejected by the handler"
+            retry_in = await message.nack(error.delay if isinstance(error, Retry) else None, error=error)
+        except LeaseLost:
+            log.warning("lease lost before message %s was resolved; it will be delivered again", message.id)
+            return "lease lost: it will be delivered again"
+        return _fate(retry_in, self.queue.options.max_attempts)
 
-async def _timed(handler: Awaitable[Any], limit: float) -> Any:
-    """Await ``handler`` for at most ``limit`` seconds. A handler past its limit is cancelled but not waited
-    for (a hung one may never end); its messages are then retried, with the time limit as the reason."""
-    task = asyncio.ensure_future(handler)
-    done, _ = await asyncio.wait({task}, timeout=limit)
-    if not done:
-        task.cancel()
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it: retrieve
-        raise HandlerTimeout(f"the handler did not finish within {limit:g} s (handler_timeout)")
-    return task.result()
+    async def _retry_unresolved(self, message: Message, error: BaseException) -> str:
+        """After ``_resolve`` failed: nack the message with the queue's backoff, if it is still in hand."""
+        if message.resolved:
+            return "resolved before the error"
+        try:
+            return _fate(await message.nack(error=error), self.queue.options.max_attempts)
+        except Exception as exc:
+            log.warning("nack of message %s failed too (%s); it is retried when the worker drains", message.id, exc)
+            return "left in hand: it is retried when the worker drains"
+
+    def _log_failure(self, message: Message, error: BaseException, fate: str) -> None:
+        """One warning with the traceback per failed message, at most ``FAILURE_LOG_LIMIT`` per window."""
+        self._log_suppressed()
+        if self._failure_log.take(time.monotonic()):
+            log.warning("handler failed on message %s (try %d of %d): %s", message.id, message.tries + 1,
+                        self.queue.options.max_attempts, fate, exc_info=error)
+
+    def _log_suppressed(self, *, force: bool = False) -> None:
+        closed = self._failure_log.close(time.monotonic(), force=force)
+        if closed is not None:
+            log.warning("%d more handler failures suppressed in the last %.0f s (at most %d are logged per %.0f s)",
+                        closed[0], closed[1], FAILURE_LOG_LIMIT, FAILURE_LOG_WINDOW_S)
+
+
+def _fate(retry_in: float | None, max_attempts: int) -> str:
+    """What a nack did, in words: see ``Message.nack``."""
+    if retry_in is None:
+        return f"dead-lettered: max_attempts ({max_attempts}) reached"
+    return f"will retry in {retry_in:.1f} s"
 
 
 def _failures(result: Any, batch: list[Message]) -> dict[str, BaseException]:
+    """The failed messages of ``batch`` that a batch handler returned, by id (ids not in the batch ignored)."""
+    ids = {m.id for m in batch}
     if isinstance(result, Mapping):
-        return {k.id if isinstance(k, Message) else str(k): v if isinstance(v, BaseException) else RuntimeError(str(v))
-                for k, v in result.items()}
+        failed = {k.id if isinstance(k, Message) else str(k): v if isinstance(v, BaseException)
+                  else RuntimeError(str(v)) for k, v in result.items()}
+        return {k: v for k, v in failed.items() if k in ids}
     if isinstance(result, Iterable):
-        return {m.id: RuntimeError("failed by the batch handler") for m in result}
+        return {m.id: RuntimeError("failed by the batch handler") for m in result if m.id in ids}
     raise TypeError(f"a batch handler returns None, a mapping or an iterable of messages, not {type(result).__name__}")
 
 

@@ -635,9 +635,14 @@ def test_worker_takes_queue_options_and_hooks(mongo_uri: str, db_name: str, bq: 
     env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
     argv = [*BQ, "worker", "tests.cli_hooks:fail_marked", "--queue", "tasks", "--db", db_name, "--max-attempts", "1",
             "--lease", "20", "--inbox-retention", "none", "--on-error", "tests.cli_hooks:on_error",
-            "--after-batch", "tests.cli_hooks:after_batch"]
+            "--after-batch", "tests.cli_hooks:after_batch", "--log-level", "debug"]
     proc, err = _work_until(argv, env, lambda: out.exists() and out.read_text().count('"batch"') >= 3)
-    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert proc.returncode == 0, err
+    # The failure is logged once, with what became of the message and the handler's traceback (the only one).
+    (failure,) = [line for line in err.splitlines() if "handler failed on message" in line]
+    assert failure.endswith("(try 1 of 1): dead-lettered: max_attempts (1) reached") and " WARNING " in failure
+    assert err.count("Traceback") == 1 and "ValueError: refusing 2" in err.split(failure, 1)[1], err
+    assert " pymongo." not in err, "--log-level debug sets bucketq's loggers, not the driver's"
     records = jsonl(out.read_text())
     assert sorted(r["handled"] for r in records if "handled" in r) == [1, 3]
     assert [r for r in records if "error" in r] == [{"error": "refusing 2", "n": 2, "tries": 0}]

@@ -4,12 +4,18 @@ handler resolving its own message, a per-handler time limit, batch handlers fail
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import logging
 import time
+from collections.abc import Callable
 
 import orjson
 import pytest
+from pymongo.errors import WriteError
 
 import bucketq
+from bucketq.core.logbudget import LogBudget
+from bucketq.worker import FAILURE_LOG_LIMIT
 
 QUICK = {"bucket_max_wait": 0.005, "change_streams": False, "poll_interval": 0.02, "drain_timeout": 0}
 
@@ -111,3 +117,180 @@ def test_a_bad_handler_timeout_is_invalid_option(make_queue, bad):
 
     with pytest.raises(bucketq.InvalidOption):
         bucketq.Worker(make_queue(), handler, handler_timeout=bad)
+
+
+# -- a bad Retry or Reject, and errors while resolving, never stop the worker --------------------------------------
+
+@pytest.mark.parametrize("kwargs", [{"delay": -1}, {"delay": float("nan")}, {"delay": float("inf")}, {"delay": "5"},
+                                    {"delay": True}, {"reason": 5}])
+def test_a_bad_retry_is_refused_when_built(kwargs):
+    with pytest.raises(bucketq.InvalidOption, match="Retry"):
+        bucketq.Retry(**kwargs)
+
+
+def test_a_reject_without_a_reason_str_is_refused_when_built():
+    with pytest.raises(bucketq.InvalidOption, match="Reject takes a reason str"):
+        bucketq.Reject(ValueError("not a str"))  # type: ignore[arg-type]
+    assert str(bucketq.Reject()) == "rejected by the handler"
+    assert bucketq.Retry("later", delay=dt.timedelta(seconds=2)).delay == 2.0
+
+
+@pytest.mark.backends("memory", "server")
+async def test_a_handler_building_a_bad_retry_fails_its_message_and_the_worker_goes_on(make_queue):
+    q = make_queue(**QUICK, max_attempts=1)
+    await q.push_many(["bad", "good"])
+    handled: list[str] = []
+    worker: bucketq.Worker
+
+    async def handler(message: bucketq.Message) -> None:
+        if message.payload == "bad":
+            raise bucketq.Retry("later", delay=-1)  # stopped the whole worker before
+        handled.append(message.payload)
+        worker.stop()
+
+    worker = bucketq.Worker(q, handler, handle_signals=False)
+    await asyncio.wait_for(worker.run(), 10)
+    assert handled == ["good"] and (worker.handled, worker.failed) == (1, 1)
+    (dead,) = await q.dead_letters()
+    assert dead["error"].startswith("InvalidOption: Retry delay must be a number of seconds")
+
+
+@pytest.mark.backends("memory")
+async def test_an_error_resolving_one_message_is_logged_and_the_worker_goes_on(make_queue, memory_db, caplog):
+    q = make_queue(**QUICK, dedupe=True, retry_base=0.1, retry_jitter=0)
+    await q.push_many([bucketq.Outgoing("first", key="k1"), bucketq.Outgoing("second", key="k2")])
+    # The first ack's dedupe key cannot be stored: that ack raises, which stopped the worker before.
+    memory_db.faults.refuse("insert", collection="events.inbox", error=WriteError("no space", 14031))
+    seen: list[tuple[str, int]] = []
+    worker: bucketq.Worker
+
+    async def handler(message: bucketq.Message) -> None:
+        seen.append((message.payload, message.tries))
+        if len(seen) == 3:
+            worker.stop()
+
+    worker = bucketq.Worker(q, handler, handle_signals=False)
+    with caplog.at_level(logging.WARNING, logger="bucketq"):
+        await asyncio.wait_for(worker.run(), 10)
+    assert seen == [("first", 0), ("second", 0), ("first", 1)], "the first is retried: its ack was not stored"
+    assert (worker.handled, worker.failed) == (2, 1)
+    stats = await q.stats()
+    assert stats["ready"] == stats["scheduled"] == stats["in_flight"] == stats["dead"] == 0
+    (failure,) = [r for r in caplog.records if r.getMessage().startswith("handler failed")]
+    assert "(try 1 of 5): will retry in 0.1 s" in failure.getMessage() and "no space" in failure.exc_text
+
+
+# -- handler failures are logged, within a budget ---------------------------------------------------------------
+
+@pytest.mark.backends("memory")
+async def test_each_handler_failure_is_logged_with_its_id_try_fate_and_traceback(make_queue, caplog):
+    q = make_queue(**QUICK, max_attempts=2, retry_base=0.1, retry_jitter=0)
+    await q.push_many(["boom", "reject"])
+    ids: dict[str, str] = {}
+
+    async def handler(message: bucketq.Message) -> None:
+        ids[message.payload] = message.id
+        if message.payload == "reject":
+            raise bucketq.Reject("schema 0")
+        raise RuntimeError("boom")
+
+    worker = bucketq.Worker(q, handler, handle_signals=False)
+    with caplog.at_level(logging.WARNING, logger="bucketq"):
+        task = asyncio.ensure_future(worker.run())
+        while len(await q.dead_letters()) < 2:
+            await asyncio.sleep(0.05)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    lines = [(r.levelno, r.name, r.getMessage(), r.exc_info) for r in caplog.records
+             if r.getMessage().startswith("handler failed")]
+    assert [line[2] for line in lines] == [
+        f"handler failed on message {ids['boom']} (try 1 of 2): will retry in 0.1 s",
+        f"handler failed on message {ids['reject']} (try 1 of 2): dead-lettered: rejected by the handler",
+        f"handler failed on message {ids['boom']} (try 2 of 2): dead-lettered: max_attempts (2) reached"]
+    assert {(level, name) for level, name, _, _ in lines} == {(logging.WARNING, "bucketq.worker")}
+    assert [type(exc_info[1]) for *_, exc_info in lines] == [RuntimeError, bucketq.Reject, RuntimeError]
+    assert all(exc_info[2] is not None for *_, exc_info in lines), "with the handler's traceback"
+
+
+@pytest.mark.backends("memory")
+async def test_a_failure_storm_logs_a_bounded_number_of_lines_and_a_count(make_queue, caplog):
+    q = make_queue(**QUICK, max_attempts=1)
+    await q.push_many(list(range(FAILURE_LOG_LIMIT + 5)))
+
+    async def handler(message: bucketq.Message) -> None:
+        raise RuntimeError("storm")
+
+    worker = bucketq.Worker(q, handler, handle_signals=False, concurrency=4)
+    with caplog.at_level(logging.WARNING, logger="bucketq"):
+        task = asyncio.ensure_future(worker.run())
+        while worker.failed < FAILURE_LOG_LIMIT + 5:
+            await asyncio.sleep(0.05)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    messages = [r.getMessage() for r in caplog.records if r.name == "bucketq.worker"]
+    assert sum(m.startswith("handler failed") for m in messages) == FAILURE_LOG_LIMIT
+    (summary,) = [m for m in messages if "suppressed" in m]
+    assert summary.startswith("5 more handler failures suppressed in the last ")
+
+
+def test_a_log_budget_allows_its_limit_per_window_and_counts_the_rest():
+    budget = LogBudget(2, 10.0)
+    assert [budget.take(t) for t in (0.0, 1.0, 2.0, 3.0)] == [True, True, False, False]
+    assert budget.close(9.0) is None, "the window has not passed"
+    assert budget.close(10.0) == (2, 10.0)
+    assert budget.take(11.0) and budget.close(30.0) is None, "nothing suppressed: nothing to say"
+    assert budget.take(31.0) and budget.close(32.0, force=True) is None
+
+
+# -- stopping: a handler past drain_timeout is cancelled and waited for -------------------------------------------
+
+@pytest.mark.backends("memory", "server")
+async def test_a_handler_past_drain_timeout_is_cancelled_and_its_message_goes_to_no_one_until_it_returned(
+        make_queue):
+    options = {**QUICK, "retry_base": 0.05, "retry_max": 0.05}
+    first, second = make_queue(**{**options, "drain_timeout": 0.2}), make_queue(**options)
+    await first.push("slow")
+    events: list[str] = []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(message: bucketq.Message) -> None:
+        events.append("started")
+        started.set()
+        try:
+            await asyncio.Event().wait()  # hangs
+        except asyncio.CancelledError:
+            events.append("cancelled")
+            await release.wait()  # it goes on after the cancellation, until the test lets it end
+            events.append("returned")
+            raise
+
+    async def other_consumer() -> bucketq.Message:
+        message = await second.reserve(timeout=30)
+        events.append("delivered to the other consumer")
+        return message
+
+    worker = bucketq.Worker(first, handler, handle_signals=False)
+    run = asyncio.ensure_future(worker.run())
+    await asyncio.wait_for(started.wait(), 10)
+    other = asyncio.ensure_future(other_consumer())
+    worker.stop()
+    try:
+        await _until(lambda: "cancelled" in events)  # before: the worker waited for its handler forever
+        await asyncio.sleep(0.5)  # the other consumer polls every 20 ms meanwhile
+        assert not other.done() and not run.done(), "the handler still runs: its message stays held"
+    finally:
+        release.set()
+        if "cancelled" not in events:
+            run.cancel()
+    await asyncio.wait_for(run, 10)
+    again = await asyncio.wait_for(other, 10)
+    assert events == ["started", "cancelled", "returned", "delivered to the other consumer"]
+    assert (again.payload, again.tries) == ("slow", 1) and worker.failed == 1
+    await again.ack()
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition was not met in time"
+        await asyncio.sleep(0.01)

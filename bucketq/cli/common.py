@@ -128,11 +128,24 @@ class RedactingFormatter(logging.Formatter):
         return hide(super().format(record))
 
 
-def log_to_stderr(level: str) -> None:
-    """Log lines (the library's, pymongo's, asyncio's) go to stderr, redacted."""
+LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"])
+
+
+def log_options(command: Callable[..., T]) -> Callable[..., T]:
+    """Add --log-level (bucketq's loggers and the handler's) and --driver-log-level (pymongo's)."""
+    command = click.option("--driver-log-level", type=LOG_LEVELS, default="warning", show_default=True,
+                           help="Level of the driver's (pymongo's) loggers; at debug they log every command.")(command)
+    return click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True,
+                        help="Level of bucketq's own loggers and the handler's; not the driver's.")(command)
+
+
+def log_to_stderr(level: str, driver_level: str = "warning") -> None:
+    """Log lines (the library's, the handler's, asyncio's) go to stderr at ``level``, pymongo's at
+    ``driver_level``, redacted."""
     handler = logging.StreamHandler()
     handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.getLogger("pymongo").setLevel(driver_level.upper())
 
 
 # -- options, connection, queues -----------------------------------------------------------------------------

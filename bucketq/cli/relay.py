@@ -8,7 +8,7 @@ import time
 
 import click
 
-from bucketq.cli.common import Target, connection_options, log_to_stderr, open_queue, run, stop_on_signals
+from bucketq.cli.common import Target, connection_options, log_options, log_to_stderr, open_queue, run, stop_on_signals
 from bucketq.cli.params import DURATION
 from bucketq.outbox import FIELD, Outbox
 
@@ -23,11 +23,10 @@ from bucketq.outbox import FIELD, Outbox
 @click.option("--poll-interval", type=DURATION, default=1.0, show_default=True, metavar="DURATION",
               help="Longest wait between polls when idle (change streams, where the server has them, wake sooner).")
 @click.option("--once", is_flag=True, help="Relay the events waiting now, then exit.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+@log_options
 @connection_options
 def relay(target: Target, collection: str, queue: str, field: str, batch_size: int, poll_interval: float,
-          once: bool, log_level: str) -> None:
+          once: bool, log_level: str, driver_log_level: str) -> None:
     """Move the outbox events of COLLECTION's documents into a queue, exactly once.
 
     The application adds events (bucketq.outbox.event(...)) to a document's FIELD array in the same update as
@@ -41,7 +40,7 @@ def relay(target: Target, collection: str, queue: str, field: str, batch_size: i
       bucketq relay orders --queue order-events
       bucketq relay orders --queue order-events --once
     """
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, driver_log_level)
     run(_relay(target, collection, queue, field, batch_size, poll_interval, once))
 
 

@@ -17,6 +17,7 @@ from bucketq.cli.common import (
     CliError,
     Target,
     connection_options,
+    log_options,
     log_to_stderr,
     open_queue,
     run,
@@ -41,20 +42,21 @@ from bucketq.worker import DEFAULT_CONCURRENCY, Worker
               help="Called as FUNCTION(message, error) for every failed message (sync or async).")
 @click.option("--after-batch", metavar="MODULE:FUNCTION",
               help="Called as FUNCTION(timing) after every handled message or batch (a bucketq.BatchTiming).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              show_default=True)
+@log_options
 @queue_options
 @connection_options
 def worker(target: Target, handler: str, queue: str, concurrency: int, batch_size: int | None,
            handler_timeout: float | None, on_error: str | None, after_batch: str | None, log_level: str,
-           queue_options: dict[str, Any]) -> None:
+           driver_log_level: str, queue_options: dict[str, Any]) -> None:
     """Run the async function HANDLER of MODULE over the messages of a queue.
 
     The handler gets a Message (or, with --batch-size, a list of them); returning acknowledges, raising
-    retries with backoff and, after max_attempts, dead-letters. MODULE is imported from the current
-    directory or the Python path. On SIGTERM or Ctrl-C, handlers that are running finish, state is
-    flushed, and the worker exits with code 0. Every queue option (--lease, --max-attempts, --dedupe, ...)
-    is one of bucketq.QueueOptions; those not given keep their defaults.
+    retries with backoff and, after max_attempts, dead-letters; each failure is logged as a warning with its
+    traceback (at most 10 a minute, then a count). MODULE is imported from the current directory or the
+    Python path. On SIGTERM or Ctrl-C, handlers that are running get --drain-timeout to finish (then they
+    are cancelled and their messages retried), state is flushed, and the worker exits with code 0. Every
+    queue option (--lease, --max-attempts, --dedupe, ...) is one of bucketq.QueueOptions; those not given
+    keep their defaults.
 
     \b
     Examples:
@@ -62,7 +64,7 @@ def worker(target: Target, handler: str, queue: str, concurrency: int, batch_siz
       bucketq worker myapp.tasks:handle_batch --queue events --batch-size 100
       bucketq worker myapp.tasks:handle -q events --lease 120 --max-attempts 10 --on-error myapp.tasks:alert
     """
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, driver_log_level)
     try:
         QueueOptions(**queue_options)  # refused here, before connecting
     except InvalidOption as exc:
