@@ -115,6 +115,7 @@ class Consumer:
         timeout = check_timeout(timeout)
         self._start()
         deadline = None if timeout is None else time.monotonic() + timeout
+        claimed = False
         while True:
             message = self._next_message()
             if message is not None:
@@ -129,6 +130,10 @@ class Consumer:
                     await asyncio.sleep(0)
                 return message
             if self._draining:
+                return None
+            if claimed and deadline is not None and time.monotonic() >= deadline:
+                # The last claim took a bucket with nothing to serve (a group bucket that must wait, one gone to
+                # quarantine): it counts as an attempt, not as a reason to claim on past the timeout.
                 return None
             async with self._claim_lock:
                 message = self._next_message()
@@ -225,7 +230,7 @@ class Consumer:
             return False
         now = self._clock.now()
         token = claims.new_token()
-        spec = claims.claim(now, self._options.lease, token, self._owner)
+        spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner), self._held_groups())
         try:
             doc = await self._store.claim(spec)
         except OperationFailure as exc:
@@ -262,6 +267,10 @@ class Consumer:
         if held.finished:
             self._schedule_flush(holding)
         return True
+
+    def _held_groups(self) -> list[str]:
+        """The groups whose turn this consumer holds: their later buckets can only wait for it to end."""
+        return [h.held.bucket.group for h in self._holdings if h.held.bucket.group is not None and not h.held.ended]
 
     async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime) -> bool:
         """Whether this claim of a group bucket may be served: it took the group's lock, and no earlier bucket

@@ -5,6 +5,7 @@ concurrent producers, lost replies on the lock and the release, and a consumer k
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import subprocess
 import sys
 from collections import defaultdict
@@ -16,6 +17,7 @@ from pymongo.errors import WriteError
 import bucketq
 from bucketq import Outgoing
 from bucketq.batch import BatchQueue
+from bucketq.core import groups
 from tests.test_consumer import consume_all  # every message until none comes, each acked
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -275,3 +277,39 @@ async def test_a_sigkilled_consumer_holding_groups_leaves_them_to_resume_in_orde
                                                        key=lambda x: x["start"])]
         assert firsts == list(range(per_group)), f"{group}: delivered out of push order"
     assert went_back, "the victim held no group when it died: the test proved nothing"
+
+
+# -- a consumer that collects a batch while it holds groups (issue 22: the full stress run stalled) ----------
+
+async def test_a_consumer_holding_a_group_does_not_claim_that_groups_later_buckets(make_queue, sync_db):
+    """A batch consumer holds the first message of group g unacked and asks for more (``reserve(0)``): g's
+    later buckets can only wait for that ack, so it must not claim them (each claim, lock attempt and release
+    of one is four wasted round trips, and marks it waiting for a hand-off that only its own ack gives)."""
+    q = make_queue(bucket_max_size=1, bucket_max_wait=0.01)
+    await q.push_many([Outgoing(i, group="g") for i in range(5)] + [Outgoing("h", group="h")])
+    first = await q.reserve(timeout=2)
+    other = await q.reserve(timeout=0)
+    assert (first.payload, other.payload) == (0, "h")
+    assert await q.reserve(timeout=0) is None
+    assert sync_db.events.count_documents({"g": "g", "w": True}) == 0, "claimed its own group's later buckets"
+    assert sync_db.events.count_documents({"g": "g", "c": {"$gt": 0}}) == 1
+    await asyncio.gather(first.ack(), other.ack())
+    assert [m.payload for m in await consume_all(q, timeout=0.5)] == [1, 2, 3, 4]
+
+
+@pytest.mark.timeout(60)
+async def test_reserve_returns_by_its_timeout_while_claims_find_only_buckets_that_must_wait(make_queue, sync_db,
+                                                                                            monkeypatch):
+    """While another consumer holds group g, every later bucket of g that a claim takes must wait. Such claims
+    used to count as progress, so ``reserve(timeout=0)`` claimed again and again and never returned as long as
+    waiting buckets came due again (their recheck) before it ran out of them: the stress run's drain consumer
+    collected a batch forever, holding its groups' messages unacked. Here the recheck is 0: they come back at
+    once, and forever."""
+    monkeypatch.setattr(groups, "RECHECK", dt.timedelta(0))
+    a, b = make_queue(bucket_max_size=1, bucket_max_wait=0.01), make_queue()
+    await a.push_many([Outgoing(i, group="g") for i in range(3)])
+    first = await a.reserve(timeout=2)
+    assert await asyncio.wait_for(b.reserve(timeout=0), 20) is None, "reserve(0) kept claiming"
+    assert await asyncio.wait_for(b.reserve(timeout=0.3), 20) is None
+    await first.ack(wait=True)
+    assert (await b.reserve(timeout=2)).payload == 1

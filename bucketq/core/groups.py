@@ -61,6 +61,16 @@ def extend(until: dt.datetime) -> dict:
     return {"$set": {"until": until}}
 
 
+def skip(spec: tuple[dict, dict, list], held: list[str]) -> tuple[dict, dict, list]:
+    """The claim of ``spec`` without the buckets of the groups in ``held``, whose turn the claimant holds: such a
+    bucket could only be released to wait (four round trips for nothing), and a consumer that collects a batch
+    while it holds a group's message would keep claiming them instead of handing that message to its handler."""
+    if not held:
+        return spec
+    query, update, sort = spec
+    return {**query, "g": {"$nin": held}}, update, sort
+
+
 def earliest_live(group: str) -> tuple[dict, list]:
     """(filter, sort) of the group's first unfinished bucket: the only one that may be served."""
     return {"g": group, **claims.LIVE}, [("s", 1)]
