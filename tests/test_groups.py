@@ -370,3 +370,25 @@ async def test_a_lock_is_extended_every_other_lease_extension_not_on_every_flush
     assert len([op for op in memory_db.operations.of("update_one", collection="events")]) >= 4
     assert memory_db.operations.of("update_one", collection="events.groups") == [], "the lock lasted already"
 
+
+async def test_stats_say_what_each_group_waits_for(make_queue, sync_db):
+    """``stats()["groups"]``: groups by the state of their first live bucket: a turn held by a consumer (its
+    ack), a nacked message's retry time, a hand-off (or its recheck), or a consumer to claim it."""
+    q = make_queue(bucket_max_size=1, bucket_max_wait=0.01)
+    await q.push_many([Outgoing(i, group="served") for i in range(2)])
+    held = await q.reserve(timeout=2)
+    await q.push("r", group="retry")
+    nacked = await q.reserve(timeout=2)
+    assert (held.payload, nacked.payload) == (0, "r")
+    await nacked.nack(delay=60, wait=True)
+    await q.push_many([Outgoing("w", group="waiting"), Outgoing("x", group="ready"), "plain"])
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=20)
+    sync_db.events.update_one({"g": "waiting"}, {"$set": {"w": True, "due": later}})
+    groups_now = (await q.stats())["groups"]
+    assert {state: (row["groups"], row["messages"]) for state, row in groups_now.items()} == {
+        "served": (1, 2), "ready": (1, 1), "retry": (1, 1), "waiting": (1, 1)}
+    now = dt.datetime.now(dt.timezone.utc)
+    assert dt.timedelta(seconds=50) < groups_now["retry"]["until"] - now < dt.timedelta(seconds=61)
+    assert dt.timedelta(seconds=15) < groups_now["waiting"]["until"] - now < dt.timedelta(seconds=21)
+    assert groups_now["served"]["until"] > now
+    await held.ack()
