@@ -115,6 +115,7 @@ class Consumer:
         timeout = check_timeout(timeout)
         self._start()
         deadline = None if timeout is None else time.monotonic() + timeout
+        claimed = False
         while True:
             message = self._next_message()
             if message is not None:
@@ -129,6 +130,10 @@ class Consumer:
                     await asyncio.sleep(0)
                 return message
             if self._draining:
+                return None
+            if claimed and deadline is not None and time.monotonic() >= deadline:
+                # The last claim took a bucket with nothing to serve (a group bucket that must wait, one gone to
+                # quarantine): it counts as an attempt, not as a reason to claim on past the timeout.
                 return None
             message, claimed = await self._next_or_claim()
             if message is not None or self._draining:
@@ -153,9 +158,12 @@ class Consumer:
         if first is None:
             return []
         batch = [first]
+        fruitless = False  # the last claim took a bucket with nothing to serve (a group bucket that must wait)
         while len(batch) < n and not self._draining:
             message = self._next_message()
             if message is None:
+                if fruitless:  # claim no further: each such claim only pushes another group's bucket back
+                    break
                 try:
                     message, claimed = await self._next_or_claim()
                 except PyMongoError as exc:  # the batch is held: hand it over; the next reserve claims again
@@ -163,6 +171,9 @@ class Consumer:
                     break
                 if message is None and not claimed:
                     break
+                fruitless = message is None
+            else:
+                fruitless = False
             if message is not None:
                 batch.append(message)
         return batch
@@ -244,7 +255,7 @@ class Consumer:
             return False
         now = self._clock.now()
         token = claims.new_token()
-        spec = claims.claim(now, self._options.lease, token, self._owner)
+        spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner), self._held_groups())
         try:
             doc = await self._store.claim(spec)
         except OperationFailure as exc:
@@ -269,7 +280,7 @@ class Consumer:
             first = ", ".join(f"slot {s}: {reason}" for s, reason in list(bad.items())[:3])
             await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
             return True
-        if bucket.group is not None and not await self._take_turn(bucket, token, now):
+        if bucket.group is not None and not await self._take_turn(bucket, token, now, waited=bool(doc.get("w"))):
             return True
         held = HeldBucket(bucket, token, self._policy.lease_from(now), self._policy)
         holding = Holding(held, payloads)
@@ -282,10 +293,14 @@ class Consumer:
             self._schedule_flush(holding)
         return True
 
-    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime) -> bool:
+    def _held_groups(self) -> list[str]:
+        """The groups whose turn this consumer holds: their later buckets can only wait for it to end."""
+        return [h.held.bucket.group for h in self._holdings if h.held.bucket.group is not None and not h.held.ended]
+
+    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime, *, waited: bool) -> bool:
         """Whether this claim of a group bucket may be served: it took the group's lock, and no earlier bucket
-        of the group is live. Else the bucket is released uncounted to wait (``groups.wait_release``) and the
-        lock, if taken, is given back."""
+        of the group is live. Else the bucket is released uncounted to wait (``groups.wait_release``; ``waited``:
+        it came back from a wait) and the lock, if taken, is given back."""
         group = bucket.group
         assert group is not None
         mine = groups.held_by(group, token)
@@ -297,7 +312,8 @@ class Consumer:
             if first is None or first["_id"] == bucket.id:
                 return True
         try:
-            await self._store.update_fenced(claims.fenced(bucket.id, token), groups.wait_release(now, token),
+            await self._store.update_fenced(claims.fenced(bucket.id, token),
+                                            groups.wait_release(now, token, again=waited),
                                             mine=claims.released_by(bucket.id, token))
         finally:
             if locked:
@@ -500,30 +516,49 @@ class Consumer:
     # -- shutting down -------------------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Stop claiming, wait (up to ``drain_timeout``) for served messages, flush, and release held buckets
-        so that their unserved messages are claimable at once by others, with no tries added. Background
-        tasks stop even when a write fails (the server is unreachable)."""
+        """Stop claiming, wait (up to ``drain_timeout``) for served messages, flush, and release held buckets,
+        all at once, so that their unserved messages are claimable at once by others, with no tries added.
+        Returns within ``drain_timeout`` plus one ``write_timeout`` whatever the server does: a claim or a
+        release it has not answered by then is abandoned (those buckets come back when their leases expire)
+        and ``WriteFailed`` is raised. Background tasks stop even when a write fails (the server is
+        unreachable)."""
         self._draining = True
         self._wakeup.notify()
+        started = time.monotonic()
+        stop_by = started + self._options.drain_timeout + self._options.write_timeout
         try:
-            async with self._claim_lock:  # a claim already under way lands in self._holdings, to be released
-                await self._ahead_landed()
-            deadline = time.monotonic() + self._options.drain_timeout
+            # A claim already under way lands in self._holdings, to be released.
+            claiming = self._spawn(self._claims_landed())
+            await asyncio.wait([claiming], timeout=stop_by - time.monotonic())
+            deadline = started + self._options.drain_timeout
             while any(h.held.outstanding for h in self._holdings if not h.held.ended) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             now = self._clock.now()
+            releases = []
             for holding in list(self._holdings):
                 held = holding.held
                 if held.ended:
                     continue
                 # handlers that did not finish in time: retried, with a try counted
                 held.give_back(now, "not resolved before the consumer drained")
-                await self._flush(holding, release=not held.finished)
+                releases.append(self._spawn(self._flush(holding, release=not held.finished)))
             if self._background:
-                await asyncio.gather(*list(self._background), return_exceptions=True)
+                await asyncio.wait(list(self._background), timeout=max(0.0, stop_by - time.monotonic()))
+            for task in releases:
+                if task.done() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            unanswered = sum(not task.done() for task in [claiming, *releases])
+            if unanswered:
+                raise WriteFailed(f"drain: {unanswered} claim(s) or release(s) unanswered by the server within "
+                                  "drain_timeout + write_timeout; their buckets come back when their leases expire")
         finally:
             tasks = [*self._background, *([self._flusher] if self._flusher else [])]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._flusher = None
+
+    async def _claims_landed(self) -> None:
+        """Wait for a claim under way (a reserve's or the claim ahead): its bucket is in ``_holdings`` after."""
+        async with self._claim_lock:
+            await self._ahead_landed()

@@ -32,7 +32,7 @@ from bucketq.core.control import (
     unfinished_messages,
 )
 from bucketq.core.format import as_utc, parse_bucket
-from bucketq.core.stats import shape_stats, stats_pipeline
+from bucketq.core.stats import groups_pipeline, shape_groups, shape_stats, stats_pipeline
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
@@ -176,13 +176,16 @@ class Queue:
 
     async def stats(self) -> dict[str, Any]:
         """``ready``, ``scheduled``, ``in_flight``, ``dead``, ``quarantined``, ``buckets``,
-        ``oldest_ready_age_s``: messages by state, counted on the server. Writes nothing."""
+        ``oldest_ready_age_s``: messages by state, counted on the server; and ``groups``: ordered groups with
+        messages left by what they wait for (``served``, ``ready``, ``retry``, ``waiting``: see
+        ``bucketq.core.stats.GROUP_STATES``), each ``{groups, messages, until}``. Writes nothing."""
         await self._ready(write=False)
         now = self._clock.now()
         rows = await self._store.aggregate(self._store.buckets, stats_pipeline(now))
         dead = await self._store.dead.count_documents({})
         quarantined = await self._store.quarantine.count_documents({})
-        return shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
+        groups = await self._store.aggregate(self._store.buckets, groups_pipeline(now))
+        return {**shape_stats(rows, dead=dead, quarantined=quarantined, now=now), "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
         """The next ``n`` unfinished messages in claim order, without claiming them (nor writing anything)."""

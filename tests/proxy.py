@@ -8,7 +8,9 @@ A command is an OP_MSG (opCode 2013) whose kind-0 section is a BSON document who
 command's name (``insert``, ``update``, ``delete``, ``findAndModify``...) and its value the collection;
 kind-1 sections carry document sequences (``documents`` of an insert, ``updates``, ``deletes``). While no
 rule is armed, bytes are forwarded in whatever chunks they arrive, as by a plain proxy; only message
-boundaries are tracked, so that a rule armed at any moment acts on whole commands.
+boundaries are tracked, so that a rule armed at any moment acts on whole commands. A proxy made with ``meter``
+(a predicate on collection names) inspects every request and counts the bytes and the number of the write
+commands sent to those collections (``written``, ``writes``, by command name).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import struct
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -66,6 +69,23 @@ def command_name(message: bytes) -> str | None:
         if kind == 0:
             end = message.index(b"\x00", start + 5)  # type byte at start+4, then the key as a C string
             return message[start + 5:end].decode("utf-8", "replace")
+    return None
+
+
+def command_target(message: bytes) -> tuple[str, str | None] | None:
+    """The command name of an OP_MSG request and the collection it addresses (the first key's value, when a
+    string), read without decoding the body; None for other messages."""
+    _, _, _, opcode = HEADER.unpack_from(message)
+    if opcode != OP_MSG:
+        return None
+    for kind, start, _ in _sections(message):
+        if kind == 0:
+            end = message.index(b"\x00", start + 5)
+            name = message[start + 5:end].decode("utf-8", "replace")
+            if message[start + 4] != 0x02:  # the value is not a string
+                return name, None
+            (size,) = struct.unpack_from("<i", message, end + 1)
+            return name, message[end + 5:end + 4 + size].decode("utf-8", "replace")
     return None
 
 
@@ -181,10 +201,17 @@ class _Connection:
         self.server.transport.abort()
 
 
+WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify"})
+
+
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int, *, delay_s: float = 0.0) -> None:
+    def __init__(self, target_host: str, target_port: int, *, delay_s: float = 0.0,
+                 meter: Callable[[str], bool] | None = None) -> None:
         self.target = (target_host, target_port)
         self.delay_s = delay_s  # pause before each forwarded chunk: a server slower than the producer
+        self.meter = meter
+        self.written: Counter[str] = Counter()  # bytes of write commands to metered collections, by command
+        self.writes: Counter[str] = Counter()  # their number
         self.port = 0
         self.cuts = 0
         self._loop = asyncio.new_event_loop()
@@ -285,7 +312,8 @@ class TcpProxy:
         conn = _Connection(client_w, server_w)
         self._writers.update((client_w, server_w))
         await asyncio.gather(
-            self._pipe(client_r, server_w, lambda: bool(self._rules), partial(self._on_request, conn)),
+            self._pipe(client_r, server_w, lambda: bool(self._rules) or self.meter is not None,
+                       partial(self._on_request, conn)),
             self._pipe(server_r, client_w, lambda: bool(conn.lost_replies), partial(self._on_reply, conn)))
         self._writers.difference_update((client_w, server_w))
 
@@ -308,7 +336,16 @@ class TcpProxy:
                 return rule, command
         return None
 
+    def _count(self, message: bytes) -> None:
+        assert self.meter is not None
+        target = command_target(message)
+        if target is not None and target[0] in WRITE_COMMANDS and target[1] is not None and self.meter(target[1]):
+            self.written[target[0]] += len(message)
+            self.writes[target[0]] += 1
+
     async def _on_request(self, conn: _Connection, message: bytes) -> bool:
+        if self.meter is not None:
+            self._count(message)
         found = self._rule_for(message)
         if found is None:
             return True

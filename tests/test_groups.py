@@ -5,6 +5,7 @@ concurrent producers, lost replies on the lock and the release, and a consumer k
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import subprocess
 import sys
 from collections import defaultdict
@@ -16,6 +17,7 @@ from pymongo.errors import WriteError
 import bucketq
 from bucketq import Outgoing
 from bucketq.batch import BatchQueue
+from bucketq.core import groups
 from tests.test_consumer import consume_all  # every message until none comes, each acked
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -275,3 +277,135 @@ async def test_a_sigkilled_consumer_holding_groups_leaves_them_to_resume_in_orde
                                                        key=lambda x: x["start"])]
         assert firsts == list(range(per_group)), f"{group}: delivered out of push order"
     assert went_back, "the victim held no group when it died: the test proved nothing"
+
+
+# -- a consumer that collects a batch while it holds groups (issue 22: the full stress run stalled) ----------
+
+async def test_a_consumer_holding_a_group_does_not_claim_that_groups_later_buckets(make_queue, sync_db):
+    """A batch consumer holds the first message of group g unacked and asks for more (``reserve(0)``): g's
+    later buckets can only wait for that ack, so it must not claim them (each claim, lock attempt and release
+    of one is four wasted round trips, and marks it waiting for a hand-off that only its own ack gives)."""
+    q = make_queue(bucket_max_size=1, bucket_max_wait=0.01)
+    await q.push_many([Outgoing(i, group="g") for i in range(5)] + [Outgoing("h", group="h")])
+    first = await q.reserve(timeout=2)
+    other = await q.reserve(timeout=0)
+    assert (first.payload, other.payload) == (0, "h")
+    assert await q.reserve(timeout=0) is None
+    assert sync_db.events.count_documents({"g": "g", "w": True}) == 0, "claimed its own group's later buckets"
+    assert sync_db.events.count_documents({"g": "g", "c": {"$gt": 0}}) == 1
+    await asyncio.gather(first.ack(), other.ack())
+    assert [m.payload for m in await consume_all(q, timeout=0.5)] == [1, 2, 3, 4]
+
+
+@pytest.mark.timeout(60)
+async def test_reserve_returns_by_its_timeout_while_claims_find_only_buckets_that_must_wait(make_queue, sync_db,
+                                                                                            monkeypatch):
+    """While another consumer holds group g, every later bucket of g that a claim takes must wait. Such claims
+    used to count as progress, so ``reserve(timeout=0)`` claimed again and again and never returned as long as
+    waiting buckets came due again (their recheck) before it ran out of them: the stress run's drain consumer
+    collected a batch forever, holding its groups' messages unacked. Here the recheck is 0: they come back at
+    once, and forever."""
+    monkeypatch.setattr(groups, "RECHECK", dt.timedelta(0))
+    a, b = make_queue(bucket_max_size=1, bucket_max_wait=0.01), make_queue()
+    await a.push_many([Outgoing(i, group="g") for i in range(3)])
+    first = await a.reserve(timeout=2)
+    assert await asyncio.wait_for(b.reserve(timeout=0), 20) is None, "reserve(0) kept claiming"
+    assert await asyncio.wait_for(b.reserve(timeout=0.3), 20) is None
+    await first.ack(wait=True)
+    assert (await b.reserve(timeout=2)).payload == 1
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+async def test_a_bucket_that_waited_already_comes_back_less_often(make_queue, sync_db):
+    """Each return of a waiting bucket that must wait again costs four round trips for nothing: in the full
+    stress run, some hundred buckets behind their groups' served ones came back every 10 s and kept the server
+    busy. The first wait rechecks after ``RECHECK``, later ones after ``RECHECK_AGAIN``."""
+    a, b = make_queue(bucket_max_size=1, bucket_max_wait=0.01), make_queue()
+    await a.push_many([Outgoing(i, group="g") for i in range(2)])
+    first = await a.reserve(timeout=2)
+    assert await b.reserve(timeout=0) is None
+    waiting = sync_db.events.find_one({"g": "g", "w": True})
+    recheck = _utc(waiting["due"]) - dt.datetime.now(dt.timezone.utc)
+    assert dt.timedelta(seconds=5) < recheck < groups.RECHECK + dt.timedelta(seconds=1)
+    sync_db.events.update_one({"_id": waiting["_id"]}, {"$set": {"due": dt.datetime.now(dt.timezone.utc)}})
+    assert await b.reserve(timeout=0) is None  # its recheck: the group is still held, so it waits again
+    again = sync_db.events.find_one({"_id": waiting["_id"]})
+    assert again["w"] is True
+    assert _utc(again["due"]) - dt.datetime.now(dt.timezone.utc) > groups.RECHECK + dt.timedelta(seconds=5)
+    await first.ack(wait=True)  # the hand-off still wakes it at once
+    assert (await b.reserve(timeout=2)).payload == 1
+
+
+async def test_the_claim_of_the_bucket_a_lock_names_takes_the_lock_over(make_queue, sync_db):
+    """A lock outlives its bucket's lease by up to a lease (it is extended every other lease extension, not on
+    every flush). A consumer that claims the bucket the lock names after its holder's lease ran out (a crash)
+    takes the lock over at once instead of waiting for it to expire."""
+    a, b = make_queue(bucket_max_wait=0.01, lease=30), make_queue()
+    await a.push_many([Outgoing(i, group="g") for i in range(2)])
+    first = await a.reserve(timeout=2)
+    lock = sync_db["events.groups"].find_one({"_id": "g"})
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)  # a's lease ran out; its lock did not
+    sync_db.events.update_one({"_id": lock["bucket"]}, {"$set": {"due": past, "lease.until": past}})
+    again = await b.reserve(timeout=2)
+    assert (again.payload, again.id, again.tries) == (0, first.id, 1)
+    assert sync_db["events.groups"].find_one({"_id": "g"})["token"] != lock["token"]
+    with pytest.raises(bucketq.LeaseLost):
+        await first.ack(wait=True)
+    await again.ack()
+    assert (await b.reserve(timeout=2)).payload == 1
+
+
+async def test_a_lock_is_extended_every_other_lease_extension_not_on_every_flush(make_queue, memory_db):
+    q = make_queue(bucket_max_wait=0.01, lease=30)
+    await q.push_many([Outgoing(i, group="g") for i in range(6)])
+    first = await q.reserve(timeout=2)
+    await first.ack(wait=True)
+    memory_db.operations.clear()
+    for _ in range(4):  # four flushes, each extending the lease, well within one lease
+        message = await q.reserve(timeout=2)
+        await message.ack(wait=True)
+    assert len([op for op in memory_db.operations.of("update_one", collection="events")]) >= 4
+    assert memory_db.operations.of("update_one", collection="events.groups") == [], "the lock lasted already"
+
+
+async def test_stats_say_what_each_group_waits_for(make_queue, sync_db):
+    """``stats()["groups"]``: groups by the state of their first live bucket: a turn held by a consumer (its
+    ack), a nacked message's retry time, a hand-off (or its recheck), or a consumer to claim it."""
+    q = make_queue(bucket_max_size=1, bucket_max_wait=0.01)
+    await q.push_many([Outgoing(i, group="served") for i in range(2)])
+    held = await q.reserve(timeout=2)
+    await q.push("r", group="retry")
+    nacked = await q.reserve(timeout=2)
+    assert (held.payload, nacked.payload) == (0, "r")
+    await nacked.nack(delay=60, wait=True)
+    await q.push_many([Outgoing("w", group="waiting"), Outgoing("x", group="ready"), "plain"])
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=20)
+    sync_db.events.update_one({"g": "waiting"}, {"$set": {"w": True, "due": later}})
+    groups_now = (await q.stats())["groups"]
+    assert {state: (row["groups"], row["messages"]) for state, row in groups_now.items()} == {
+        "served": (1, 2), "ready": (1, 1), "retry": (1, 1), "waiting": (1, 1)}
+    now = dt.datetime.now(dt.timezone.utc)
+    assert dt.timedelta(seconds=50) < groups_now["retry"]["until"] - now < dt.timedelta(seconds=61)
+    assert dt.timedelta(seconds=15) < groups_now["waiting"]["until"] - now < dt.timedelta(seconds=21)
+    assert groups_now["served"]["until"] > now
+    await held.ack()
+
+
+@pytest.mark.timeout(60)
+async def test_reserve_many_stops_claiming_at_a_bucket_that_must_wait(make_queue, monkeypatch):
+    """``reserve_many`` claims further buckets while it has fewer than n (issue 24), but a claim that took a
+    bucket with nothing to serve (another consumer holds its group) ends the batch: each further claim would push
+    back one more of that group's buckets for nothing, and with a short recheck it would never run out of them
+    (the stress run's stall, through ``reserve_many`` this time)."""
+    monkeypatch.setattr(groups, "RECHECK", dt.timedelta(0))
+    monkeypatch.setattr(groups, "RECHECK_AGAIN", dt.timedelta(0))
+    a, b = make_queue(bucket_max_size=1, bucket_max_wait=0.01), make_queue(bucket_max_size=1, bucket_max_wait=0.01)
+    await a.push_many([Outgoing(i, group="g") for i in range(4)])
+    first = await a.reserve(timeout=2)
+    await b.push("free")
+    batch = await asyncio.wait_for(b.reserve_many(10, timeout=1), 10)
+    assert [m.payload for m in batch] == ["free"]
+    await asyncio.gather(first.ack(wait=True), *(m.ack() for m in batch))

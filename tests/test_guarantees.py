@@ -343,6 +343,31 @@ async def test_a_failing_close_stops_every_background_task(mongo_uri, db_name, s
     assert leftover == []
 
 
+@pytest.mark.timeout(120)
+async def test_drain_returns_within_drain_timeout_and_one_write_timeout_when_the_server_stops_answering(
+        backend, make_queue, request):
+    """The server takes requests and never answers the consumer's writes: a drain that released its buckets one
+    after the other, each waiting for its reply, never returned (the full stress run's consumers took 300 s to
+    stop). Now the releases run at once and are abandoned after one ``write_timeout``: their leases expire."""
+    options = {**QUICK, "drain_timeout": 0.2, "write_timeout": 1.0, "bucket_max_size": 1}
+    proxy = None
+    if backend == "server":
+        host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
+        proxy = TcpProxy(host, int(port)).start()
+        request.addfinalizer(proxy.stop)
+    q = make_queue(target=proxy and proxy.uri, **options)
+    await q.push_many(["a", "b", "c"])
+    held = [await q.reserve(timeout=5) for _ in range(3)]
+    assert all(held)
+    await held[0].ack()
+    if proxy is None:
+        request.getfixturevalue("memory_db").faults.delay(until=asyncio.Event(), times=10_000, collection="events")
+    else:
+        proxy.delay("update", "findAndModify", "delete", seconds=3600, times=10_000, collection="events")
+    with pytest.raises(bucketq.WriteFailed, match="unanswered"):
+        await asyncio.wait_for(q.close(), 30)  # a guard against hanging: the bound is 1.2 s
+
+
 # -- 10. a wall-clock step does not shorten or lengthen leases -------------------------------------------------
 
 async def test_a_wall_clock_step_does_not_let_two_consumers_serve_one_bucket(make_queue, sync_db, monkeypatch):

@@ -209,7 +209,18 @@ def _stats_table(rows: dict[str, dict[str, Any]], paused: set[str], db: str) -> 
             rates = row.get("rates")
             cells += [f"{rates[k]:,.1f}" if rates else "-" for k in ("in_per_s", "out_per_s")]
         grid.add_row(f"{name} (paused)" if name in paused else name, *cells)
+    waits = [f"{name}: {line}" for name, row in rows.items() if (line := _group_waits(row.get("groups") or {}))]
+    if waits:
+        grid.caption, grid.caption_justify = "\n".join(waits), "left"
     return grid
+
+
+def _group_waits(groups: dict[str, dict[str, Any]]) -> str:
+    """What the ordered groups wait for, in one line: "ordered groups: 2 served (until 10:31:07), 5 waiting"."""
+    parts = [f"{row['groups']:,} {state}" + (f" (until {row['until']:%H:%M:%S})" if row["until"] and state != "ready"
+                                             else "")
+             for state, row in groups.items() if row["groups"]]
+    return "ordered groups: " + ", ".join(parts) if parts else ""
 
 
 # -- peek ----------------------------------------------------------------------------------------------------

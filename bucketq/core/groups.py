@@ -28,8 +28,11 @@ from bson import ObjectId
 from bucketq.core import claims
 
 # A waiting bucket comes back by itself this long after it yielded: only a crash between the writes of a yield
-# or of a hand-off leaves it to that. Short would make every waiting bucket a claim every so often.
+# or of a hand-off leaves it to that. Each time it comes back and must wait again costs four round trips (claim,
+# lock, release, lock read), so one that already waited comes back less often: a long group (many buckets
+# behind the one being served) would otherwise keep the server busy with claims that serve nothing.
 RECHECK = dt.timedelta(seconds=10)
+RECHECK_AGAIN = dt.timedelta(seconds=30)
 
 
 # The counter's ``_id``: an int, which no group (a string) can take.
@@ -44,9 +47,12 @@ def next_places(count: int) -> tuple[dict, dict]:
 
 def acquire(group: str, token: str, until: dt.datetime, bucket_id: ObjectId,
             now: dt.datetime) -> tuple[dict, dict]:
-    """(filter, update) of an upsert that takes the lock when it is free or expired. When someone else holds
-    it, the filter matches nothing and the upsert fails as a duplicate key on ``_id``: not acquired."""
-    return ({"_id": group, "$or": [{"token": None}, {"until": {"$lte": now}}]},
+    """(filter, update) of an upsert that takes the lock when it is free, expired, or held for this very bucket:
+    the claim of ``bucket_id`` that was just made proves that the lease of that holder ended (it crashed, hung,
+    or released the bucket and has not unlocked yet), and its later writes are refused by its token. When
+    someone else holds it for another bucket, the filter matches nothing and the upsert fails as a duplicate
+    key on ``_id``: not acquired."""
+    return ({"_id": group, "$or": [{"token": None}, {"until": {"$lte": now}}, {"bucket": bucket_id}]},
             {"$set": {"token": token, "until": until, "bucket": bucket_id}})
 
 
@@ -56,9 +62,29 @@ def held_by(group: str, token: str) -> dict:
     return {"_id": group, "token": token}
 
 
+def lock_extension(lock_until: dt.datetime, lease_until: dt.datetime, lease_s: float) -> dt.datetime | None:
+    """The expiry to extend a lock held until ``lock_until`` to, before the bucket's lease is extended to
+    ``lease_until``; None when it already lasts that long. Extended one lease past the lease, so that only
+    about every other extension of the lease writes the lock too (a crash can leave the lock up to a lease
+    longer than the lease: the next claim of its bucket takes it over, see ``acquire``)."""
+    if lock_until >= lease_until:
+        return None
+    return lease_until + dt.timedelta(seconds=lease_s)
+
+
 def extend(until: dt.datetime) -> dict:
-    """Extend the lock to the bucket's new lease expiry (written, fenced by ``held_by``, before the bucket's)."""
+    """Extend the lock (written, fenced by ``held_by``, before the bucket's lease: ``lock_extension``)."""
     return {"$set": {"until": until}}
+
+
+def skip(spec: tuple[dict, dict, list], held: list[str]) -> tuple[dict, dict, list]:
+    """The claim of ``spec`` without the buckets of the groups in ``held``, whose turn the claimant holds: such a
+    bucket could only be released to wait (four round trips for nothing), and a consumer that collects a batch
+    while it holds a group's message would keep claiming them instead of handing that message to its handler."""
+    if not held:
+        return spec
+    query, update, sort = spec
+    return {**query, "g": {"$nin": held}}, update, sort
 
 
 def earliest_live(group: str) -> tuple[dict, list]:
@@ -66,10 +92,10 @@ def earliest_live(group: str) -> tuple[dict, list]:
     return {"g": group, **claims.LIVE}, [("s", 1)]
 
 
-def wait_release(now: dt.datetime, token: str) -> dict:
+def wait_release(now: dt.datetime, token: str, *, again: bool = False) -> dict:
     """Release a bucket that must wait for its group: uncounted (no tries added), marked waiting for a
-    hand-off, and due ``RECHECK`` from now should none come."""
-    update = claims.release(now, token, due=now + RECHECK)
+    hand-off, and due ``RECHECK`` from now should none come (``RECHECK_AGAIN`` when it was waiting already)."""
+    update = claims.release(now, token, due=now + (RECHECK_AGAIN if again else RECHECK))
     update["$set"]["w"] = True
     return update
 

@@ -91,8 +91,9 @@ class FlushPlan:
     dead_docs: list[dict] = field(default_factory=list)
     quarantine_docs: list[dict] = field(default_factory=list)
     lease_until: dt.datetime | None = None  # the expiry this plan's writes set, once the server applied them
-    # Group buckets: the group's lock is extended to this expiry, fenced by the token, before the bucket's
-    # lease (by ``guard`` or ``final``), so that the lock never expires before the lease.
+    # Group buckets: the group's lock is extended to this expiry (when it would otherwise expire before the new
+    # lease), fenced by the token, before the bucket's lease (by ``guard`` or ``final``), so that the lock never
+    # expires before the lease.
     group: str | None = None
     lock_until: dt.datetime | None = None
 
@@ -128,6 +129,7 @@ class HeldBucket:
         # Group buckets: the slot being served (one at a time), and the nacked slot that holds the bucket back.
         self._serving: int | None = None
         self.held_back: int | None = None
+        self.lock_until = lease_until  # the group's lock: taken with the lease's expiry, then as applied
 
     # -- serving -------------------------------------------------------------------------------------------
 
@@ -260,6 +262,8 @@ class HeldBucket:
         # let this consumer serve messages of a bucket someone else may already have claimed.
         if plan.lease_until is not None and plan.lease_until > self.lease_until:
             self.lease_until = plan.lease_until
+        if plan.lock_until is not None and plan.lock_until > self.lock_until:
+            self.lock_until = plan.lock_until
         if plan.ends:
             self.ended = True
 
@@ -298,8 +302,8 @@ class HeldBucket:
         else:
             plan.final = claims.copies_landed(claims.extend(now, self.policy.lease, done), copies)
             plan.lease_until = self.policy.lease_from(now)
-        if group is not None and (plan.guard is not None or plan.kind == "extend"):
-            plan.lock_until = self.policy.lease_from(now)  # the expiry guard and extend set
+        if group is not None and (plan.guard is not None or plan.kind == "extend"):  # they set the lease to:
+            plan.lock_until = groups.lock_extension(self.lock_until, self.policy.lease_from(now), self.policy.lease)
         return plan
 
     def _retry_documents(self, retries: dict[int, _Resolution], now: dt.datetime) -> list[dict]:

@@ -41,6 +41,49 @@ def stats_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
     ]
 
 
+# What an ordered group with messages left waits for, by the state of its first live bucket (the only one that
+# may be served; docs/FORMAT.md, Ordered groups):
+GROUP_STATES = (
+    "served",   # a consumer holds its turn (lease live): it waits for that consumer's ack of the message in hand
+    "ready",    # due and unclaimed, or its holder's lease expired: it waits for a consumer to claim it
+    "retry",    # a nacked message holds it back: it waits for that message's retry time
+    "waiting",  # it yielded to the group's lock: it waits for a hand-off, or its recheck time should none come
+)
+
+
+def groups_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
+    """Ordered groups by what they wait for (``GROUP_STATES``): the first live bucket of each group, in place
+    order, classified; then per state the number of groups, their messages left, and the latest ``due``
+    among their first buckets (the latest lease expiry, retry time or recheck). Reads group buckets only."""
+    counted = {"$and": [{"$gte": ["$n", 1]}, {"$lte": ["$n", MAX_BUCKET_SIZE]}, {"$isArray": "$done"}]}
+    leased = {"$ne": [{"$ifNull": ["$lease", None]}, None]}
+    state = {"$cond": [{"$and": ["$leased", {"$gt": ["$due", now]}]}, "served",
+                       {"$cond": [{"$lte": ["$due", now]}, "ready", {"$cond": ["$w", "waiting", "retry"]}]}]}
+    return [
+        {"$match": {"g": {"$exists": True}, **LIVE}},
+        {"$sort": {"g": 1, "s": 1}},
+        {"$project": {"g": 1, "due": 1, "leased": leased, "w": {"$eq": ["$w", True]},
+                      "left": {"$cond": [counted, {"$subtract": ["$n", {"$size": "$done"}]}, 0]}}},
+        {"$group": {"_id": "$g", "due": {"$first": "$due"}, "leased": {"$first": "$leased"}, "w": {"$first": "$w"},
+                    "left": {"$sum": "$left"}}},
+        {"$project": {"state": state, "due": 1, "left": 1}},
+        {"$group": {"_id": "$state", "groups": {"$sum": 1}, "messages": {"$sum": "$left"}, "until": {"$max": "$due"}}},
+    ]
+
+
+def shape_groups(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``{state: {"groups", "messages", "until"}}`` for every state of ``GROUP_STATES`` (``until``: None when
+    no group is in that state; for "ready", the latest due time passed)."""
+    found = {row.get("_id"): row for row in rows}
+    out = {}
+    for state in GROUP_STATES:
+        row = found.get(state, {})
+        until = row.get("until")
+        out[state] = {"groups": int(row.get("groups", 0)), "messages": int(row.get("messages", 0)),
+                      "until": as_utc(until) if isinstance(until, dt.datetime) else None}
+    return out
+
+
 def shape_stats(rows: Sequence[Mapping[str, Any]], *, dead: int, quarantined: int, now: dt.datetime) -> dict[str, Any]:
     row = rows[0] if rows else {}
     oldest = row.get("oldest_ready")

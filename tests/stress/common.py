@@ -24,12 +24,16 @@ STATE_FLUSH_S = 0.4
 MAX_ATTEMPTS = 100
 # Writes retry through server restarts (a few seconds) and connection cuts well within this.
 WRITE_TIMEOUT_S = 60.0
+DRAIN_TIMEOUT_S = 10.0
+# A consumer's close() returns within drain_timeout plus one write_timeout whatever the server does; SIGTERM to
+# exit is allowed that and a margin for the process's own start and stop.
+STOP_S = DRAIN_TIMEOUT_S + WRITE_TIMEOUT_S + 10.0
 
 
 def queue_options(*, dedupe: bool, bucket_max_size: int, bucket_max_wait: float) -> dict[str, Any]:
     return {"lease": LEASE_S, "state_flush_period": STATE_FLUSH_S, "max_attempts": MAX_ATTEMPTS,
             "write_timeout": WRITE_TIMEOUT_S, "dedupe": dedupe, "bucket_max_size": bucket_max_size,
-            "bucket_max_wait": bucket_max_wait, "poll_interval": 0.1, "drain_timeout": 10.0}
+            "bucket_max_wait": bucket_max_wait, "poll_interval": 0.1, "drain_timeout": DRAIN_TIMEOUT_S}
 
 
 def message_key(w: int, g: int, s: int) -> str:

@@ -50,7 +50,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import BulkWriteError, PyMongoError
 
 import bucketq
-from tests.stress.common import LineLog, check_payload, die, queue_options
+from tests.stress.common import STOP_S, LineLog, check_payload, die, queue_options
 
 KILL_POINTS = ("after_claim", "before_ack", "mid_batch", "after_ack")
 DUPLICATE_KEY = 11000
@@ -215,7 +215,7 @@ async def main() -> int:
             await ack(batch, ids)
             if dying == "after_ack":
                 die()
-        await asyncio.wait_for(q.close(), 60)
+        await asyncio.wait_for(q.close(), STOP_S)
     finally:
         log.close()
         await client.close()

@@ -53,12 +53,16 @@ from pymongo.errors import PyMongoError
 from bucketq.core.claims import LIVE  # buckets, not the tombstones finished ones leave behind
 from tests.proxy import Command, Rule, TcpProxy
 from tests.stress.accounting import account, account_groups, parse_consumer_logs, parse_writer_log
-from tests.stress.common import LEASE_S, die_with_parent
+from tests.stress.common import LEASE_S, STOP_S, die_with_parent
 from tests.stress.consumer import KILL_POINTS
 from tests.stress.streams import StreamConfig, run_streams
 
 ROOT = Path(__file__).resolve().parents[2]
 TICK_S = 0.1
+# The harness's own reads of the queue (the drain phase's count of buckets left, the recovery tracker's
+# aggregation): each one scans the bucket collection on the test server, which keeps no secondary indexes. At
+# every tick they were a good part of that server's work, and slowed the consumers they were watching.
+WATCH_EVERY_S = 1.0
 PROGRESS_EVERY_S = 2.0
 STALL_S = 90.0  # a phase with no progress for this long is stuck: stop and account for what happened
 # A delayed retry is held back past the lease: meanwhile another consumer may claim the bucket again, or
@@ -238,7 +242,8 @@ class Harness:
         self._last_progress = 0.0
         self.client: MongoClient = MongoClient(server_uri, serverSelectionTimeoutMS=30_000, tz_aware=True)
         host, port = _host_port(server_uri)
-        self.proxy = TcpProxy(host, port).start()
+        # Meters the queue's write commands (not the harness's own ``processed`` records) for the report.
+        self.proxy = TcpProxy(host, port, meter=lambda c: c == self.queue or c.startswith(self.queue + ".")).start()
         self.host = socket.gethostname()
 
     # -- processes ---------------------------------------------------------------------------------------
@@ -465,8 +470,13 @@ class Harness:
         self.reap()
         buckets = self.client[self.db_name][self.queue]
         stall = Stall("drain", STALL_S)
+        counted = 0.0
         while True:
             self._check_deadline(deadline)
+            if time.monotonic() - counted < WATCH_EVERY_S:
+                self._tick()
+                continue
+            counted = time.monotonic()
             try:
                 left = buckets.count_documents(LIVE)
             except PyMongoError:
@@ -485,9 +495,9 @@ class Harness:
             p.popen.send_signal(signal.SIGTERM)
         for p in list(self.procs):
             try:
-                p.popen.wait(timeout=60)
+                p.popen.wait(timeout=STOP_S)
             except subprocess.TimeoutExpired:
-                self.errors.append(f"{p.role} {p.pid} did not stop within 60 s of SIGTERM")
+                self.errors.append(f"{p.role} {p.pid} did not stop within {STOP_S:g} s of SIGTERM")
                 self.kill(p)
         for p in self.reap():
             if p.popen.returncode != 0:
@@ -509,7 +519,7 @@ class Harness:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        if now - self._last_poll >= 0.3:
+        if now - self._last_poll >= WATCH_EVERY_S:
             self._last_poll = now
             self.recovery.poll(self.client[self.db_name][self.queue], now)
         self.progress()
@@ -661,6 +671,10 @@ class Harness:
                 "drain": rate(drained, drain_s),
                 "total": rate(result["processed"], write_s + drain_s),
             },
+            "bytes_written": sum(self.proxy.written.values()),
+            "bytes_written_per_message": round(sum(self.proxy.written.values()) / max(1, result["written"]), 1),
+            "write_commands": {"bytes": dict(self.proxy.written), "count": dict(self.proxy.writes),
+                               "per_message": round(sum(self.proxy.writes.values()) / max(1, result["written"]), 2)},
             "records": len(records),
             "problems": {k: v for k, v in result["problems"].items() if v},
             "errors": self.errors[:20],
@@ -797,6 +811,8 @@ def _combine(reports: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("written", "processed", "lost", "duplicated", "duplicates_explained", "redelivered_in_flight",
                 "unexpected"):
         total[key] = sum(r[key] or 0 for r in reports)
+    total["bytes_written"] = sum(r.get("bytes_written", 0) for r in reports)
+    total["bytes_written_per_message"] = round(total["bytes_written"] / max(1, total["written"]), 1)
     total["left_behind"] = {k: sum((r["left_behind"] or {}).get(k, 0) for r in reports)
                             for k in ("buckets", "messages", "dead_letters", "quarantined")}
     total["groups"] = {k: sum((r["groups"] or {}).get(k, 0) for r in reports)
