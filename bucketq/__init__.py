@@ -7,6 +7,7 @@
 """
 
 from bucketq.codecs import Codec, CodecUnavailable, JsonCodec, MsgpackCodec
+from bucketq.connection import ServerUnreachable
 from bucketq.control import list_queues
 from bucketq.core.format import FORMAT_VERSION
 from bucketq.core.stream import Position
@@ -24,7 +25,6 @@ from bucketq.errors import (
     QueueClosed,
     Reject,
     Retry,
-    ServerUnreachable,
     WriteFailed,
 )
 from bucketq.message import Message

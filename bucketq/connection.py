@@ -17,7 +17,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ServerSelectionTimeoutError
 from pymongo.uri_parser import parse_uri
 
-from bucketq.errors import InvalidOption, ServerUnreachable
+from bucketq.errors import BucketqError, InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase
 from bucketq.motor_adapter import MotorDatabase, is_motor
 from bucketq.redaction import credentials_span, redact
@@ -25,6 +25,13 @@ from bucketq.redaction import credentials_span, redact
 DEFAULT_DB = "bucketq"
 C = TypeVar("C")
 log = logging.getLogger("bucketq")
+
+
+# Here, not in bucketq.errors, which imports no driver (tests/test_packaging.py).
+class ServerUnreachable(BucketqError, ServerSelectionTimeoutError):
+    """No MongoDB server answered: the message names the URI (redacted), what was tried for how long, and what
+    each server said. Still a pymongo ``ServerSelectionTimeoutError``, as it was before bucketq wrapped it."""
+
 
 _SCHEME = re.compile(r"mongodb(?:\+srv)?://")
 _RESERVED = re.compile(r"[/?#\[\]@]|:.*:")  # in credentials: a character that must be percent-escaped there

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pymongo.errors import ServerSelectionTimeoutError
-
 
 class BucketqError(Exception):
     """Base class of every bucketq error."""
@@ -11,11 +9,6 @@ class BucketqError(Exception):
 
 class InvalidOption(BucketqError, ValueError):
     """An option given to a constructor is out of range or of the wrong type."""
-
-
-class ServerUnreachable(BucketqError, ServerSelectionTimeoutError):
-    """No MongoDB server answered: the message names the URI (redacted), what was tried for how long, and what
-    each server said. Still a pymongo ``ServerSelectionTimeoutError``, as it was before bucketq wrapped it."""
 
 
 class EncodeError(BucketqError, ValueError):

@@ -32,9 +32,9 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from bucketq.connection import DEFAULT_DB, client_of, server_errors
+from bucketq.connection import DEFAULT_DB, ServerUnreachable, client_of, server_errors
 from bucketq.control import collection_names, is_queue
-from bucketq.errors import BucketqError, InvalidOption, ServerUnreachable
+from bucketq.errors import BucketqError, InvalidOption
 from bucketq.queue import Queue
 from bucketq.redaction import redact
 
