@@ -366,7 +366,8 @@ async def test_stats_counts_messages_by_state(make_queue):
     await q.push_many(range(5))
     await q.push("later", delay=60)
     stats = await q.stats()
-    assert set(stats) == {"ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s", "groups"}
+    assert set(stats) == {"ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s",
+                          "groups"}
     assert (stats["ready"], stats["scheduled"], stats["in_flight"], stats["buckets"]) == (5, 1, 0, 2)
     message = await q.reserve(timeout=2)
     stats = await q.stats()
