@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from bson import ObjectId
 from pymongo.errors import OperationFailure, PyMongoError
 
 from bucketq import metrics
@@ -249,13 +250,16 @@ class Consumer:
         if self._ahead is not None and not self._ahead.done():
             await asyncio.wait([self._ahead])
 
-    async def _claim(self) -> bool:
-        """Claim one due bucket. Returns whether a bucket was taken (even one that went to quarantine)."""
+    async def _claim(self, only: ObjectId | None = None) -> bool:
+        """Claim one due bucket (``only``: that one, if due). Returns whether a bucket was taken (even one that
+        went to quarantine or had to wait for its group)."""
         if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
             return False
         now = self._clock.now()
         token = claims.new_token()
         spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner), self._held_groups())
+        if only is not None:
+            spec = groups.instead(spec, only)
         try:
             doc = await self._store.claim(spec)
         except OperationFailure as exc:
@@ -280,8 +284,12 @@ class Consumer:
             first = ", ".join(f"slot {s}: {reason}" for s, reason in list(bad.items())[:3])
             await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
             return True
-        if bucket.group is not None and not await self._take_turn(bucket, token, now, waited=bool(doc.get("w"))):
-            return True
+        if bucket.group is not None:
+            turn = await self._take_turn(bucket, token, now, waited=bool(doc.get("w")))
+            if turn is not True:
+                if only is None and turn is not False:
+                    await self._claim(only=turn)  # the group was free: its first bucket is the one to serve
+                return True
         held = HeldBucket(bucket, token, self._policy.lease_from(now), self._policy)
         holding = Holding(held, payloads)
         for slot, reason in bad.items():
@@ -297,16 +305,20 @@ class Consumer:
         """The groups whose turn this consumer holds: their later buckets can only wait for it to end."""
         return [h.held.bucket.group for h in self._holdings if h.held.bucket.group is not None and not h.held.ended]
 
-    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime, *, waited: bool) -> bool:
-        """Whether this claim of a group bucket may be served: it took the group's lock, and no earlier bucket
+    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime, *,
+                         waited: bool) -> bool | ObjectId:
+        """True when this claim of a group bucket may be served: it took the group's lock, and no earlier bucket
         of the group is live. Else the bucket is released uncounted to wait (``groups.wait_release``; ``waited``:
-        it came back from a wait) and the lock, if taken, is given back."""
+        it came back from a wait) and the lock, if taken, is given back; then the result is the ``_id`` of the
+        group's first live bucket when the group was free (a claim of it could serve the group now), else
+        False."""
         group = bucket.group
         assert group is not None
         mine = groups.held_by(group, token)
         locked = await self._store.lock_group(*groups.acquire(group, token, self._policy.lease_from(now), bucket.id,
                                                               now), mine)
         # An error before the release leaves the lock to expire with the bucket's lease, as a crash would.
+        first = None
         if locked:
             first = await self._store.first_bucket(*groups.earliest_live(group))
             if first is None or first["_id"] == bucket.id:
@@ -321,7 +333,7 @@ class Consumer:
         if locked or groups.free(await self._store.group_lock(group), self._clock.now()):
             # We gave the lock back, or its holder did meanwhile (its hand-off may have come before our mark).
             await self._hand_off(group)
-        return False
+        return first["_id"] if first is not None else False
 
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         payloads: list[Any] = [None] * bucket.size

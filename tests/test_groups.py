@@ -330,7 +330,8 @@ async def test_a_bucket_that_waited_already_comes_back_less_often(make_queue, sy
     waiting = sync_db.events.find_one({"g": "g", "w": True})
     recheck = _utc(waiting["due"]) - dt.datetime.now(dt.timezone.utc)
     assert dt.timedelta(seconds=5) < recheck < groups.RECHECK + dt.timedelta(seconds=1)
-    sync_db.events.update_one({"_id": waiting["_id"]}, {"$set": {"due": dt.datetime.now(dt.timezone.utc)}})
+    recheck_passed = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    sync_db.events.update_one({"_id": waiting["_id"]}, {"$set": {"due": recheck_passed}})
     assert await b.reserve(timeout=0) is None  # its recheck: the group is still held, so it waits again
     again = sync_db.events.find_one({"_id": waiting["_id"]})
     assert again["w"] is True
@@ -409,3 +410,19 @@ async def test_reserve_many_stops_claiming_at_a_bucket_that_must_wait(make_queue
     batch = await asyncio.wait_for(b.reserve_many(10, timeout=1), 10)
     assert [m.payload for m in batch] == ["free"]
     await asyncio.gather(first.ack(wait=True), *(m.ack() for m in batch))
+
+
+async def test_a_claim_of_a_bucket_that_must_wait_claims_its_free_groups_first_bucket_instead(make_queue, sync_db):
+    """Claims take buckets in due order. After a backlog, every waiting bucket of a group is due again, older than
+    the group's first bucket, the only one that can be served: the full stress run's consumers spent 90 s
+    claiming and releasing waiting buckets while every group's first bucket waited its turn in the same order.
+    A claim that finds the group free and its bucket not first claims the first one instead."""
+    q = make_queue(bucket_max_size=1, bucket_max_wait=0.01)
+    await q.push_many([Outgoing(i, group="g") for i in range(3)])
+    long_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=100)
+    sync_db.events.update_many({"g": "g", "s": {"$gt": sync_db.events.find_one({"g": "g"}, sort=[("s", 1)])["s"]}},
+                               {"$set": {"w": True, "due": long_ago}})
+    first = await q.reserve(timeout=0)  # one claim (a waiting bucket), then the first bucket instead
+    assert first is not None and first.payload == 0
+    await first.ack()
+    assert [m.payload for m in await consume_all(q, timeout=0.5)] == [1, 2]

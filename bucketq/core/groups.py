@@ -87,6 +87,15 @@ def skip(spec: tuple[dict, dict, list], held: list[str]) -> tuple[dict, dict, li
     return {**query, "g": {"$nin": held}}, update, sort
 
 
+def instead(spec: tuple[dict, dict, list], bucket_id: ObjectId) -> tuple[dict, dict, list]:
+    """The claim of ``spec`` for bucket ``bucket_id`` only: the first live bucket of a group that a claim found
+    free while taking a later bucket of it. Without it, claims that take buckets in due order can spend all their
+    time on buckets that must wait (after a backlog every waiting bucket is due again), while the group's first
+    bucket, the only one that can be served, waits its turn in the same order."""
+    query, update, sort = spec
+    return {**query, "_id": bucket_id}, update, sort
+
+
 def earliest_live(group: str) -> tuple[dict, list]:
     """(filter, sort) of the group's first unfinished bucket: the only one that may be served."""
     return {"g": group, **claims.LIVE}, [("s", 1)]
