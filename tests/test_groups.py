@@ -312,7 +312,9 @@ async def test_reserve_returns_by_its_timeout_while_claims_find_only_buckets_tha
     assert await asyncio.wait_for(b.reserve(timeout=0), 20) is None, "reserve(0) kept claiming"
     assert await asyncio.wait_for(b.reserve(timeout=0.3), 20) is None
     await first.ack(wait=True)
-    assert (await b.reserve(timeout=2)).payload == 1
+    second = await b.reserve(timeout=2)
+    assert second.payload == 1
+    await second.ack()  # a message held at close makes close() wait drain_timeout (10 s)
 
 
 def _utc(value: dt.datetime) -> dt.datetime:
@@ -337,7 +339,9 @@ async def test_a_bucket_that_waited_already_comes_back_less_often(make_queue, sy
     assert again["w"] is True
     assert _utc(again["due"]) - dt.datetime.now(dt.timezone.utc) > groups.RECHECK + dt.timedelta(seconds=5)
     await first.ack(wait=True)  # the hand-off still wakes it at once
-    assert (await b.reserve(timeout=2)).payload == 1
+    second = await b.reserve(timeout=2)
+    assert second.payload == 1
+    await second.ack()  # a message held at close makes close() wait drain_timeout (10 s)
 
 
 async def test_the_claim_of_the_bucket_a_lock_names_takes_the_lock_over(make_queue, sync_db):
@@ -356,7 +360,9 @@ async def test_the_claim_of_the_bucket_a_lock_names_takes_the_lock_over(make_que
     with pytest.raises(bucketq.LeaseLost):
         await first.ack(wait=True)
     await again.ack()
-    assert (await b.reserve(timeout=2)).payload == 1
+    second = await b.reserve(timeout=2)
+    assert second.payload == 1
+    await second.ack()  # a message held at close makes close() wait drain_timeout (10 s)
 
 
 async def test_a_lock_is_extended_every_other_lease_extension_not_on_every_flush(make_queue, memory_db):
@@ -369,7 +375,11 @@ async def test_a_lock_is_extended_every_other_lease_extension_not_on_every_flush
         message = await q.reserve(timeout=2)
         await message.ack(wait=True)
     assert len([op for op in memory_db.operations.of("update_one", collection="events")]) >= 4
-    assert memory_db.operations.of("update_one", collection="events.groups") == [], "the lock lasted already"
+    # The claim took the lock until the lease's end; the first extension of the lease past it (a flush whose clock
+    # has moved on since the claim: within the same millisecond it has not) extends the lock a lease further.
+    # Four flushes well within a lease then write the lock once at most (it was written on every flush).
+    lock_writes = memory_db.operations.of("update_one", collection="events.groups")
+    assert len(lock_writes) <= 1, "the lock was extended on more than one flush"
 
 
 async def test_stats_say_what_each_group_waits_for(make_queue, sync_db):
