@@ -23,8 +23,6 @@ from bucketq.errors import (
     MessageHeld,
     PayloadTooLarge,
     QueueClosed,
-    Reject,
-    Retry,
     WriteFailed,
 )
 from bucketq.message import Message
@@ -34,7 +32,7 @@ from bucketq.producer import Outgoing
 from bucketq.queue import Queue
 from bucketq.stream import Stream
 from bucketq.stream_reader import StreamMessage, StreamReader
-from bucketq.worker import BatchTiming, Worker
+from bucketq.worker import BatchTiming, Reject, Retry, Worker
 
 __all__ = [
     "FORMAT_VERSION", "AlreadyResolved", "BatchTiming", "BucketqError", "BufferFull", "Codec", "CodecUnavailable",

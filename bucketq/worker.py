@@ -28,7 +28,7 @@ from typing import Any
 
 from bucketq import metrics
 from bucketq.core.logbudget import LogBudget
-from bucketq.errors import HandlerTimeout, InvalidOption, LeaseLost, Reject, Retry
+from bucketq.errors import BucketqError, HandlerTimeout, InvalidOption, LeaseLost
 from bucketq.message import Message
 from bucketq.options import check_delay
 from bucketq.queue import Queue
@@ -40,6 +40,37 @@ DEFAULT_CONCURRENCY = 1  # handler calls at once, unless asked for more: `bucket
 # are counted, and summed up in one line when the window ends, so that a failure storm cannot flood the log.
 FAILURE_LOG_LIMIT = 10
 FAILURE_LOG_WINDOW_S = 60.0
+
+
+# The handler's say over its message. Here, beside their one user, rather than in bucketq.errors: a Retry checks
+# its delay with bucketq.options, which imports bucketq.errors.
+class Retry(BucketqError):
+    """Raised by a ``Worker`` handler: deliver the message again after ``delay`` seconds (None: the queue's
+    backoff), with ``reason`` recorded. It still counts as a try. A ``delay`` that is not a number of seconds
+    from 0 to a century (negative, NaN, infinite, a string) raises ``InvalidOption`` here, where it is built."""
+
+    def __init__(self, reason: str = "", *, delay: float | None = None) -> None:
+        super().__init__(_check_reason(reason, "Retry") or "retry requested by the handler")
+        try:
+            self.delay = None if delay is None else check_delay(delay)
+        except InvalidOption as exc:
+            raise InvalidOption(f"Retry {exc}") from None
+
+
+class Reject(BucketqError):
+    """Raised by a ``Worker`` handler: the message cannot succeed; it goes straight to the dead letters with
+    ``reason``, without further tries."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(_check_reason(reason, "Reject") or "rejected by the handler")
+
+
+def _check_reason(reason: object, kind: str) -> str:
+    """``reason`` if it is a str; else ``InvalidOption`` (``Retry(5)`` meant ``Retry(delay=5)``)."""
+    if not isinstance(reason, str):
+        hint = " (the delay is a keyword: Retry(reason, delay=S))" if kind == "Retry" else ""
+        raise InvalidOption(f"{kind} takes a reason str{hint}, got {reason!r}")
+    return reason
 
 
 @dataclass(frozen=True)
