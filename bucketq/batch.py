@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 from pymongo import MongoClient, ReplaceOne, ReturnDocument, UpdateOne, WriteConcern
 from pymongo.collection import Collection
 from pymongo.database import Database
-from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError, ServerSelectionTimeoutError
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
 from bucketq.clock import ServerClock
-from bucketq.connection import client_of, unreachable
+from bucketq.connection import client_of, reaching
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.control import PAUSE, is_paused
@@ -323,23 +323,18 @@ class BatchQueue:
         """Run ``op(retry)`` until it succeeds, retrying transient errors with backoff for up to ``op_timeout_s``;
         ``retry`` tells it that an earlier attempt may already have been applied. A server that never answered
         raises ``ServerUnreachable``."""
-        started = time.monotonic()
-        schedule = RetrySchedule(self.op_timeout_s, started)
+        schedule = RetrySchedule(self.op_timeout_s, time.monotonic())
         retry = False
-        while True:
-            try:
-                return op(retry)
-            except ServerSelectionTimeoutError as exc:
-                wait = schedule.after(exc, time.monotonic())
-                if wait is None:
-                    tried = f"tried for {time.monotonic() - started:.1f} s (op_timeout_s {self.op_timeout_s:g} s)"
-                    raise unreachable(exc, self._uri, tried) from None
-            except PyMongoError as exc:
-                wait = schedule.after(exc, time.monotonic())
-                if wait is None:
-                    raise
-            retry = True
-            time.sleep(wait)
+        with reaching(self._uri, "the operation", f"op_timeout_s {self.op_timeout_s:g} s"):
+            while True:
+                try:
+                    return op(retry)
+                except PyMongoError as exc:
+                    wait = schedule.after(exc, time.monotonic())
+                    if wait is None:
+                        raise
+                retry = True
+                time.sleep(wait)
 
     def close(self) -> None:
         if self._owned is not None:

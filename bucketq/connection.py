@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -82,11 +84,19 @@ def server_errors(exc: ServerSelectionTimeoutError) -> str:
     return re.sub(r" \(configured timeouts:[^)]*\)", "", str(exc).split(", Timeout:")[0])
 
 
-def unreachable(exc: ServerSelectionTimeoutError, uri: str | None, tried: str) -> ServerUnreachable:
-    """bucketq's error for a server that did not answer: ``uri`` (redacted; None when the caller passed a client),
-    what was ``tried``, and what each server said."""
-    where = f" at {redact(uri, uri)}" if uri else ""
-    return ServerUnreachable(redact(f"cannot reach MongoDB{where}: {tried}: {server_errors(exc)}", uri))
+@contextmanager
+def reaching(uri: str | None, what: str, limit: str = "") -> Iterator[None]:
+    """Raise bucketq's ``ServerUnreachable`` for a server that did not answer the code inside (sync or async): it
+    names ``uri`` (redacted; None when the caller passed a client), ``what`` was tried for how long (and the
+    ``limit`` that applied), and what each server said."""
+    started = time.monotonic()
+    try:
+        yield
+    except ServerSelectionTimeoutError as exc:
+        where = f" at {redact(uri, uri)}" if uri else ""
+        tried = f"tried {what} for {time.monotonic() - started:.1f} s{f' ({limit})' if limit else ''}"
+        raise ServerUnreachable(redact(f"cannot reach MongoDB{where}: {tried}: {server_errors(exc)}", uri)) \
+            from None
 
 
 @dataclass

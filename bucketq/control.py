@@ -6,9 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pymongo.errors import ServerSelectionTimeoutError
-
-from bucketq.connection import connect, unreachable
+from bucketq.connection import connect, reaching
 from bucketq.core.control import PAUSE, is_paused
 from bucketq.core.format import QUEUE_SUFFIXES, SIDE_COLLECTION_SUFFIXES, STREAM_SUFFIXES
 
@@ -47,12 +45,9 @@ async def list_queues(target: Any, *, db: str | None = None) -> list[str]:
     ``AsyncMongoClient``, an ``AsyncDatabase`` or a Motor client or database; ``db`` picks the database.
     Reads only: no collection is made and no ``Queue`` is opened."""
     connection = connect(target, db)
-    started = time.monotonic()
     try:
-        return await queue_names(connection.database)
-    except ServerSelectionTimeoutError as exc:
-        tried = f"tried listing the collections for {time.monotonic() - started:.1f} s"
-        raise unreachable(exc, connection.uri, tried) from None
+        with reaching(connection.uri, "listing the collections"):
+            return await queue_names(connection.database)
     finally:
         await connection.close()
 

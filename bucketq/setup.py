@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
+from pymongo.errors import PyMongoError
 
 from bucketq.clock import ServerClock
-from bucketq.connection import Connection, unreachable
+from bucketq.connection import Connection, reaching
 from bucketq.redaction import redact
 from bucketq.store import raise_if_cancelled, retrying
 
@@ -46,12 +45,8 @@ class SetUp:
 
     async def _retrying(self, what: str, op: Callable[[], Awaitable[Any]]) -> None:
         """``op`` retried up to ``timeout_s``; a server that never answered raises ``ServerUnreachable``."""
-        started = time.monotonic()
-        try:
+        with reaching(self._connection.uri, what, f"write_timeout {self._timeout_s:g} s"):
             await retrying(lambda _: op(), timeout_s=self._timeout_s)
-        except ServerSelectionTimeoutError as exc:
-            tried = f"tried {what} for {time.monotonic() - started:.1f} s (write_timeout {self._timeout_s:g} s)"
-            raise unreachable(exc, self._connection.uri, tried) from None
 
 
 async def every(period_s: float, work: Callable[[], Awaitable[Any]], what: str) -> None:

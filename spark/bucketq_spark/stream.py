@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pymongo.errors import DuplicateKeyError, ServerSelectionTimeoutError
+from pymongo.errors import DuplicateKeyError
 
 from bucketq.clock import ServerClock
-from bucketq.connection import check_uri, client_of, unreachable
+from bucketq.connection import check_uri, client_of, reaching
 from bucketq.core import stream as core
 from bucketq.core.claims import owner_name
 from bucketq.core.format import POSITIONS_SUFFIX, SEQ_SUFFIX
@@ -158,10 +158,8 @@ def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, g
     client: MongoClient = client_of(uri, MongoClient)
     try:
         db = client[database]
-        try:
+        with reaching(uri, f"reading the range of group {group!r}"):
             taken = uncommitted_range(db, stream, group, start=start, max_buckets=max_buckets, gap_wait=gap_wait)
-        except ServerSelectionTimeoutError as exc:
-            raise unreachable(exc, uri, f"tried reading the range of group {group!r}") from None
         if taken.empty:
             return {"start": str(taken.start), "end": str(taken.end), "rows": 0, "committed": False}
         frame = read_stream_range(spark, uri, database, stream, payload_schema, start=taken.start, end=taken.end,
