@@ -128,9 +128,12 @@ class BatchQueue:
         self._reaped_at: float | None = None
 
     def now(self) -> dt.datetime:
+        return self._synced().now()
+
+    def _synced(self) -> ServerClock:
         if self._clock.stale:
             self._retrying(lambda _: self._clock.sync_blocking(self.database.client))
-        return self._clock.now()
+        return self._clock
 
     # -- claim ---------------------------------------------------------------------------------------------
 
@@ -181,7 +184,8 @@ class BatchQueue:
         must go to quarantine) for a bucket whose ``c`` is not a number (its ``$inc`` fails; as the consumer
         does, it is claimed without the ``$inc``, or it would block every claim behind it).
         Not retried (as in the consumer): a claim whose reply was lost expires with its lease."""
-        spec = claims.ungrouped(claims.claim(self.now(), self.lease, token, self.owner))
+        clock = self._synced()
+        spec = claims.ungrouped(claims.claim(clock.now(), self.lease, token, self.owner, expired_by=clock.earliest()))
         try:
             return self._find_and_claim(spec), None
         except OperationFailure as exc:

@@ -1,10 +1,15 @@
 """The server's clock, as seen from this host.
 
 Due times and leases are compared against ``now()``: the server's ``isMaster.localTime`` measured at the
-last sync (error: half a round trip plus 1 ms), advanced by this host's *monotonic* clock since then. The
-host's wall clock is never read, so an NTP step or a manual change of it cannot make fresh leases look
-expired (or eternal); all hosts agree on time within a few milliseconds even when their own clocks are
-skewed. See docs/FORMAT.md.
+last sync, advanced by this host's *monotonic* clock since then. The host's wall clock is never read, so an
+NTP step or a manual change of it cannot make fresh leases look expired (or eternal).
+
+A reading is only known within ``error()``: half the round trip of the sync (the server read its clock some
+time between our request and its reply) plus the millisecond of ``localTime``, growing by ``MAX_DRIFT``
+since. On a loaded host or server a round trip can take seconds, so two hosts' readings can differ by that
+much. Lease decisions therefore take the side of the error that cannot overlap: a claim judges another's lease
+expired only by ``earliest()``, and a holder serves only while ``latest()`` is short of its lease's end. See
+docs/FORMAT.md ("Clocks").
 """
 
 from __future__ import annotations
@@ -16,6 +21,11 @@ from typing import Any
 from bucketq.core.format import UTC, as_utc
 
 RESYNC_EVERY_S = 300.0
+# A reading whose error is above this is refined sooner: a sync made while the server or the host was busy.
+REFINE_ABOVE_S = 0.02
+REFINE_EVERY_S = 10.0
+MAX_DRIFT = 1e-4  # how fast this host's monotonic clock may gain or lose on the server's clock (100 ppm)
+LOCAL_TIME_RESOLUTION_S = 0.001
 
 
 def anchor(sent_mono: float, received_mono: float, server_time: Any) -> tuple[float, float] | None:
@@ -31,6 +41,7 @@ class ServerClock:
         # Until the first sync: this host's wall clock, read once, then advanced monotonically.
         self._server_s = time.time()
         self._mono_s = time.monotonic()
+        self._error_s = 0.0  # at _mono_s; unknown until the first sync, which replaces it whatever it is
         self._synced_at: float | None = None
         # The last reading, as (millisecond, datetime): a busy consumer reads the clock once a message, and one
         # datetime a millisecond is all it needs. One attribute, so that threads never pair a stale datetime
@@ -45,9 +56,27 @@ class ServerClock:
             last = self._last = (ms, dt.datetime.fromtimestamp(ms / 1000, UTC))
         return last[1]
 
+    def error(self) -> dt.timedelta:
+        """How far ``now()`` may be from the server's clock, either way."""
+        return dt.timedelta(seconds=self._error_at(time.monotonic()))
+
+    def earliest(self) -> dt.datetime:
+        """The earliest the server's clock can read now: what a claim compares another's lease with."""
+        return self.now() - self.error()
+
+    def latest(self) -> dt.datetime:
+        """The latest the server's clock can read now: what a holder compares its own lease with."""
+        return self.now() + self.error()
+
+    def _error_at(self, mono: float) -> float:
+        return self._error_s + MAX_DRIFT * abs(mono - self._mono_s)
+
     @property
     def stale(self) -> bool:
-        return self._synced_at is None or time.monotonic() - self._synced_at > RESYNC_EVERY_S
+        if self._synced_at is None:
+            return True
+        since = time.monotonic() - self._synced_at
+        return since > RESYNC_EVERY_S or (since > REFINE_EVERY_S and self._error_s > REFINE_ABOVE_S)
 
     async def sync(self, database: Any) -> None:
         """Measure the server clock with one ``isMaster`` round trip (async clients)."""
@@ -64,5 +93,21 @@ class ServerClock:
     def _take(self, sent: float, received: float, reply: Any) -> None:
         point = anchor(sent, received, reply.get("localTime"))
         if point is not None:
-            self._server_s, self._mono_s = point
+            error = (received - sent) / 2 + LOCAL_TIME_RESOLUTION_S
+            if self._synced_at is None:
+                self._server_s, self._mono_s, self._error_s = point[0], point[1], error
+            else:
+                self._server_s, self._error_s = combine(self._server_s + (point[1] - self._mono_s),
+                                                        self._error_at(point[1]), point[0], error)
+                self._mono_s = point[1]
         self._synced_at = time.monotonic()
+
+
+def combine(old_s: float, old_error_s: float, new_s: float, new_error_s: float) -> tuple[float, float]:
+    """``(estimate, error)`` of the server's clock from the previous reading carried forward and a new one, at
+    the same instant: the overlap of their intervals, so that a sync slowed down by load cannot widen a good
+    reading; the new reading alone when they do not overlap (the server's clock was stepped)."""
+    low, high = max(old_s - old_error_s, new_s - new_error_s), min(old_s + old_error_s, new_s + new_error_s)
+    if low > high:
+        return new_s, new_error_s
+    return (low + high) / 2, (high - low) / 2

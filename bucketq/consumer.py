@@ -212,7 +212,7 @@ class Consumer:
         return None, claimed
 
     def _next_message(self) -> Message | None:
-        now = self._clock.now()
+        now = self._clock.latest()  # serve only while no reading of the clock could put the lease past its end
         for holding in self._holdings:
             held = holding.held
             slot = held.serve(now)
@@ -255,9 +255,10 @@ class Consumer:
         went to quarantine or had to wait for its group)."""
         if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
             return False
-        now = self._clock.now()
+        now, expired_by = self._clock.now(), self._clock.earliest()
         token = claims.new_token()
-        spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner), self._held_groups())
+        spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner, expired_by=expired_by),
+                           self._held_groups())
         if only is not None:
             spec = groups.instead(spec, only)
         try:
@@ -285,7 +286,7 @@ class Consumer:
             await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
             return True
         if bucket.group is not None:
-            turn = await self._take_turn(bucket, token, now, waited=bool(doc.get("w")))
+            turn = await self._take_turn(bucket, token, now, expired_by, waited=bool(doc.get("w")))
             if turn is not True:
                 if only is None and turn is not False:
                     await self._claim(only=turn)  # the group was free: its first bucket is the one to serve
@@ -305,7 +306,7 @@ class Consumer:
         """The groups whose turn this consumer holds: their later buckets can only wait for it to end."""
         return [h.held.bucket.group for h in self._holdings if h.held.bucket.group is not None and not h.held.ended]
 
-    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime, *,
+    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime, expired_by: dt.datetime, *,
                          waited: bool) -> bool | ObjectId:
         """True when this claim of a group bucket may be served: it took the group's lock, and no earlier bucket
         of the group is live. Else the bucket is released uncounted to wait (``groups.wait_release``; ``waited``:
@@ -316,7 +317,7 @@ class Consumer:
         assert group is not None
         mine = groups.held_by(group, token)
         locked = await self._store.lock_group(*groups.acquire(group, token, self._policy.lease_from(now), bucket.id,
-                                                              now), mine)
+                                                              expired_by), mine)
         # An error before the release leaves the lock to expire with the bucket's lease, as a crash would.
         first = None
         if locked:
@@ -330,7 +331,7 @@ class Consumer:
         finally:
             if locked:
                 await self._store.unlock_group(mine)
-        if locked or groups.free(await self._store.group_lock(group), self._clock.now()):
+        if locked or groups.free(await self._store.group_lock(group), self._clock.earliest()):
             # We gave the lock back, or its holder did meanwhile (its hand-off may have come before our mark).
             await self._hand_off(group)
         return first["_id"] if first is not None else False
@@ -382,7 +383,7 @@ class Consumer:
                 # Stored before ack returns, not at the next flush: once acked, a crash cannot make the
                 # handler run again for this key.
                 await self._keys.record(key)
-                if held.lease_ending(self._clock.now()):
+                if held.lease_ending(self._clock.latest()):
                     with contextlib.suppress(LeaseLost):  # written if a flush still lands under this lease
                         held.ack(slot)
                         self._schedule_flush(holding)
@@ -423,7 +424,7 @@ class Consumer:
         restarting) holds back only its own bucket, never the lease extensions of the others."""
         while True:
             await asyncio.sleep(self._options.state_flush_period)
-            now = self._clock.now()
+            now = self._clock.latest()
             for holding in list(self._holdings):
                 if holding.held.needs_flush(now):
                     self._schedule_flush(holding)

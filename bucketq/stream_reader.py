@@ -148,7 +148,7 @@ class StreamReader:
             await self._stream.expire_group(group, floor)
             return True
         present, settled, claims = await self._commit(group)
-        now = self._stream.clock.now()
+        now = self._stream.clock.earliest()  # another reader's lease is over only when no reading says otherwise
         busy = settled | set(self._held) | {c["s"] for c in claims if c.get("lease") and c["lease"]["until"] > now}
         for seq in present:
             if seq not in busy and await self._claim(group, seq, now):

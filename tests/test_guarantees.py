@@ -397,6 +397,55 @@ def test_a_clock_resync_takes_effect_at_once():
     assert after.microsecond % 1000 == 0 and clock.now() >= after
 
 
+async def test_a_clock_read_slowed_down_does_not_let_two_consumers_serve_one_bucket(backend, make_queue, request):
+    """B's clock sync waits 6 s on its way to the server (a loaded server or host): the server reads its clock
+    6 s after B asked, so B's reading is up to 3 s ahead. A's lease extension is slow too. B judged A's lease
+    expired by its reading and took A's bucket 2.4 s before A stopped serving it (the full stress run's
+    ``lease_overlap`` duplicates). Now a claim judges by the earliest reading its error allows, and a holder
+    by the latest."""
+    options = {**QUICK, "lease": 6.0, "bucket_max_size": 2}
+    proxy = None
+    if backend == "server":
+        host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
+        proxy = TcpProxy(host, int(port)).start()
+        request.addfinalizer(proxy.stop)
+    faults = proxy or request.getfixturevalue("memory_db").faults
+    a = make_queue(target=proxy and proxy.uri, **options)
+    await a.push_many(["x", "y"])  # A has read the server's clock
+    b = make_queue(target=proxy and proxy.uri, **options)
+    slow_sync = faults.delay("isMaster", "hello", seconds=6.0)
+    await b.stats()  # B reads it, slowly
+    assert slow_sync.hits == 1
+    first = await a.reserve(timeout=2)
+    assert first is not None and first.payload == "x"
+    # A's lease lasts 6 s, of which it serves 5.4 (a 10% margin); its extension, sent after 3 s, lands at 9 s
+    slow_extension = faults.delay("update", "update_one", seconds=6.0, collection="events")
+    await asyncio.sleep(4.5)
+    assert slow_extension.hits == 1
+    assert await b.reserve(timeout=0) is None, "B took the bucket A still serves: two consumers held it at once"
+    second = await a.reserve(timeout=0)
+    assert second is not None and second.payload == "y", "A stopped serving a bucket it still held"
+    await asyncio.gather(first.ack(wait=True), second.ack(wait=True))
+
+
+def test_clock_readings_combine_to_the_overlap_of_their_errors():
+    from bucketq.clock import ServerClock
+
+    clock = ServerClock()
+    mono = time.monotonic()
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    clock._take(mono - 2.0, mono, {"localTime": base})  # a slow round trip: +-1 s (and the millisecond)
+    assert abs(clock.error().total_seconds() - 1.001) < 0.01
+    clock._take(mono - 0.01, mono, {"localTime": base + dt.timedelta(seconds=0.7)})  # a fast one, in the first's
+    assert clock.error().total_seconds() < 0.01
+    assert abs((clock.now() - base).total_seconds() - 0.7 - (time.monotonic() - mono + 0.005)) < 0.01
+    clock._take(mono - 1.0, mono, {"localTime": base + dt.timedelta(seconds=0.4)})  # a slower one cannot widen it
+    assert clock.error().total_seconds() < 0.01
+    assert clock.earliest() < clock.now() < clock.latest()
+    clock._take(mono - 0.01, mono, {"localTime": base + dt.timedelta(hours=1)})  # the server's clock was stepped
+    assert (clock.now() - base).total_seconds() > 3599 and clock.error().total_seconds() < 0.01
+
+
 # -- 11. one slow write does not starve the other leases ------------------------------------------------------
 
 async def test_a_slow_write_on_one_bucket_does_not_let_the_other_leases_expire(make_queue, memory_db):

@@ -193,7 +193,7 @@ def _step(collection: Any, step: tuple, now: dt.datetime) -> Any:
     kind, *args = step
     if kind == "claim":
         token, lease = args
-        query, update, sort = claims.claim(now, lease, token, "host:1")
+        query, update, sort = claims.claim(now, lease, token, "host:1", expired_by=now)
         return collection.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
     if kind == "reap":
         return collection.delete_many(claims.reap(now + dt.timedelta(seconds=args[0]), 1.0)).deleted_count

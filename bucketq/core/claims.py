@@ -28,14 +28,18 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def claim(now: dt.datetime, lease_s: float, token: str, owner: str) -> tuple[dict, dict, list]:
+def claim(now: dt.datetime, lease_s: float, token: str, owner: str, *,
+          expired_by: dt.datetime) -> tuple[dict, dict, list]:
     """(filter, update, sort) for findOneAndUpdate: the oldest due bucket whose lease, if any, has expired.
 
+    ``expired_by`` is the earliest the server's clock can read (``ServerClock.earliest``): another consumer's lease
+    is taken over only once it ended by then, so that a reading ahead of the server's clock cannot take a bucket
+    whose holder, reading by its latest, still serves it. A bucket under no lease is due by ``now``.
     ``c`` counts claims not ended by a clean release; a message's tries are ``t[slot] + c - 1``.
     """
     until = now + dt.timedelta(seconds=lease_s)
     return (
-        {"due": {"$lte": now}},
+        {"due": {"$lte": now}, "$or": [{"lease": None}, {"lease.until": {"$lte": expired_by}}]},
         {"$set": {"due": until, "lease": {"token": token, "owner": owner, "until": until}}, "$inc": {"c": 1}},
         [("due", 1)],
     )
@@ -49,7 +53,7 @@ def claim_uncounted(spec: tuple[dict, dict, list]) -> tuple[dict, dict, list]:
     query, update, sort = spec
     uncountable = {"$or": [{"c": {"$type": "array"}}, {"c": {"$not": {"$type": "number"}}},
                            {"c": {"$gt": MAX_COUNT}}, {"c": {"$lt": 0}}]}
-    return {**query, **uncountable}, {k: v for k, v in update.items() if k != "$inc"}, sort
+    return {"$and": [query, uncountable]}, {k: v for k, v in update.items() if k != "$inc"}, sort
 
 
 def ungrouped(spec: tuple[dict, dict, list]) -> tuple[dict, dict, list]:

@@ -46,13 +46,13 @@ def next_places(count: int) -> tuple[dict, dict]:
 
 
 def acquire(group: str, token: str, until: dt.datetime, bucket_id: ObjectId,
-            now: dt.datetime) -> tuple[dict, dict]:
-    """(filter, update) of an upsert that takes the lock when it is free, expired, or held for this very bucket:
-    the claim of ``bucket_id`` that was just made proves that the lease of that holder ended (it crashed, hung,
-    or released the bucket and has not unlocked yet), and its later writes are refused by its token. When
-    someone else holds it for another bucket, the filter matches nothing and the upsert fails as a duplicate
-    key on ``_id``: not acquired."""
-    return ({"_id": group, "$or": [{"token": None}, {"until": {"$lte": now}}, {"bucket": bucket_id}]},
+            expired_by: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update) of an upsert that takes the lock when it is free, expired by ``expired_by`` (the earliest
+    the server's clock can read, as for a claim), or held for this very bucket: the claim of ``bucket_id`` that
+    was just made proves that the lease of that holder ended (it crashed, hung, or released the bucket and has
+    not unlocked yet), and its later writes are refused by its token. When someone else holds it for another
+    bucket, the filter matches nothing and the upsert fails as a duplicate key on ``_id``: not acquired."""
+    return ({"_id": group, "$or": [{"token": None}, {"until": {"$lte": expired_by}}, {"bucket": bucket_id}]},
             {"$set": {"token": token, "until": until, "bucket": bucket_id}})
 
 
@@ -126,9 +126,9 @@ def waiting(first: Mapping[str, Any]) -> bool:
     return bool(first.get("w")) and first.get("lease") is None
 
 
-def free(lock: dict | None, now: dt.datetime) -> bool:
-    """Whether a lock document (or its absence) leaves the group free to take."""
-    return lock is None or lock.get("token") is None or (lock.get("until") is not None and lock["until"] <= now)
+def free(lock: dict | None, expired_by: dt.datetime) -> bool:
+    """Whether a lock document (or its absence) leaves the group free to take (``expired_by``: as for ``acquire``)."""
+    return lock is None or lock.get("token") is None or (lock.get("until") is not None and lock["until"] <= expired_by)
 
 
 def wake(bucket_id: ObjectId, now: dt.datetime) -> tuple[dict, dict]:

@@ -77,11 +77,12 @@ async def insert_records(collection, records: list[dict], deadline_s: float = 12
 
 
 def lease_left(message: bucketq.Message) -> float:
-    """Seconds this consumer believes it still holds the message's bucket, by its own clock. The harness's one
-    look inside the library (``Message._holding``, ``Consumer._clock``): the accounting needs it to tell two
-    consumers holding a bucket at once from a redelivery after a lease ran out."""
+    """Seconds this consumer believes it still holds the message's bucket, by the latest reading of its clock (as
+    it decides to serve). The harness's one look inside the library (``Message._holding``, ``Consumer._clock``):
+    the accounting needs it to tell two consumers holding a bucket at once from a redelivery after a lease ran
+    out."""
     held = message._holding.held
-    return (held.lease_until - message._consumer._clock.now()).total_seconds()
+    return (held.lease_until - message._consumer._clock.latest()).total_seconds()
 
 
 class ClockStepper:
