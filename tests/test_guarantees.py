@@ -313,6 +313,16 @@ async def test_bad_stored_buckets_are_quarantined_and_the_good_message_is_served
     assert [e["_id"] for e in entries] == [bad["_id"]] and entries[0]["reason"]
 
 
+@pytest.mark.parametrize("lease", ["z", {"token": "t"}, {"token": "t", "until": "soon"}], ids=["text", "no until",
+                                                                                         "text until"])
+async def test_a_bucket_whose_lease_has_no_date_is_claimed_not_stuck(make_queue, sync_db, lease):
+    """A claim takes over a lease only when its ``until`` is not past the earliest reading of the clock: a lease
+    written by hand with no date ``until`` must not make its bucket unclaimable for ever."""
+    sync_db.events.insert_one(_raw_bucket(lease=lease))
+    q = make_queue(**QUICK)
+    assert await _drain_ids(q) == ["raw"]
+
+
 async def test_stats_count_around_malformed_documents(make_queue, sync_db):
     sync_db.events.insert_many([_raw_bucket(n="x", done="y", created=5), _raw_bucket(created="s"),
                                 _raw_bucket(due="soon", lease="z")])

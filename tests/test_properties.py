@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import itertools
 import math
 
 import bson
@@ -219,6 +220,29 @@ def test_bucket_documents_parse_back(items):
     parsed = parse_bucket(doc)
     assert parsed.size == len(items) and parsed.keys == [k for _, k in items]
     assert slot_bytes(slots[0].payload) + BUCKET_OVERHEAD > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3000), st.booleans(), st.integers(0, 9)), min_size=1, max_size=60),
+       st.integers(1, 30), st.integers(4_000, 40_000))
+def test_copies_are_split_into_buckets_within_max_bytes_in_order(items, max_size, max_bytes):
+    """Copies (retries, requeues) with tries, origins and headers are split so that each bucket stays within
+    ``max_size`` slots and ``max_bytes`` BSON bytes (a slot alone may be larger), in order, none lost, and
+    no bucket ends before it had to."""
+    from bucketq.core.format import bucket_documents, copy_bytes
+
+    slots = [Slot("x" * n, headers={"h": "y" * 40} if with_headers else None, tries=tries,
+                  origin=f"{ObjectId()}:{n}", enqueued_at=T0) for n, with_headers, tries in items]
+    docs = bucket_documents(slots, codec="json", created=T0, due=T0, max_size=max_size, max_bytes=max_bytes)
+    assert [p for d in docs for p in d["p"]] == [s.payload for s in slots]
+    for doc in docs:
+        assert len(doc["p"]) <= max_size
+        assert len(doc["p"]) == 1 or len(bson.encode(doc)) <= max_bytes
+    used = [0, *itertools.accumulate(len(d["p"]) for d in docs)]
+    for start, end in itertools.pairwise(used):
+        if end < len(slots):  # the next slot did not fit: by count, or by the bound of its bytes
+            full = sum(copy_bytes(s) for s in slots[start:end + 1]) + BUCKET_OVERHEAD
+            assert end - start >= max_size or full > max_bytes
 
 
 @given(st.integers(0, 100_000), st.floats(1.0, 10.0))

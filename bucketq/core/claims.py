@@ -39,7 +39,8 @@ def claim(now: dt.datetime, lease_s: float, token: str, owner: str, *,
     """
     until = now + dt.timedelta(seconds=lease_s)
     return (
-        {"due": {"$lte": now}, "$or": [{"lease": None}, {"lease.until": {"$lte": expired_by}}]},
+        # not "$lte": a lease without a date ``until`` (written by hand) must not make its bucket unclaimable
+        {"due": {"$lte": now}, "$or": [{"lease": None}, {"lease.until": {"$not": {"$gt": expired_by}}}]},
         {"$set": {"due": until, "lease": {"token": token, "owner": owner, "until": until}}, "$inc": {"c": 1}},
         [("due", 1)],
     )

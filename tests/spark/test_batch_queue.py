@@ -33,7 +33,7 @@ def bq(mongo_uri, db_name):
 
 
 def _expire_leases(sync_db) -> None:
-    sync_db.events.update_many({"lease": {"$ne": None}}, {"$set": {"due": PAST}})
+    sync_db.events.update_many({"lease": {"$ne": None}}, {"$set": {"due": PAST, "lease.until": PAST}})
 
 
 def _lose_first_reply(collection: Any, method: str, *, applied: bool = True,
