@@ -7,10 +7,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars lint test test-pythons unit demo devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars lint test test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
+	@echo "make demo-cluster  the same, with the Spark job under spark-submit on a standalone Spark cluster"
 	@echo "make test          install everything, lint, then run the test suite"
 	@echo "make lint          ruff (bucketq spark tests bench devtools examples) and mypy (bucketq)"
 	@echo "make test-pythons  the tests that need no server on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
@@ -55,6 +56,9 @@ unit: venv
 
 demo: venv jars
 	$(PY) -m devtools.demo $(DEMO_ARGS)
+
+demo-cluster: venv jars
+	$(PY) -m devtools.demo --cluster $(DEMO_ARGS)
 
 devserver: venv
 	@$(PY) -m devtools.testserver start

@@ -9,6 +9,7 @@ from typing import Any
 from bucketq.connection import connect, reaching
 from bucketq.core.control import PAUSE, is_paused
 from bucketq.core.format import QUEUE_SUFFIXES, SIDE_COLLECTION_SUFFIXES, STREAM_SUFFIXES
+from bucketq.core.scans import SCAN
 
 # A consumer reads the pause document at most this often, so it stops claiming within this many seconds of a
 # pause (plus one round trip), and starts again within this plus one poll interval of a resume.
@@ -74,5 +75,5 @@ async def is_queue(database: Any, name: str, collections: set[str]) -> bool:
         return False  # a side collection, or a stream
     if any(name + suffix in collections for suffix in QUEUE_SUFFIXES):
         return True
-    first = await database[name].find_one({}, dict.fromkeys(BUCKET_FIELDS, 1))
+    first = await database[name].find_one({}, dict.fromkeys(BUCKET_FIELDS, 1), **SCAN)
     return first is not None and all(field in first for field in BUCKET_FIELDS)

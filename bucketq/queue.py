@@ -32,6 +32,7 @@ from bucketq.core.control import (
     unfinished_messages,
 )
 from bucketq.core.format import as_utc, parse_bucket
+from bucketq.core.scans import SCAN
 from bucketq.core.stats import groups_pipeline, shape_groups, shape_stats, stats_pipeline
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClosed
 from bucketq.message import Message
@@ -181,10 +182,10 @@ class Queue:
         ``bucketq.core.stats.GROUP_STATES``), each ``{groups, messages, until}``. Writes nothing."""
         await self._ready(write=False)
         now = self._clock.now()
-        rows = await self._store.aggregate(self._store.buckets, stats_pipeline(now))
-        dead = await self._store.dead.count_documents({})
-        quarantined = await self._store.quarantine.count_documents({})
-        groups = await self._store.aggregate(self._store.buckets, groups_pipeline(now))
+        rows = await self._store.aggregate(self._store.buckets, stats_pipeline(now), **SCAN)
+        dead = await self._store.dead.count_documents({}, **SCAN)
+        quarantined = await self._store.quarantine.count_documents({}, **SCAN)
+        groups = await self._store.aggregate(self._store.buckets, groups_pipeline(now), **SCAN)
         return {**shape_stats(rows, dead=dead, quarantined=quarantined, now=now), "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
@@ -268,7 +269,7 @@ class Queue:
         await self._ready()
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
                                    now=self._clock.now(), error_field=field)
-        return (await collection.delete_many(query)).deleted_count
+        return (await collection.delete_many(query, **SCAN)).deleted_count  # by error text: no index
 
     async def _requeue(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
                        error_contains: str | None) -> int:
@@ -277,7 +278,7 @@ class Queue:
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
                                    now=self._clock.now(), error_field=field)
         total = 0
-        while batch := await collection.find(query, limit=admin.REQUEUE_CHUNK).to_list(None):
+        while batch := await collection.find(query, limit=admin.REQUEUE_CHUNK, **SCAN).to_list(None):
             docs = admin.requeued_buckets(batch, now=self._clock.now())
             await self._store.insert_buckets(docs)
             await collection.delete_many({"_id": {"$in": [e["_id"] for e in batch]}})
@@ -326,7 +327,7 @@ class Queue:
         await self._ready()
         removed = False
         for _ in range(REMOVE_ATTEMPTS):
-            docs = await self._store.buckets.find(holders(message_id)).to_list(None)
+            docs = await self._store.buckets.find(holders(message_id), **SCAN).to_list(None)
             now = self._clock.now()
             found = [(doc, slots) for doc in docs if (slots := pending_slots(doc, message_id))]
             for doc, _ in found:
@@ -353,11 +354,11 @@ class Queue:
         # ``late`` marks retry copies that landed after the mark: each repeats a message its original counts.
         token, late = claims.new_token(), claims.new_token()
         buckets = self._store.buckets
-        await retrying(lambda _: buckets.update_many(LIVE, purge_mark(now, token)),
+        await retrying(lambda _: buckets.update_many(LIVE, purge_mark(now, token), **SCAN),
                        timeout_s=self.options.write_timeout)
         total = 0
         while batch := await buckets.find(purged_by(token, late), {"n": 1, "done": 1, "r": 1, "fin.token": 1},
-                                          limit=PURGE_CHUNK).to_list(None):
+                                          limit=PURGE_CHUNK, **SCAN).to_list(None):
             total += sum(unfinished_messages(doc) for doc in batch if doc["fin"]["token"] == token)
             await self._purge_copies([c for doc in batch for c in copies_on_their_way(doc)], now, late)
             tombstones = [ReplaceOne({"_id": doc["_id"], "fin.token": doc["fin"]["token"]},

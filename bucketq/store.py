@@ -227,8 +227,8 @@ class Store:
     async def record_keys(self, keys: list[str], now: dt.datetime) -> None:
         await self.insert_copies(self.inbox, [{"_id": k, "at": now} for k in keys])
 
-    async def aggregate(self, collection: Any, pipeline: list[dict]) -> list[dict]:
-        cursor = await collection.aggregate(pipeline)
+    async def aggregate(self, collection: Any, pipeline: list[dict], **options: Any) -> list[dict]:
+        cursor = await collection.aggregate(pipeline, **options)
         return await cursor.to_list(None)
 
     async def insert_buckets(self, docs: list[dict], *, session: Any = None) -> None:

@@ -25,6 +25,7 @@ from bucketq.codecs import Codec, codec_option
 from bucketq.connection import connect
 from bucketq.core import stream as core
 from bucketq.core.format import CLAIMS_SUFFIX, MAX_BUCKET_SIZE, POSITIONS_SUFFIX, SEQ_SUFFIX
+from bucketq.core.scans import SCAN
 from bucketq.core.stream import GroupState, Position, RetentionCut
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import StreamOptions, check_database, check_names
@@ -233,7 +234,7 @@ class Stream:
                                             {"s": 1, "fin": 1, "done": 1})
             settled = {c["s"]: (MAX_BUCKET_SIZE if c.get("fin") else len(c.get("done", []))) async for c in claims}
             groups[group.name] = core.lag(group, [d async for d in buckets], settled, now)
-        return {"last_sequence": last, "floor": floor, "buckets": await self.store.buckets.count_documents({}),
+        return {"last_sequence": last, "floor": floor, "buckets": await self.store.buckets.count_documents({}, **SCAN),
                 "groups": groups}
 
     # -- retention -----------------------------------------------------------------------------------------

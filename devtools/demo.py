@@ -5,7 +5,10 @@
 2. consume: asyncio consumers reserve and ack them all, totalling amounts per account; prints msg/s and
    commands per 1,000 messages;
 3. spark: the same events are pushed again and the example Spark job (claim → read through the MongoDB
-   Spark Connector → aggregate → Parquet → commit) totals them; the demo checks both totals agree.
+   Spark Connector → aggregate → Parquet → commit) totals them; the demo checks both totals agree. With
+   ``--cluster`` (``make demo-cluster``) the job runs under ``spark-submit`` on a standalone Spark cluster
+   started here (a Master and a Worker of the installed pyspark), and the demo also checks that the master
+   ran it on its executors.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import asyncio
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -160,15 +164,54 @@ def run_spark(uri: str, expected: dict[str, list[float]]) -> None:
     steps = ", ".join(f"{k} {v:.2f} s" for k, v in figures["seconds"].items())
     print(f"spark:   {figures['rows']:,} messages from {figures['buckets']} buckets in {figures['batches']} batch(es), "
           f"{figures['rows_per_s']:,.0f} rows/s; {steps}")
+    check_totals(figures["accounts"], expected)
+
+
+def check_totals(accounts: list[dict[str, Any]], expected: dict[str, list[float]]) -> None:
+    """Print the first accounts of the Spark job's totals and exit unless every account's equal the consumer's."""
     print(f"  {'account':<10} {'count':>7} {'amount':>14}")
-    for row in figures["accounts"][:5]:
+    for row in accounts[:5]:
         print(f"  {row['account']:<10} {row['count']:>7,} {row['amount']:>14,.2f}")
-    print(f"  ... {len(figures['accounts'])} accounts")
-    mismatched = [r["account"] for r in figures["accounts"]
+    print(f"  ... {len(accounts)} accounts")
+    mismatched = [r["account"] for r in accounts
                   if r["count"] != expected[r["account"]][0] or abs(r["amount"] - expected[r["account"]][1]) > 0.01]
-    if mismatched or len(figures["accounts"]) != len(expected):
+    if mismatched or len(accounts) != len(expected):
         raise SystemExit(f"Spark totals differ from the consumer's for {mismatched or 'the account list'}")
     print("spark totals equal the asyncio consumer's totals for every account")
+
+
+def run_spark_cluster(uri: str, expected: dict[str, list[float]]) -> None:
+    """The same job under ``spark-submit`` on a standalone cluster (a Master and a Worker of the installed pyspark,
+    on 127.0.0.1, stopped by PID); checks that the master ran it and executors did the work."""
+    from devtools.jars import ROOT, ensure_jars
+    from devtools.sparkcluster import SparkCluster, submit, submit_command
+
+    with SparkCluster() as cluster, tempfile.TemporaryDirectory(prefix="bucketq-demo-") as out:
+        print(f"spark cluster: master {cluster.master_url} (pid {cluster.pids['master']}), "
+              f"worker pid {cluster.pids['worker']}")
+        command = submit_command(cluster.master_url, ensure_jars("spark"), ROOT / "spark/jobs/account_totals.py",
+                                 ["--uri", uri, "--db", DB, "--queue", QUEUE, "--out", out], name="bucketq-demo")
+        print("  " + " ".join(command[:1] + ["..."] + command[-9:]), file=sys.stderr)
+        job = submit(command, stdout=subprocess.PIPE)
+        stdout, _ = job.communicate()
+        if job.returncode != 0:
+            raise SystemExit(f"spark-submit exited with {job.returncode}")
+        report = parse_job_output(stdout)
+        apps = [a["name"] for a in cluster.state().get("completedapps", [])]
+    print(f"spark cluster: {report['summary']}")
+    print(f"  {report['executors']}; the master's completed applications: {apps}")
+    if "bucketq-demo" not in apps or "none" in report["executors"]:
+        raise SystemExit("the job did not run on the cluster's executors")
+    check_totals(report["accounts"], expected)
+
+
+def parse_job_output(stdout: str) -> dict[str, Any]:
+    """The account_totals job's printed report: its summary line, its executors line and the accounts."""
+    lines = stdout.splitlines()
+    accounts = [{"account": a, "count": int(c), "amount": float(m)}
+                for a, c, m in (line.split("\t") for line in lines if line.count("\t") == 2)]
+    executors = next((line for line in lines if line.startswith("master ")), "executors: none")
+    return {"summary": lines[0] if lines else "", "executors": executors, "accounts": accounts}
 
 
 def main() -> None:
@@ -176,6 +219,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark step")
+    parser.add_argument("--cluster", action="store_true",
+                        help="run the Spark job with spark-submit on a standalone cluster started here")
     args = parser.parse_args()
     with ExitStack() as stack:
         uri = os.environ.get("BUCKETQ_MONGODB_URI")
@@ -188,7 +233,9 @@ def main() -> None:
             uri = server.uri
             print(f"server: mongo-java-server (embedded test server, in memory) at {uri}, pid {server.pid}")
         totals = asyncio.run(produce_and_consume(uri, args.messages, args.consumers))
-        if not args.no_spark:
+        if args.cluster:
+            run_spark_cluster(uri, totals)
+        elif not args.no_spark:
             run_spark(uri, totals)
         MongoClient(uri).drop_database(DB)
 

@@ -114,8 +114,10 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def memory_db(db_name: str) -> MemoryDatabase:
-    """The test's own in-memory database (``bucketq.memory``), on a client of its own."""
-    return MemoryClient()[db_name]
+    """The test's own in-memory database (``bucketq.memory``), on a client of its own, in ``notablescan`` mode:
+    a query that no index serves fails the test (whole-collection reads an operator asks for say so:
+    ``bucketq.core.scans``)."""
+    return MemoryClient(notablescan=True)[db_name]
 
 
 @pytest.fixture

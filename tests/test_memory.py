@@ -446,3 +446,38 @@ async def test_a_queue_takes_a_memory_client_or_database_and_its_db_option():
     assert client["one"].sync.list_collection_names()[0] == "a"
     assert client["two"].sync.list_collection_names() == []
     assert isinstance(bucketq.Queue(client, name="a").database, MemoryDatabase)
+
+
+# -- notablescan: every query served by an index ---------------------------------------------------------------
+
+async def test_notablescan_refuses_what_no_index_serves_and_names_the_query_and_the_indexes():
+    from bucketq.core.scans import SCAN
+
+    db = MemoryClient(notablescan=True)["t"]
+    db.sync.c.insert_many([{"_id": i, "due": i, "s": i, "k": str(i), **({"g": "a"} if i % 2 else {})}
+                           for i in range(6)])
+    await db.c.create_index("due")
+    await db.c.create_index([("g", 1), ("s", 1)], sparse=True)
+    with pytest.raises(OperationFailure, match=r"no index serves filter \{'k': '1'\}.*_id_ \{'_id': 1\}, due_1") as e:
+        await db.c.find_one({"k": "1"})
+    assert e.value.code == 291
+    assert db.sync.c.find_one({"k": "1"})["_id"] == 1  # the test's own view is not checked
+    assert (await db.c.find_one({"k": "1"}, **SCAN))["_id"] == 1  # an operator's scan, declared
+    assert (await db.c.find_one({"_id": 3}))["_id"] == 3
+    assert (await db.c.find_one({"due": {"$lte": 2}, "$or": [{"k": "1"}, {"k": "2"}]}, sort=[("due", 1)]))["_id"] == 1
+    assert (await db.c.find_one({"g": "a"}, sort=[("s", 1)]))["_id"] == 1  # equality, then the sort
+    assert (await db.c.find_one({}, sort=[("due", -1)]))["_id"] == 5  # the sort alone, backwards
+    assert await db.c.count_documents({"$or": [{"_id": 1}, {"due": 4}]}) == 2  # each branch on an index of its own
+    assert await db.c.count_documents({"g": {"$exists": True}}) == 3  # a sparse index holds those
+    for query, sort in [({"g": None}, None),  # a sparse index lacks the documents without the field
+                        ({}, [("s", 1)]), ({"$or": [{"_id": 1}, {"k": "4"}]}, None), ({"s": {"$gt": 1}}, None)]:
+        with pytest.raises(OperationFailure, match="notablescan"):
+            await db.c.find_one(query, sort=sort)
+    with pytest.raises(OperationFailure, match="notablescan"):
+        await db.c.update_many({"k": "1"}, {"$set": {"x": 1}})
+    with pytest.raises(OperationFailure, match="notablescan"):
+        await db.c.delete_one({"s": 2})
+    with pytest.raises(OperationFailure, match="notablescan"):
+        await (await db.c.aggregate([{"$group": {"_id": None, "n": {"$sum": 1}}}])).to_list(None)
+    assert await (await db.c.aggregate([{"$match": {"due": {"$gte": 4}}}, {"$count": "n"}])).to_list(None) == [{"n": 2}]
+    assert await db.missing.find_one({"k": 1}) is None  # a collection that does not exist: nothing to scan

@@ -16,6 +16,7 @@ from bucketq.cli.common import Target, confirm, connection_options, open_queue, 
 from bucketq.cli.output import preview, print_table, relative, table, to_json
 from bucketq.cli.params import DURATION
 from bucketq.codecs import codec_named
+from bucketq.core.scans import SCAN
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, y
     async with open_queue(target, name) as queue:
         query = entry_filter(older_than_s=filters["older_than"], error_contains=filters["error_contains"],
                              ids=filters["ids"], now=dt.datetime.now(dt.timezone.utc), error_field=kind.reason)
-        matching = await queue.database[name + kind.suffix].count_documents(query)
+        matching = await queue.database[name + kind.suffix].count_documents(query, **SCAN)
         if not matching:
             click.echo(f"no {kind.many} match; nothing {done}")
             return

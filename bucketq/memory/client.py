@@ -151,30 +151,33 @@ class MemoryCollection:
     async def update_one(self, filter: Any, update: Mapping[str, Any], upsert: bool = False,
                          **kwargs: Any) -> UpdateResult:
         return await self._run(self._op("update", "update_one", filter, update),
-                               lambda: self.sync.update_one(filter, update, upsert))
+                               lambda: self.sync.update_one(filter, update, upsert, comment=kwargs.get("comment")))
 
     async def update_many(self, filter: Any, update: Mapping[str, Any], upsert: bool = False,
                           **kwargs: Any) -> UpdateResult:
         return await self._run(self._op("update", "update_many", filter, update),
-                               lambda: self.sync.update_many(filter, update, upsert))
+                               lambda: self.sync.update_many(filter, update, upsert, comment=kwargs.get("comment")))
 
     async def replace_one(self, filter: Any, replacement: Mapping[str, Any], upsert: bool = False,
                           **kwargs: Any) -> UpdateResult:
         return await self._run(self._op("update", "replace_one", filter, replacement),
-                               lambda: self.sync.replace_one(filter, replacement, upsert))
+                               lambda: self.sync.replace_one(filter, replacement, upsert,
+                                                                 comment=kwargs.get("comment")))
 
     async def find_one_and_update(self, filter: Any, update: Mapping[str, Any], projection: Any = None,
                                   sort: Any = None, upsert: bool = False,
                                   return_document: bool = ReturnDocument.BEFORE, **kwargs: Any) -> Any:
         return await self._run(self._op("findAndModify", "find_one_and_update", filter, update),
                                lambda: self.sync.find_one_and_update(filter, update, projection, sort, upsert,
-                                                                     return_document))
+                                                                     return_document, comment=kwargs.get("comment")))
 
     async def delete_one(self, filter: Any, **kwargs: Any) -> DeleteResult:
-        return await self._run(self._op("delete", "delete_one", filter), lambda: self.sync.delete_one(filter))
+        return await self._run(self._op("delete", "delete_one", filter),
+                               lambda: self.sync.delete_one(filter, kwargs.get("comment")))
 
     async def delete_many(self, filter: Any, **kwargs: Any) -> DeleteResult:
-        return await self._run(self._op("delete", "delete_many", filter), lambda: self.sync.delete_many(filter))
+        return await self._run(self._op("delete", "delete_many", filter),
+                               lambda: self.sync.delete_many(filter, kwargs.get("comment")))
 
     def find(self, filter: Any = None, projection: Any = None, **kwargs: Any) -> AsyncCursor:
         return AsyncCursor(self.sync.find(filter, projection, **kwargs), self._runner(self._op("find", "find", filter)))
@@ -185,7 +188,7 @@ class MemoryCollection:
 
     async def count_documents(self, filter: Any, **kwargs: Any) -> int:
         return await self._run(self._op("aggregate", "count_documents", filter),
-                               lambda: self.sync.count_documents(filter))
+                               lambda: self.sync.count_documents(filter, kwargs.get("comment")))
 
     async def estimated_document_count(self, **kwargs: Any) -> int:
         return await self._run(self._op("count", "estimated_document_count"),
@@ -193,7 +196,7 @@ class MemoryCollection:
 
     async def aggregate(self, pipeline: list[Mapping[str, Any]], **kwargs: Any) -> AsyncCursor:
         cursor = await self._run(self._op("aggregate", "aggregate", update=pipeline),
-                                 lambda: self.sync.aggregate(pipeline))
+                                 lambda: self.sync.aggregate(pipeline, kwargs.get("comment")))
         return AsyncCursor(cursor, self._runner(self._op("aggregate", "aggregate", update=pipeline)))
 
     async def create_index(self, keys: Any, **kwargs: Any) -> str:
@@ -278,10 +281,12 @@ class MemoryClient:
     """The data of any number of in-memory databases, their operation log and their faults.
 
     ``change_streams=False`` makes ``watch`` fail as on a standalone server (bucketq then polls);
-    ``latency`` is how long each operation takes (default 0: one turn of the event loop)."""
+    ``latency`` is how long each operation takes (default 0: one turn of the event loop); ``notablescan=True``
+    refuses, as MongoDB's server parameter of that name does, every query that no index of its collection serves
+    (``bucketq.memory.planner``)."""
 
     def __init__(self, *, change_streams: bool = True, latency: float = 0.0,
-                 codec_options: CodecOptions | None = None) -> None:
+                 codec_options: CodecOptions | None = None, notablescan: bool = False) -> None:
         self.namespaces: dict[tuple[str, str], Namespace] = {}
         self.operations = OperationLog()
         self.faults = Faults()
@@ -289,6 +294,8 @@ class MemoryClient:
         self.change_streams = change_streams
         self.latency = latency
         self.codec_options = codec_options or CodecOptions()
+        self.notablescan = notablescan
+        self.receiving = False
 
     def __getitem__(self, name: str) -> MemoryDatabase:
         return MemoryDatabase(name, client=self)
@@ -308,6 +315,15 @@ class MemoryClient:
         for stream in list(self.streams.open):
             await stream.close()
 
+    def _received(self, apply: Callable[[], T]) -> T:
+        """Apply an operation a client sent (not the ``sync`` view's seeding and inspection): the only ones
+        ``notablescan`` checks. ``apply`` runs at once, without yielding, so no other operation interleaves."""
+        self.receiving = True
+        try:
+            return apply()
+        finally:
+            self.receiving = False
+
     async def run(self, op: Operation, apply: Callable[[], T]) -> T:
         """Run one operation as a server would receive it: recorded, faults applied, with a turn of the event
         loop (or ``latency``) before it is applied."""
@@ -325,8 +341,8 @@ class MemoryClient:
             raise AutoReconnect(f"connection closed (injected by bucketq.memory: the {op.command} request on "
                                 f"{op.collection} was lost)")
         if fault is None or fault.action != "lose_reply":
-            return apply()
+            return self._received(apply)
         with contextlib.suppress(Exception):  # an error is lost with the reply
-            apply()
+            self._received(apply)
         raise AutoReconnect(f"connection closed (injected by bucketq.memory: the reply to {op.command} on "
                             f"{op.collection} was lost)")

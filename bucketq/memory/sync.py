@@ -56,6 +56,7 @@ from bucketq.memory.engine import (
     upsert_seed,
     write_error,
 )
+from bucketq.memory.planner import SCAN_COMMENT, describe, served
 
 if TYPE_CHECKING:
     from bucketq.memory.client import MemoryClient
@@ -214,6 +215,21 @@ class SyncCollection:
         matches({}, query)  # what the server refuses, it refuses in an empty collection too
         return [s for s in self._ns.docs.values() if matches(s.doc, query)]
 
+    def _plan(self, query: Any, sort: Any, comment: Any) -> None:
+        """With the client's ``notablescan``, refuse a query that a client sent (not this view's own) and that no
+        index of the collection serves, as MongoDB does with that server parameter (``bucketq.memory.planner``);
+        whole-collection reads marked with ``comment=SCAN_COMMENT`` pass."""
+        client = self.database.client
+        if (not (client.notablescan and client.receiving) or comment == SCAN_COMMENT
+                or (self.database.name, self.name) not in client.namespaces):
+            return
+        stored = as_stored(query, self.codec_options) or {}
+        indexes = self._ns.indexes
+        if not served(stored, sort_spec(sort), indexes):
+            raise OperationFailure(f"no query solutions: no index serves filter {query!r}"
+                                   f"{f' sort {sort_spec(sort)!r}' if sort else ''} on {self.full_name}, and running "
+                                   f"with 'notablescan' (indexes: {describe(indexes)})", 291)
+
     def _ordered(self, stored: list[_Stored], sort: Any) -> list[_Stored]:
         spec = sort_spec(sort)
         if not spec:
@@ -223,8 +239,9 @@ class SyncCollection:
         return [by_id[id(d)] for d in order]
 
     def find(self, filter: Any = None, projection: Any = None, *, sort: Any = None, skip: int = 0, limit: int = 0,
-             batch_size: int = 0, **ignored: Any) -> Cursor:
+             batch_size: int = 0, comment: Any = None, **ignored: Any) -> Cursor:
         def load(cursor: Cursor) -> list[Mapping[str, Any]]:
+            self._plan(filter, cursor.spec_sort, comment)
             found = self._ordered(self._matching(filter), cursor.spec_sort)[cursor.spec_skip:]
             if cursor.spec_limit:
                 found = found[:abs(cursor.spec_limit)]
@@ -237,14 +254,19 @@ class SyncCollection:
             filter = {"_id": filter}
         return next(iter(self.find(filter, projection, limit=1, **kwargs)), None)
 
-    def count_documents(self, filter: Any, **ignored: Any) -> int:
+    def count_documents(self, filter: Any, comment: Any = None, **ignored: Any) -> int:
+        self._plan(filter, None, comment)
         return len(self._matching(filter))
 
     def estimated_document_count(self, **ignored: Any) -> int:
         return len(self._ns.docs)
 
-    def aggregate(self, pipeline: list[Mapping[str, Any]], **ignored: Any) -> Cursor:
+    def aggregate(self, pipeline: list[Mapping[str, Any]], comment: Any = None, **ignored: Any) -> Cursor:
         stages = as_stored(list(pipeline), self.codec_options)
+        first = stages[0] if stages else {}
+        query = first.get("$match", {}) if isinstance(first, Mapping) else {}
+        after = stages[1 if "$match" in first else 0:]
+        self._plan(query, after[0].get("$sort") if after and isinstance(after[0], Mapping) else None, comment)
         rows = aggregate_documents([s.doc for s in self._ns.docs.values()], stages)
         cursor = Cursor(lambda _: [])
         cursor._fill([self._decoded(r) for r in rows])
@@ -343,10 +365,11 @@ class SyncCollection:
         return stored.doc["_id"]
 
     def _modify(self, filter: Any, change: Change, *, many: bool = False, upsert: bool = False,
-                sort: Any = None) -> tuple[list[_Stored], int, Any]:
+                sort: Any = None, comment: Any = None) -> tuple[list[_Stored], int, Any]:
         """Apply ``change`` to the first (or every) matching document, or with ``upsert`` to a new one made from
         the filter's equalities when none matches. Returns (the matched documents as they were, how many
         changed, the upserted ``_id`` or None)."""
+        self._plan(filter, sort, comment)
         found = self._ordered(self._matching(filter), sort)[: None if many else 1]
         if found or not upsert:
             return found, sum(self._rewrite(s, change) for s in found), None
@@ -386,37 +409,40 @@ class SyncCollection:
             raw["upserted"] = upserted
         return self._result(UpdateResult, raw)
 
-    def update_one(self, filter: Any, update: Mapping[str, Any], upsert: bool = False, **ignored: Any) -> UpdateResult:
-        return self._update_result(*self._modify(filter, self._updater(update), upsert=upsert))
+    def update_one(self, filter: Any, update: Mapping[str, Any], upsert: bool = False, comment: Any = None,
+                   **ignored: Any) -> UpdateResult:
+        return self._update_result(*self._modify(filter, self._updater(update), upsert=upsert, comment=comment))
 
-    def update_many(self, filter: Any, update: Mapping[str, Any], upsert: bool = False,
+    def update_many(self, filter: Any, update: Mapping[str, Any], upsert: bool = False, comment: Any = None,
                     **ignored: Any) -> UpdateResult:
-        return self._update_result(*self._modify(filter, self._updater(update), many=True, upsert=upsert))
+        return self._update_result(*self._modify(filter, self._updater(update), many=True, upsert=upsert,
+                                                 comment=comment))
 
-    def replace_one(self, filter: Any, replacement: Mapping[str, Any], upsert: bool = False,
+    def replace_one(self, filter: Any, replacement: Mapping[str, Any], upsert: bool = False, comment: Any = None,
                     **ignored: Any) -> UpdateResult:
-        return self._update_result(*self._modify(filter, self._replacer(replacement), upsert=upsert))
+        return self._update_result(*self._modify(filter, self._replacer(replacement), upsert=upsert, comment=comment))
 
     def find_one_and_update(self, filter: Any, update: Mapping[str, Any], projection: Any = None, sort: Any = None,
                             upsert: bool = False, return_document: bool = ReturnDocument.BEFORE,
-                            **ignored: Any) -> Mapping[str, Any] | None:
-        found, _, upserted = self._modify(filter, self._updater(update), upsert=upsert, sort=sort)
+                            comment: Any = None, **ignored: Any) -> Mapping[str, Any] | None:
+        found, _, upserted = self._modify(filter, self._updater(update), upsert=upsert, sort=sort, comment=comment)
         if return_document == ReturnDocument.BEFORE:
             return self._out(found[0], projection) if found else None
         key = id_key(found[0].doc["_id"] if found else upserted)
         return self._out(self._ns.docs[key], projection) if found or upserted is not None else None
 
-    def _delete(self, filter: Any, many: bool) -> DeleteResult:
+    def _delete(self, filter: Any, many: bool, comment: Any = None) -> DeleteResult:
+        self._plan(filter, None, comment)
         found = self._matching(filter)[: None if many else 1]
         for stored in found:
             del self._created.docs[id_key(stored.doc["_id"])]
         return self._result(DeleteResult, {"n": len(found), "ok": 1.0})
 
-    def delete_one(self, filter: Any, **ignored: Any) -> DeleteResult:
-        return self._delete(filter, False)
+    def delete_one(self, filter: Any, comment: Any = None, **ignored: Any) -> DeleteResult:
+        return self._delete(filter, False, comment)
 
-    def delete_many(self, filter: Any, **ignored: Any) -> DeleteResult:
-        return self._delete(filter, True)
+    def delete_many(self, filter: Any, comment: Any = None, **ignored: Any) -> DeleteResult:
+        return self._delete(filter, True, comment)
 
     def create_index(self, keys: Any, *, name: str | None = None, unique: bool = False, **options: Any) -> str:
         if unique:

@@ -1,5 +1,6 @@
-"""Spark side of bucketq: a local SparkSession with the MongoDB Spark connector on ``spark.jars``, and the batch
-cycle (claim -> read -> process -> write -> commit) over a queue's bucket documents.
+"""Spark side of bucketq: a SparkSession with the MongoDB Spark connector (``spark.jars`` in local mode, or the
+jars spark-submit was given), and the batch cycle (claim -> read -> process -> write -> commit) over a queue's
+bucket documents.
 
 Modules: ``session`` (``build_session``), ``reader`` (bucket documents -> one row per message), ``sinks``
 (idempotent Parquet and MongoDB sinks), ``job`` (``BatchJob``). Only ``session`` is imported here: the others
@@ -13,9 +14,13 @@ from bucketq_spark.session import (
     PAGINATE_INTO_PARTITIONS,
     PYSPARK_VERSION,
     SINGLE_PARTITION,
+    ConnectorMissing,
     build_session,
     default_jars,
+    executor_ids,
     expand_jars,
+    require_connector,
+    submitted,
 )
 
 __all__ = [
@@ -24,7 +29,11 @@ __all__ = [
     "PAGINATE_INTO_PARTITIONS",
     "PYSPARK_VERSION",
     "SINGLE_PARTITION",
+    "ConnectorMissing",
     "build_session",
     "default_jars",
+    "executor_ids",
     "expand_jars",
+    "require_connector",
+    "submitted",
 ]

@@ -6,8 +6,9 @@
     results = job.run()            # batches until no bucket is due
 
 1. claim (driver): up to ``max_buckets`` due buckets under one token and lease (``bucketq.batch.BatchQueue``,
-   the consumer's claim); 2. read: the connector reads the buckets matching ``{"lease.token": token}`` and
-   Spark explodes them into one row per message (``bucketq_spark.reader``), cached; payloads that do not parse
+   the consumer's claim); 2. read: the connector reads the buckets matching ``{_id: {$in: ids}, "lease.token":
+   token}`` (found by the ``_id`` index) and Spark explodes them into one row per message
+   (``bucketq_spark.reader``), cached; payloads that do not parse
    with ``payload_schema`` are noted for quarantine (or, with ``malformed="fail"``, fail the batch);
    3. process: the user's ``process(df) -> df`` over the other messages, materialized and cached; 4. write: the
    lease is extended, then the result goes to an idempotent sink (``bucketq_spark.sinks``); 5. commit: the
@@ -32,6 +33,7 @@ from bucketq.core.backoff import Backoff
 from bucketq.errors import BucketqError, InvalidOption
 from bucketq.redaction import redact
 from bucketq_spark.reader import ReadOptions, decode_options, payload_struct, read_messages
+from bucketq_spark.session import require_connector
 from bucketq_spark.sinks import Sink
 
 if TYPE_CHECKING:
@@ -87,6 +89,7 @@ class BatchJob:
         if malformed not in MALFORMED_CHOICES:
             raise InvalidOption(f"malformed must be one of {', '.join(MALFORMED_CHOICES)}, got {malformed!r}")
         decode_options(json_options)
+        require_connector(spark)  # before anything is claimed
         self.malformed = malformed
         self.malformed_reason = ("payload does not parse with the Spark job's payload_schema "
                                  f"{payload_struct(payload_schema).simpleString()}")
@@ -117,8 +120,9 @@ class BatchJob:
         # The payloads' size sizes the partitions (a character of JSON is a byte unless it is not ASCII).
         size = sum(len(p) for doc in batch.buckets for p in doc.get("p") or () if isinstance(p, str | bytes))
         df = read_messages(self.spark, self.uri, self.database, self.queue_name, self.payload_schema,
-                           token=batch.token, expected_docs=len(batch), expected_bytes=size, read=self.read_options,
-                           json_options=self.json_options).persist(StorageLevel.MEMORY_AND_DISK)
+                           token=batch.token, ids=batch.ids, expected_docs=len(batch), expected_bytes=size,
+                           read=self.read_options, json_options=self.json_options
+                           ).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             counts = {row.malformed: row["count"] for row in df.groupBy("malformed").count().collect()}
             if counts.get(True):

@@ -24,10 +24,11 @@ buckets can be decoded here: the batch claim quarantines the others (``BatchQueu
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from bson import json_util
 
 from bucketq.connection import check_uri
 from bucketq.core import claims
@@ -102,13 +103,19 @@ class ReadOptions:
 
 
 def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, token: str | None = None,
-                 pipeline: list[dict[str, Any]] | None = None, expected_docs: int | None = None,
-                 read: ReadOptions | None = None, expected_bytes: int | None = None) -> DataFrame:
+                 ids: Sequence[Any] | None = None, pipeline: list[dict[str, Any]] | None = None,
+                 expected_docs: int | None = None, read: ReadOptions | None = None,
+                 expected_bytes: int | None = None) -> DataFrame:
     """The bucket documents of ``queue`` (all live ones, or those leased under ``token``) as rows of
-    ``BUCKET_SCHEMA``. ``pipeline`` stages run after the token match, before the projection.
-    ``expected_docs`` and ``expected_bytes`` (their BSON size) size the partitions (``ReadOptions``)."""
+    ``BUCKET_SCHEMA``. ``ids``, the ``_id``s of the buckets a batch claimed, make the server find them by its
+    ``_id`` index instead of scanning the collection for the token. ``pipeline`` stages run after that match,
+    before the projection. ``expected_docs`` and ``expected_bytes`` (their BSON size) size the partitions
+    (``ReadOptions``)."""
     check_uri(uri)  # before the connector could echo it
-    stages: list[dict[str, Any]] = [{"$match": {"lease.token": token} if token is not None else claims.LIVE}]
+    match: dict[str, Any] = claims.LIVE if token is None else {"lease.token": token}
+    if ids is not None:
+        match = {"_id": {"$in": list(ids)}, **match}
+    stages: list[dict[str, Any]] = [{"$match": match}]
     stages += list(pipeline or [])
     stages.append({"$project": {f: 1 for f in BUCKET_FIELDS}})
     options = (read or ReadOptions()).reader_options(expected_docs, spark.sparkContext.defaultParallelism,
@@ -119,7 +126,7 @@ def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, to
         .option("connection.uri", uri)
         .option("database", database)
         .option("collection", queue)
-        .option("aggregation.pipeline", json.dumps(stages))
+        .option("aggregation.pipeline", json_util.dumps(stages))  # extended JSON: ObjectIds as {"$oid": ...}
         .options(**options)
         .load()
     )
@@ -183,9 +190,10 @@ def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
 
 
 def read_messages(spark: SparkSession, uri: str, database: str, queue: str, payload_schema: str | StructType, *,
-                  token: str | None = None, expected_docs: int | None = None, read: ReadOptions | None = None,
-                  json_options: Mapping[str, str] | None = None, expected_bytes: int | None = None) -> DataFrame:
+                  token: str | None = None, ids: Sequence[Any] | None = None, expected_docs: int | None = None,
+                  read: ReadOptions | None = None, json_options: Mapping[str, str] | None = None,
+                  expected_bytes: int | None = None) -> DataFrame:
     """``read_buckets`` then ``explode_messages``."""
-    buckets = read_buckets(spark, uri, database, queue, token=token, expected_docs=expected_docs, read=read,
-                           expected_bytes=expected_bytes)
+    buckets = read_buckets(spark, uri, database, queue, token=token, ids=ids, expected_docs=expected_docs,
+                           read=read, expected_bytes=expected_bytes)
     return explode_messages(buckets, payload_schema, json_options)

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bucketq.errors import BucketqError, InvalidOption
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -33,7 +35,40 @@ PAGINATE_INTO_PARTITIONS = _PARTITIONERS + "PaginateIntoPartitionsPartitioner"
 SINGLE_PARTITION = _PARTITIONERS + "SinglePartitionPartitioner"
 
 JARS_ENV = "BUCKETQ_SPARK_JARS"
+LOCAL_MASTER = "local[2]"
 _LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+# Set by spark-submit (and the pyspark shell) for the Python driver it starts: its JVM is already running, with the
+# master and the classpath (``--jars``) spark-submit was given.
+_GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"
+
+
+class ConnectorMissing(BucketqError, RuntimeError):
+    """The MongoDB Spark connector is not on the Spark driver's classpath: nothing was claimed."""
+
+
+def submitted() -> bool:
+    """Whether this Python runs as the driver of a JVM that spark-submit (or a pyspark shell) started."""
+    return _GATEWAY_ENV in os.environ
+
+
+def require_connector(spark: SparkSession) -> None:
+    """Raise ``ConnectorMissing`` unless the driver can load the ``mongodb`` data source: the check a read would
+    make, done before a job claims or commits anything."""
+    from py4j.protocol import Py4JJavaError
+
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            "mongodb", spark._jsparkSession.sessionState().conf())
+    except Py4JJavaError as exc:
+        how = ("spark-submit puts jars on the driver only through --jars (or spark.jars given to spark-submit): "
+               "spark-submit --jars <connector and driver jars, comma-separated> ..." if submitted() else
+               "pass build_session(jars=[...]) or set $" + JARS_ENV)
+        raise ConnectorMissing(
+            f"the MongoDB Spark connector (mongo-spark-connector_2.13-{CONNECTOR_VERSION}.jar and mongodb-driver-sync, "
+            f"mongodb-driver-core, bson and bson-record-codec {MONGODB_DRIVER_VERSION}) is not on the Spark driver's "
+            f"classpath: {how}. ({str(exc.java_exception).splitlines()[0]})") from None
 
 
 def expand_jars(items: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -62,10 +97,16 @@ def default_jars() -> list[Path]:
     return jars
 
 
+def executor_ids(spark: SparkSession) -> list[str]:
+    """The ids of the executors the application has now: none in local mode, where the driver runs the tasks."""
+    ids = spark.sparkContext._jsc.sc().getExecutorIds().mkString(",")  # type: ignore[union-attr]
+    return sorted(i for i in ids.split(",") if i)
+
+
 def build_session(
     jars: Sequence[str | os.PathLike[str]] | None = None,
     *,
-    master: str = "local[2]",
+    master: str | None = None,
     app_name: str = "bucketq",
     shuffle_partitions: int = 4,
     log_level: str = "WARN",
@@ -74,15 +115,31 @@ def build_session(
     python: str = sys.executable,
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """Start (or return the running, same-jars) SparkSession with the connector on ``spark.jars``.
+    """Start (or return the running, same-jars) SparkSession with the connector on ``spark.jars``, checked to load
+    (``ConnectorMissing`` otherwise).
 
-    ``jars``: jar files or directories of them (``expand_jars``); by default ``default_jars()``. Python workers
-    run ``python`` (this interpreter unless told).
+    ``jars``: jar files or directories of them (``expand_jars``); by default ``default_jars()``. ``master``: by
+    default ``local[2]``. Python workers run ``python`` (this interpreter unless told).
     ``timezone`` is the SQL session time zone (BSON dates are UTC instants). ``conf`` is applied last.
+
+    Under spark-submit (``submitted()``) the JVM runs already, with the master, the jars and the Python that
+    spark-submit was given (``--master``, ``--jars``, ``PYSPARK_PYTHON``): they stand, and ``jars``, ``master``,
+    ``python`` and ``driver_memory`` are refused (``InvalidOption``) rather than silently overriding them or
+    coming too late for the driver's classpath; only the SQL settings and ``conf`` apply.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    sql = {"spark.sql.shuffle.partitions": str(shuffle_partitions), "spark.sql.session.timeZone": timezone}
+    if submitted():
+        given = [name for name, value in (("jars", jars), ("master", master), ("driver_memory", driver_memory))
+                 if value is not None] + (["python"] if python != sys.executable else [])
+        if given:
+            raise InvalidOption(f"under spark-submit, give {', '.join(given)} to spark-submit (--jars, --master, "
+                                "--driver-memory, PYSPARK_PYTHON), not to build_session: its JVM runs already")
+        return _started(SparkSession.builder, {**sql, **(conf or {})}, log_level)
+
+    master = master or LOCAL_MASTER
     paths = default_jars() if jars is None else expand_jars(jars)
     if not paths:
         raise FileNotFoundError(f"no jar in {[str(j) for j in jars or ()]} (in a bucketq checkout: `make jars`)")
@@ -105,8 +162,7 @@ def build_session(
         "spark.pyspark.driver.python": python,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": str(shuffle_partitions),
-        "spark.sql.session.timeZone": timezone,
+        **sql,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_LOG4J2.as_uri()}",
     }
     if master.startswith("local"):
@@ -118,10 +174,13 @@ def build_session(
         if key == "spark.driver.extraJavaOptions":
             value = f"{settings[key]} {value}"
         settings[key] = str(value)
+    return _started(SparkSession.builder.master(master).appName(app_name), settings, log_level)
 
-    builder = SparkSession.builder.master(master).appName(app_name)
+
+def _started(builder: SparkSession.Builder, settings: Mapping[str, str], log_level: str) -> SparkSession:
     for key, value in settings.items():
-        builder = builder.config(key, value)
+        builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    require_connector(spark)
     return spark

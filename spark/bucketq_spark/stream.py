@@ -37,6 +37,7 @@ from bucketq.core.claims import owner_name
 from bucketq.core.format import POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.stream import GroupState, HoleWatch, Position
 from bucketq_spark.reader import CORRUPT_FIELD, ReadOptions, decode_options, payload_struct
+from bucketq_spark.session import require_connector
 from bucketq_spark.sinks import Sink
 
 if TYPE_CHECKING:
@@ -155,6 +156,7 @@ def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, g
     ``{"start", "end", "rows", "committed"}``."""
     from pymongo import MongoClient
 
+    require_connector(spark)  # before a gap is marked or anything committed
     client: MongoClient = client_of(uri, MongoClient)
     try:
         db = client[database]

@@ -3,6 +3,11 @@
     python spark/jobs/account_totals.py --uri mongodb://localhost:27017 --db demo --queue events --out /tmp/totals \
         --jars .cache/jars/spark      # or $BUCKETQ_SPARK_JARS; `make jars` fetches them
 
+or on a cluster, with the jars given to spark-submit (see spark/README.md):
+
+    spark-submit --master spark://host:7077 --jars <the five jars, comma-separated> spark/jobs/account_totals.py \
+        --uri mongodb://... --db demo --queue events --out /shared/totals
+
 Events (JSON payloads, codec "json"): ``{"account": "acct-17", "amount": 12.5, "seq": 123, "ts": 1716980000.25}``
 (``ts``: Unix seconds, float; ``seq``: the producer's sequence number). Payloads are decoded with
 ``EVENT_SCHEMA``; a missing field reads as null, and a payload that does not parse with it (a mistyped field,
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from bucketq_spark.job import STEPS, BatchJob, Progress, format_progress
 from bucketq_spark.reader import ReadOptions
+from bucketq_spark.session import executor_ids
 from bucketq_spark.sinks import ParquetSink
 
 if TYPE_CHECKING:
@@ -61,7 +67,8 @@ def run_example_job(uri: str, db: str, queue: str, out_dir: str | Path, *, spark
 
     Without ``spark`` a session is built (``build_session(jars)``) and stopped at the end. ``progress`` gets the
     events of ``BatchJob`` (``bucketq_spark.job.format_progress`` renders one as a line).
-    Returns ``{"batches", "buckets", "rows", "malformed" (messages quarantined as unparsable), "out_rows",
+    Returns ``{"master", "executors" (``executor_ids``), "batches", "buckets", "rows", "malformed" (messages
+    quarantined as unparsable), "out_rows",
     "committed", "quarantined", "failed_batches", "errors",
     "seconds": {"session", "claim", "read", "process", "write", "commit", "rollup", "total"}, "rows_per_s"
     (rows over the five steps' seconds),
@@ -93,6 +100,8 @@ def run_example_job(uri: str, db: str, queue: str, out_dir: str | Path, *, spark
             accounts = [row.asDict() for row in account_totals(sink.read(spark)).collect()]
         seconds["rollup"] = time.perf_counter() - rollup_started
         return {
+            "master": spark.sparkContext.master,
+            "executors": executor_ids(spark),
             "batches": len(results),
             "buckets": sum(r.buckets for r in results),
             "rows": rows,
@@ -134,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = ", ".join(f"{k} {v:.2f}s" for k, v in result["seconds"].items())
     print(f"{result['batches']} batch(es), {result['buckets']} buckets, {result['rows']} rows "
           f"({result['rows_per_s']:,.0f} rows/s, {result['malformed']} malformed: quarantined); {steps}")
+    print(f"master {result['master']}, executors: {','.join(result['executors']) or 'none (local mode)'}")
     for err in result["errors"]:
         print(f"failed batch: {err}")
     for row in result["accounts"]:

@@ -33,3 +33,15 @@ def test_jars_from_directories_and_files(monkeypatch, tmp_path) -> None:
     assert default_jars() == [one / "x.jar", one / "y.jar", two / "z.jar"]
     monkeypatch.setenv(JARS_ENV, f"{two}:{one / 'x.jar'}")
     assert default_jars() == [two / "z.jar", one / "x.jar"]
+
+
+def test_under_spark_submit_master_and_jars_are_left_to_spark_submit(monkeypatch) -> None:
+    """A master given to build_session overrode spark-submit's --master (the job ran in local mode, silently), and
+    jars given to it came too late for the driver's classpath: under spark-submit both are refused."""
+    from bucketq import InvalidOption
+
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # what spark-submit sets for the Python driver it starts
+    with pytest.raises(InvalidOption, match=r"jars, master to spark-submit \(--jars, --master"):
+        build_session(["x.jar"], master="local[2]")
+    with pytest.raises(InvalidOption, match="python"):
+        build_session(python="/usr/bin/python3")

@@ -1,0 +1,133 @@
+"""The example job under ``spark-submit``: on a standalone cluster (a Master and a Worker of the installed pyspark,
+on 127.0.0.1, stopped by PID) with an executor killed mid-run, and without the connector on the driver."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+
+import bucketq
+from bucketq.core import claims
+from devtools.demo import parse_job_output
+from devtools.jars import ROOT, ensure_jars
+from devtools.sparkcluster import SparkCluster, submit, submit_command
+
+pytestmark = pytest.mark.spark
+
+JOB = ROOT / "spark" / "jobs" / "account_totals.py"
+STREAM_JOB = ROOT / "spark" / "jobs" / "stream_totals.py"
+
+
+async def _push_events(make_queue, n: int) -> dict[str, list[float]]:
+    rng = random.Random(5)
+    events = [{"account": f"acct-{rng.randrange(7)}", "amount": round(rng.uniform(1, 100), 2), "seq": i, "ts": 0.0}
+              for i in range(n)]
+    q = make_queue(bucket_max_size=100)
+    await q.push_many(events)
+    await q.close()
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        totals[e["account"]][0] += 1
+        totals[e["account"]][1] += e["amount"]
+    return totals
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with SparkCluster(cores=1, memory="1g") as running:
+        yield running
+
+
+async def test_the_job_runs_on_the_clusters_executors_and_survives_an_executor_killed(
+        cluster, make_queue, mongo_uri, db_name, sync_db, tmp_path) -> None:
+    """``build_session`` used to set ``local[2]`` over spark-submit's ``--master``: the job ran in local mode and
+    still reported the right totals. Now the master runs it, on its executors; one is SIGKILLed while the job
+    reads, and the totals are still exact, every bucket committed once."""
+    expected = await _push_events(make_queue, 20_000)
+    command = submit_command(cluster.master_url, ensure_jars("spark"), JOB,
+                             ["--uri", mongo_uri, "--db", db_name, "--queue", "events", "--out", str(tmp_path / "out"),
+                              "--max-buckets", "20"], name="bucketq-cluster-test")
+    job = submit(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reading = threading.Event()
+    errors: list[str] = []
+
+    def follow_progress() -> None:
+        assert job.stderr is not None
+        for chunk in iter(lambda: job.stderr.read(256), ""):
+            errors.append(chunk)
+            if "read" in chunk:
+                reading.set()
+
+    follower = threading.Thread(target=follow_progress, daemon=True)
+    follower.start()
+    try:
+        killed = None
+        deadline = time.monotonic() + 240
+        while killed is None and job.poll() is None and time.monotonic() < deadline:
+            executors = cluster.executor_pids()
+            if reading.is_set() and executors:
+                killed = executors[0]
+                os.kill(killed, signal.SIGKILL)
+            time.sleep(0.1)
+        stdout, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    follower.join(10)
+    assert job.returncode == 0, "".join(errors)[-3000:]
+    assert killed is not None, "no executor was running while the job read: the kill never happened"
+    report = parse_job_output(stdout)
+    assert "executors: none" not in report["executors"], report["executors"]
+    assert "bucketq-cluster-test" in [app["name"] for app in cluster.state()["completedapps"]]
+    got = {r["account"]: r for r in report["accounts"]}
+    assert sorted(got) == sorted(expected)
+    for account, (count, amount) in expected.items():
+        assert got[account]["count"] == count and got[account]["amount"] == pytest.approx(amount, abs=0.01)
+    assert sync_db.events.count_documents(claims.LIVE) == 0
+
+
+async def test_a_stream_groups_range_is_read_on_the_clusters_executors_and_committed(cluster, mongo_uri, db_name,
+                                                                                       sync_db) -> None:
+    rng = random.Random(9)
+    events = [{"account": f"acct-{rng.randrange(5)}", "amount": float(rng.randrange(1, 100)), "seq": i, "ts": 0.0}
+              for i in range(3000)]
+    async with bucketq.Stream(mongo_uri, name="events", db=db_name, bucket_max_size=100) as stream:
+        await stream.push_many(events)
+    command = submit_command(cluster.master_url, ensure_jars("spark"), STREAM_JOB,
+                             ["--uri", mongo_uri, "--db", db_name, "--stream", "events", "--group", "totals",
+                              "--sink", "totals"], name="bucketq-stream-cluster-test")
+    job = submit(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stdout, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr[-3000:]
+    report = parse_job_output(stdout)
+    assert "executors: none" not in report["executors"], report["executors"]
+    assert "bucketq-stream-cluster-test" in [app["name"] for app in cluster.state()["completedapps"]]
+    expected: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        expected[e["account"]][0] += 1
+        expected[e["account"]][1] += e["amount"]
+    assert {r["account"]: [r["count"], r["amount"]] for r in report["accounts"]} == expected
+    last = sync_db["events.seq"].find_one()["last"]
+    assert sync_db["events.positions"].find_one({"_id": "totals"})["s"] == last + 1, "the group did not commit it all"
+
+
+async def test_a_job_submitted_without_the_connector_fails_before_claiming(make_queue, mongo_uri, db_name, sync_db,
+                                                                           tmp_path) -> None:
+    """Jars given through ``spark.jars`` never reach a driver that spark-submit started: the job found out only
+    after claiming a bucket. Now it says so before claiming anything."""
+    await _push_events(make_queue, 200)
+    command = submit_command("local[1]", [], JOB, ["--uri", mongo_uri, "--db", db_name, "--queue", "events",
+                                                   "--out", str(tmp_path / "out")])
+    job = submit(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stdout, stderr = job.communicate(timeout=300)
+    assert job.returncode != 0
+    assert "ConnectorMissing" in stderr and "spark-submit --jars" in stderr, stderr[-2000:]
+    assert all(d["c"] == 0 and d["lease"] is None for d in sync_db.events.find()), "a bucket was claimed"
