@@ -206,12 +206,14 @@ def run_spark_cluster(uri: str, expected: dict[str, list[float]]) -> None:
 
 
 def parse_job_output(stdout: str) -> dict[str, Any]:
-    """The account_totals job's printed report: its summary line, its executors line and the accounts."""
-    lines = stdout.splitlines()
+    """The account_totals (or stream_totals) job's printed report: its summary line, its executors line and the
+    accounts. spark-submit passes the job's progress (its stderr, lines ended by carriage returns) on to stdout."""
+    lines = [line.strip() for line in stdout.replace("\r", "\n").splitlines()]
     accounts = [{"account": a, "count": int(c), "amount": float(m)}
                 for a, c, m in (line.split("\t") for line in lines if line.count("\t") == 2)]
     executors = next((line for line in lines if line.startswith("master ")), "executors: none")
-    return {"summary": lines[0] if lines else "", "executors": executors, "accounts": accounts}
+    summary = next((line for line in lines if " batch(es), " in line), "")
+    return {"summary": summary, "executors": executors, "accounts": accounts}
 
 
 def main() -> None:

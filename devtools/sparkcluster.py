@@ -106,7 +106,8 @@ class SparkCluster:
         worker = self.pids.get("worker")
         if worker is None:
             return []
-        out = subprocess.run(["ps", "-e", "-o", "pid=,pgid=,args="], capture_output=True, text=True).stdout
+        # -ww: the executor's class name comes after its whole classpath, past any column limit
+        out = subprocess.run(["ps", "-ww", "-e", "-o", "pid=,pgid=,args="], capture_output=True, text=True).stdout
         rows = [line.split(None, 2) for line in out.splitlines()]
         return [int(pid) for pid, pgid, args in (r for r in rows if len(r) == 3)
                 if int(pgid) == worker and int(pid) != worker and "CoarseGrainedExecutorBackend" in args]

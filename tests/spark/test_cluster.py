@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -54,21 +55,23 @@ async def test_the_job_runs_on_the_clusters_executors_and_survives_an_executor_k
     command = submit_command(cluster.master_url, ensure_jars("spark"), JOB,
                              ["--uri", mongo_uri, "--db", db_name, "--queue", "events", "--out", str(tmp_path / "out"),
                               "--max-buckets", "20"], name="bucketq-cluster-test")
-    job = submit(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # spark-submit passes the Python driver's stderr (the job's progress) on to its stdout, with the report
+    with (tmp_path / "spark-submit.log").open("w") as log:
+        job = submit(command, stdout=subprocess.PIPE, stderr=log)
     reading = threading.Event()
-    errors: list[str] = []
+    output: list[str] = []
 
-    def follow_progress() -> None:
-        assert job.stderr is not None
-        for chunk in iter(lambda: job.stderr.read(256), ""):
-            errors.append(chunk)
-            if "read" in chunk:
+    def follow() -> None:
+        assert job.stdout is not None
+        for chunk in iter(lambda: job.stdout.read(256), ""):
+            output.append(chunk)
+            if re.search(r"batch \d+: read", "".join(output[-2:])):
                 reading.set()
 
-    follower = threading.Thread(target=follow_progress, daemon=True)
+    follower = threading.Thread(target=follow, daemon=True)
     follower.start()
+    killed = None
     try:
-        killed = None
         deadline = time.monotonic() + 240
         while killed is None and job.poll() is None and time.monotonic() < deadline:
             executors = cluster.executor_pids()
@@ -76,13 +79,14 @@ async def test_the_job_runs_on_the_clusters_executors_and_survives_an_executor_k
                 killed = executors[0]
                 os.kill(killed, signal.SIGKILL)
             time.sleep(0.1)
-        stdout, _ = job.communicate(timeout=300)
+        job.wait(timeout=300)
     finally:
         if job.poll() is None:
             job.kill()
             job.wait()
     follower.join(10)
-    assert job.returncode == 0, "".join(errors)[-3000:]
+    stdout = "".join(output)
+    assert job.returncode == 0, stdout[-3000:]
     assert killed is not None, "no executor was running while the job read: the kill never happened"
     report = parse_job_output(stdout)
     assert "executors: none" not in report["executors"], report["executors"]
@@ -129,5 +133,6 @@ async def test_a_job_submitted_without_the_connector_fails_before_claiming(make_
     job = submit(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stdout, stderr = job.communicate(timeout=300)
     assert job.returncode != 0
-    assert "ConnectorMissing" in stderr and "spark-submit --jars" in stderr, stderr[-2000:]
+    said = stdout + stderr  # spark-submit passes the Python driver's stderr on to its stdout
+    assert "ConnectorMissing" in said and "spark-submit --jars" in said, said[-2000:]
     assert all(d["c"] == 0 and d["lease"] is None for d in sync_db.events.find()), "a bucket was claimed"
