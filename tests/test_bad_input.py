@@ -533,10 +533,14 @@ async def test_nack_arguments_are_refused_clearly_or_taken(adb, delay, error):
         await q.push("m")
         message = await q.reserve(timeout=5)
         try:
-            await message.nack(delay=delay, error=error)
+            retry_in = await message.nack(delay=delay, error=error, wait=True)
         except bucketq.BucketqError:
             await message.ack()  # still ours to resolve
-        await q.flush()
+            return
+        # taken: the message's first try of three, so it comes back after a delay of its own, never lost
+        assert isinstance(retry_in, float) and 0 <= retry_in <= 100 * 365 * 86400
+        stats = await q.stats()
+        assert stats["ready"] + stats["scheduled"] == 1 and stats["dead"] == 0
     finally:
         await q.close()
 
@@ -754,7 +758,11 @@ async def test_bug_5_out_of_range_times_are_refused_or_work(make_queue, options)
         return
     await q.push(1)
     message = await q.reserve(timeout=5)  # retention 1e300: OverflowError in the housekeeping purge
-    await message.nack()  # backoff 1e300: OverflowError, and the message stays unresolved
+    retry_in = await message.nack(wait=True)  # backoff 1e300: OverflowError, and the message stays unresolved
+    assert retry_in is not None and 0 <= retry_in <= 100 * 365 * 86400  # taken: a delay within a century
+    assert await q.purge_expired() == {"quarantined": 0, "inbox": 0, "tombstones": 0}
+    stats = await q.stats()
+    assert stats["ready"] + stats["scheduled"] == 1 and stats["in_flight"] == 0
 
 
 @pytest.mark.parametrize("w", [-1, True, "", 0])
