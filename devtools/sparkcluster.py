@@ -25,6 +25,8 @@ from devtools.jars import CACHE
 LOGS = CACHE / "sparkcluster"
 START_TIMEOUT_S = 90.0
 LOOPBACK = "127.0.0.1"
+# The driver's log as build_session sets it in local mode: warnings only (spark-submit's default logs INFO).
+QUIET_LOG4J2 = Path(__file__).resolve().parent.parent / "spark" / "bucketq_spark" / "log4j2.properties"
 
 
 def spark_home() -> Path:
@@ -144,9 +146,10 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 def submit_command(master_url: str, jars: Sequence[Path], script: Path | str, args: Sequence[str], *,
                    name: str = "bucketq", conf: Mapping[str, str] | None = None) -> list[str]:
     """The ``spark-submit`` line that runs ``script`` on ``master_url`` with the connector's ``jars`` on the driver
-    and the executors (``--jars``; none: left out), the driver on the loopback address."""
+    and the executors (``--jars``; none: left out), the driver on the loopback address, logging warnings only."""
     settings = {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK, **(conf or {})}
-    line = [str(spark_home() / "bin" / "spark-submit"), "--master", master_url, "--name", name]
+    line = [str(spark_home() / "bin" / "spark-submit"), "--master", master_url, "--name", name,
+            "--driver-java-options", f"-Dlog4j2.configurationFile={QUIET_LOG4J2.as_uri()}"]
     if jars:
         line += ["--jars", ",".join(str(j) for j in jars)]
     for key, value in settings.items():
