@@ -89,7 +89,6 @@ class BatchJob:
         if malformed not in MALFORMED_CHOICES:
             raise InvalidOption(f"malformed must be one of {', '.join(MALFORMED_CHOICES)}, got {malformed!r}")
         decode_options(json_options)
-        require_connector(spark)  # before anything is claimed
         self.malformed = malformed
         self.malformed_reason = ("payload does not parse with the Spark job's payload_schema "
                                  f"{payload_struct(payload_schema).simpleString()}")
@@ -102,6 +101,11 @@ class BatchJob:
         self.read_options = read or ReadOptions()
         self.json_options = json_options
         self.queue = BatchQueue(uri, name=queue, db=database, lease=lease, max_attempts=max_attempts, backoff=backoff)
+        try:
+            require_connector(spark)  # after the URI's check, before anything is claimed
+        except BaseException:
+            self.queue.close()
+            raise
         self.progress = progress
         self.progress_interval = progress_interval
         self.batches = 0

@@ -156,7 +156,6 @@ def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, g
     ``{"start", "end", "rows", "committed"}``."""
     from pymongo import MongoClient
 
-    require_connector(spark)  # before a gap is marked or anything committed
     client: MongoClient = client_of(uri, MongoClient)
     try:
         db = client[database]
@@ -164,6 +163,7 @@ def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, g
             taken = uncommitted_range(db, stream, group, start=start, max_buckets=max_buckets, gap_wait=gap_wait)
         if taken.empty:
             return {"start": str(taken.start), "end": str(taken.end), "rows": 0, "committed": False}
+        require_connector(spark)  # the read would fail too, before the commit: this says why, clearly
         frame = read_stream_range(spark, uri, database, stream, payload_schema, start=taken.start, end=taken.end,
                                   read=read)
         result = process(frame).cache()

@@ -64,6 +64,7 @@ async def test_a_failed_batch_stores_and_reports_its_error_redacted(monkeypatch:
     await queue.push({"a": "1"})
     await queue.close()
     schema = StructType([StructField("a", StringType())])
+    monkeypatch.setattr("bucketq_spark.job.require_connector", lambda spark: None)  # no session: read is faked
     with BatchJob(NO_SESSION, mongo_uri, db_name, "events", payload_schema=schema, process=lambda df: df,
                   sink=ParquetSink("/nonexistent")) as job:
         def failing_read(batch: Any) -> Any:
