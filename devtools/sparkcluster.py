@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.jars import CACHE
+from devtools.testserver import free_port
 
 LOGS = CACHE / "sparkcluster"
 START_TIMEOUT_S = 90.0
@@ -34,12 +35,6 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -61,6 +56,11 @@ class SparkCluster:
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
+    def work_dir(self) -> Path:
+        """The worker's scratch: the applications' jars and executor logs, deleted by ``stop()``."""
+        return LOGS / f"work-{self.port}"
+
+    @property
     def master_url(self) -> str:
         return f"spark://{LOOPBACK}:{self.port}"
 
@@ -69,15 +69,14 @@ class SparkCluster:
             return json.load(reply)
 
     def start(self) -> SparkCluster:
-        self.port = self.port or _free_port()
-        self.webui_port = self.webui_port or _free_port()
+        self.port = self.port or free_port()
+        self.webui_port = self.webui_port or free_port()
         LOGS.mkdir(parents=True, exist_ok=True)
-        work = LOGS / f"work-{self.port}"
         self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", LOOPBACK, "--port", str(self.port),
                                "--webui-port", str(self.webui_port)])
         self._spawn("worker", ["org.apache.spark.deploy.worker.Worker", self.master_url, "--host", LOOPBACK,
-                               "--webui-port", str(_free_port()), "--cores", str(self.cores), "--memory", self.memory,
-                               "--work-dir", str(work)])
+                               "--webui-port", str(free_port()), "--cores", str(self.cores), "--memory", self.memory,
+                               "--work-dir", str(self.work_dir)])
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
@@ -115,7 +114,8 @@ class SparkCluster:
                 if int(pgid) == worker and int(pid) != worker and "CoarseGrainedExecutorBackend" in args]
 
     def stop(self) -> None:
-        """The worker (with its executors), then the master: SIGTERM to each process group, SIGKILL if it lingers."""
+        """The worker (with its executors), then the master: SIGTERM to each process group, SIGKILL if it lingers;
+        then the worker's scratch directory goes (the daemons' own logs stay, as the test server's do)."""
         for role in ("worker", "master"):
             process = self._processes.pop(role, None)
             self.pids.pop(role, None)
@@ -128,6 +128,7 @@ class SparkCluster:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
             _signal_group(process.pid, signal.SIGKILL)  # an executor that outlived its worker
+        shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def __enter__(self) -> SparkCluster:
         return self.start()

@@ -173,11 +173,11 @@ class MemoryCollection:
 
     async def delete_one(self, filter: Any, **kwargs: Any) -> DeleteResult:
         return await self._run(self._op("delete", "delete_one", filter),
-                               lambda: self.sync.delete_one(filter, kwargs.get("comment")))
+                               lambda: self.sync.delete_one(filter, comment=kwargs.get("comment")))
 
     async def delete_many(self, filter: Any, **kwargs: Any) -> DeleteResult:
         return await self._run(self._op("delete", "delete_many", filter),
-                               lambda: self.sync.delete_many(filter, kwargs.get("comment")))
+                               lambda: self.sync.delete_many(filter, comment=kwargs.get("comment")))
 
     def find(self, filter: Any = None, projection: Any = None, **kwargs: Any) -> AsyncCursor:
         return AsyncCursor(self.sync.find(filter, projection, **kwargs), self._runner(self._op("find", "find", filter)))
@@ -188,7 +188,7 @@ class MemoryCollection:
 
     async def count_documents(self, filter: Any, **kwargs: Any) -> int:
         return await self._run(self._op("aggregate", "count_documents", filter),
-                               lambda: self.sync.count_documents(filter, kwargs.get("comment")))
+                               lambda: self.sync.count_documents(filter, comment=kwargs.get("comment")))
 
     async def estimated_document_count(self, **kwargs: Any) -> int:
         return await self._run(self._op("count", "estimated_document_count"),
@@ -196,7 +196,7 @@ class MemoryCollection:
 
     async def aggregate(self, pipeline: list[Mapping[str, Any]], **kwargs: Any) -> AsyncCursor:
         cursor = await self._run(self._op("aggregate", "aggregate", update=pipeline),
-                                 lambda: self.sync.aggregate(pipeline, kwargs.get("comment")))
+                                 lambda: self.sync.aggregate(pipeline, comment=kwargs.get("comment")))
         return AsyncCursor(cursor, self._runner(self._op("aggregate", "aggregate", update=pipeline)))
 
     async def create_index(self, keys: Any, **kwargs: Any) -> str:

@@ -7,18 +7,14 @@ next keys (in the index's direction or the reverse), then a range on the next ke
 when that walk uses at least one key; a top-level ``$or`` is served when the rest of the filter is, or when
 every one of its branches is. A sparse index serves only predicates that cannot match a missing field.
 
-Whole-collection reads that an operator asks for carry the comment ``SCAN_COMMENT`` (``bucketq.core.scans``) and
-are let through.
+Whole-collection reads that an operator asks for carry the comment ``bucketq.core.scans.SCAN_COMMENT``; the
+collection's ``_plan`` lets them through.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from bucketq.core.scans import SCAN_COMMENT
-
-__all__ = ["SCAN_COMMENT", "describe", "served"]
 
 _EQUALITY = frozenset({"$eq", "$in"})
 _RANGE = frozenset({"$gt", "$gte", "$lt", "$lte"})
@@ -33,8 +29,7 @@ def _predicates(query: Mapping[str, Any]) -> tuple[dict[str, str], list[list[Map
         if key == "$and":
             for clause in spec:
                 more, more_ors = _predicates(clause)
-                for field, kind in more.items():
-                    kinds[field] = _stronger(kinds.get(field), kind)
+                kinds = _merged(kinds, more)
                 ors.extend(more_ors)
         elif key == "$or":
             ors.append(list(spec))
@@ -51,6 +46,14 @@ def _kind(spec: Any) -> str:
     if any(op in _RANGE for op in spec):
         return "range"
     return "exists" if spec.get("$exists") is True else "other"
+
+
+def _merged(kinds: Mapping[str, str], more: Mapping[str, str]) -> dict[str, str]:
+    """The clauses of both filters on each field, as the stronger of the two."""
+    out = dict(kinds)
+    for field, kind in more.items():
+        out[field] = _stronger(out.get(field), kind)
+    return out
 
 
 def _stronger(a: str | None, b: str) -> str:
@@ -92,10 +95,7 @@ def _served(kinds: dict[str, str], ors: list[list[Mapping[str, Any]]], sort: Seq
     first, *others = ors
     for branch in first:  # an OR plan: every branch, with the rest of the filter, on an index of its own
         more, more_ors = _predicates(branch)
-        merged = dict(kinds)
-        for field, kind in more.items():
-            merged[field] = _stronger(merged.get(field), kind)
-        if not _served(merged, others + more_ors, sort, indexes):
+        if not _served(_merged(kinds, more), others + more_ors, sort, indexes):
             return False
     return True
 

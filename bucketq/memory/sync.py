@@ -40,6 +40,7 @@ from pymongo.results import (
     UpdateResult,
 )
 
+from bucketq.core.scans import SCAN_COMMENT
 from bucketq.memory.engine import (
     STORED,
     UPDATE_OPERATORS,
@@ -56,7 +57,7 @@ from bucketq.memory.engine import (
     upsert_seed,
     write_error,
 )
-from bucketq.memory.planner import SCAN_COMMENT, describe, served
+from bucketq.memory.planner import describe, served
 
 if TYPE_CHECKING:
     from bucketq.memory.client import MemoryClient

@@ -22,7 +22,8 @@ LOGS = CACHE / "testserver" / "logs"
 START_TIMEOUT_S = 60.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free now (bound, read, closed), for a server of ours to listen on."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -60,7 +61,7 @@ class TestServer:
     def start(self) -> TestServer:
         classpath = _classpath()
         if not self.port:
-            self.port = _free_port()
+            self.port = free_port()
         LOGS.mkdir(parents=True, exist_ok=True)
         log = (LOGS / f"{self.port}.log").open("ab")
         cmd = ["java", "-Xss4m", "-cp", classpath]

@@ -33,6 +33,11 @@ async def _push_events(make_queue, n: int) -> dict[str, list[float]]:
     q = make_queue(bucket_max_size=100)
     await q.push_many(events)
     await q.close()
+    return _totals(events)
+
+
+def _totals(events: list[dict]) -> dict[str, list[float]]:
+    """``[count, sum of amount]`` per account: what the jobs must print."""
     totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in events:
         totals[e["account"]][0] += 1
@@ -114,11 +119,7 @@ async def test_a_stream_groups_range_is_read_on_the_clusters_executors_and_commi
     report = parse_job_output(stdout)
     assert "executors: none" not in report["executors"], report["executors"]
     assert "bucketq-stream-cluster-test" in [app["name"] for app in cluster.state()["completedapps"]]
-    expected: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for e in events:
-        expected[e["account"]][0] += 1
-        expected[e["account"]][1] += e["amount"]
-    assert {r["account"]: [r["count"], r["amount"]] for r in report["accounts"]} == expected
+    assert {r["account"]: [r["count"], r["amount"]] for r in report["accounts"]} == _totals(events)
     last = sync_db["events.seq"].find_one()["last"]
     assert sync_db["events.positions"].find_one({"_id": "totals"})["s"] == last + 1, "the group did not commit it all"
 
