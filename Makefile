@@ -49,7 +49,7 @@ test-pythons: venv
 # otherwise recompiles every module, which took a third of the tier's time. The first run fills the cache
 # once, in one process, before the workers start.
 UNIT_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
-UNIT_MARKS := memory and not server and not slow
+UNIT_MARKS := unit
 unit: venv
 	@test -d .cache/pycache || $(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -q --collect-only > /dev/null
 	$(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -n 6 --dist worksteal -q $(PYTEST_ARGS)
