@@ -32,6 +32,8 @@ from bucketq.memory import MemoryClient, MemoryDatabase
 from devtools.testserver import TestServer
 from tests.features import server_features
 
+pytest_plugins = ["tests.watchdog", "pytester"]  # pytester: tests/test_watchdog.py runs a hung test
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
