@@ -325,7 +325,9 @@ async def test_outbox_refuses_bad_input_with_clear_errors(make_queue, mongo_uri,
 
 
 async def test_change_streams_wake_the_relay_and_its_own_pulls_do_not(make_queue, adb, monkeypatch):
-    monkeypatch.setattr("bucketq.wakeup.POLL_WITH_STREAM_S", 30.0)  # polls back off to 30 s: only a stream is quick
+    # no poll within the test (the first one comes 30 s after each pass): only the stream can wake the relay
+    monkeypatch.setattr("bucketq.wakeup.POLL_FIRST_S", 30.0)
+    monkeypatch.setattr("bucketq.wakeup.POLL_WITH_STREAM_S", 30.0)
     q = make_queue()
     relay = Outbox("orders", q, poll_interval=30, change_streams=True)
     wakeups = []
@@ -333,11 +335,11 @@ async def test_change_streams_wake_the_relay_and_its_own_pulls_do_not(make_queue
     relay._wakeup.notify = lambda: (wakeups.append(time.monotonic()), notify())  # type: ignore[method-assign]
     running = asyncio.create_task(relay.run())
     await eventually(lambda: relay._wakeup.streaming)
-    await asyncio.sleep(3.0)  # past the events of the second before the stream started; the next poll is ~2 s off
+    await asyncio.sleep(3.0)  # past the events of the second before the stream started (it replays them)
     wakeups.clear()
     await adb.orders.insert_one({"_id": 1, "status": "new"})  # a change that leaves no event wakes nothing
     await adb.orders.update_one({"_id": 1}, {"$set": {"status": "paid"}, "$push": {"_outbox": event("paid")}})
-    await eventually(lambda: _no_events_left(adb.orders), timeout=1.5)
+    await eventually(lambda: _no_events_left(adb.orders))
     await asyncio.sleep(0.3)
     woken = len(wakeups)
     relay.stop()
