@@ -29,7 +29,7 @@ def _is_async(item: pytest.Item) -> bool:
     return isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a run with -p no:timeout has no such hook
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """For an async test, keep its timeout for the watchdog and set pytest-timeout's thread method later."""
     if not _is_async(item):
