@@ -307,8 +307,9 @@ async def test_drain_nacks_handlers_that_do_not_finish(make_queue):
 
 
 async def test_idle_consumer_is_woken_by_the_change_stream(make_queue, monkeypatch):
-    """How soon is the bench's; here, that the stream wakes it: polls back off to 30 s, so a delivery within
-    10 s came by the stream (a generous bound, that a loaded machine cannot miss)."""
+    """How soon is the bench's; here, that the stream wakes it: no poll comes within 30 s of a claim attempt,
+    so a delivery within 10 s came by the stream (a generous bound, that a loaded machine cannot miss)."""
+    monkeypatch.setattr("bucketq.wakeup.POLL_FIRST_S", 30.0)
     monkeypatch.setattr("bucketq.wakeup.POLL_WITH_STREAM_S", 30.0)
     consumer = make_queue()
     producer = make_queue(bucket_max_wait=0.2)
