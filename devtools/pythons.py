@@ -2,7 +2,7 @@
 
 The full suite runs on the main venv's Python (3.11). Each other version gets a venv of its own under
 ``.cache/venvs/<version>`` with the package and its test extra (no Spark, no JVM), rebuilt when pyproject.toml
-or constraints.txt change, and runs ``pytest -m "not server and not slow"``: the in-memory queue tests, the
+or constraints.txt change, and runs ``pytest -m unit`` (as ``make unit`` does): the in-memory queue tests, the
 property tests, the CLI and the codecs. An interpreter is looked up as ``pythonX.Y`` on the PATH, then in
 pyenv's versions; a missing one fails the target, since the package claims to support it.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("3.12", "3.13")
-MARKS = "not server and not slow"
+MARKS = "unit"  # tests/conftest.py marks the tests that need no server, no JVM and are not slow
 
 
 def find_interpreter(version: str) -> str | None:

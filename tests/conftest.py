@@ -9,8 +9,10 @@ default. A module marked ``pytest.mark.backends("memory", "server")`` runs each 
 on both: on the in-memory database of ``bucketq.memory`` (no JVM) and on the server. A test that asks for
 ``mongo_uri`` (directly or through ``adb``, ``async_client``, ``features``), or is marked ``needs``, runs on
 the server only; one that asks for ``memory_db`` (to inject faults, read the operation log) on memory only.
-Every test that needs the server is marked ``server``, every one on the in-memory database ``memory``:
-``make unit`` runs ``-m "memory and not server"``, which starts no JVM.
+Every test that needs the server is marked ``server``, every one on the in-memory database ``memory``, and
+every one that needs no server (nor a JVM) and is not ``slow`` is marked ``unit``: ``make unit`` and
+``make test-pythons`` run ``-m unit``, which starts no JVM. A test that starts a server of its own (in a
+subprocess) carries ``pytest.mark.server`` itself.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pymongo import AsyncMongoClient, MongoClient
 from bucketq.memory import MemoryClient, MemoryDatabase
 from devtools.testserver import TestServer
 from tests.features import server_features
+
+pytest_plugins = ["tests.watchdog", "pytester"]  # pytester: tests/test_watchdog.py runs a hung test
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -55,6 +59,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.server)
         elif backend == "memory" or "memory_db" in fixtures:
             item.add_marker(pytest.mark.memory)
+        if not item.get_closest_marker("server") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")

@@ -25,16 +25,10 @@ from pymongo import AsyncMongoClient, MongoClient
 import bucketq
 from bucketq.core.format import MAX_BUCKET_BYTES
 from bucketq.outbox import Outbox, event, event_bucket_id, plan
+from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parent.parent
 UTC = dt.timezone.utc
-
-
-async def _until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 async def _consume_all(q: bucketq.Queue, idle: float = 0.5) -> list[bucketq.Message]:
@@ -127,7 +121,7 @@ async def test_events_of_business_updates_are_relayed_exactly_once_in_order_per_
             sent[i] += count
             await orders.update_one({"_id": i}, {"$inc": {"updates": 1}, "$push": {"_outbox": {"$each": events}}})
         await asyncio.sleep(0.01)
-    await _until(lambda: _no_events_left(orders), timeout=30)
+    await eventually(lambda: _no_events_left(orders), timeout=30)
     relay.stop()
     await asyncio.wait_for(running, 10)
     total = sum(sent.values())
@@ -259,7 +253,7 @@ async def test_two_relays_running_at_once_while_the_application_writes_duplicate
     for seq in range(30):
         await asyncio.gather(*(orders.update_one({"_id": i}, {"$push": {"_outbox": event({"order": i, "seq": seq})}})
                                for i in range(10)))
-    await _until(lambda: _no_events_left(orders), timeout=30)
+    await eventually(lambda: _no_events_left(orders), timeout=30)
     for relay in relays:
         relay.stop()
     await asyncio.wait_for(asyncio.gather(*running), 10)
@@ -331,29 +325,27 @@ async def test_outbox_refuses_bad_input_with_clear_errors(make_queue, mongo_uri,
 
 
 async def test_change_streams_wake_the_relay_and_its_own_pulls_do_not(make_queue, adb, monkeypatch):
-    monkeypatch.setattr("bucketq.wakeup.POLL_WITH_STREAM_S", 30.0)  # polls back off to 30 s: only a stream is quick
+    # no poll within the test (the first one comes 30 s after each pass): only the stream can wake the relay
+    monkeypatch.setattr("bucketq.wakeup.POLL_FIRST_S", 30.0)
+    monkeypatch.setattr("bucketq.wakeup.POLL_WITH_STREAM_S", 30.0)
     q = make_queue()
     relay = Outbox("orders", q, poll_interval=30, change_streams=True)
     wakeups = []
     notify = relay._wakeup.notify
     relay._wakeup.notify = lambda: (wakeups.append(time.monotonic()), notify())  # type: ignore[method-assign]
     running = asyncio.create_task(relay.run())
-    await _until(lambda: _true(relay._wakeup.streaming))
-    await asyncio.sleep(3.0)  # past the events of the second before the stream started; the next poll is ~2 s off
+    await eventually(lambda: relay._wakeup.streaming)
+    await asyncio.sleep(3.0)  # past the events of the second before the stream started (it replays them)
     wakeups.clear()
     await adb.orders.insert_one({"_id": 1, "status": "new"})  # a change that leaves no event wakes nothing
     await adb.orders.update_one({"_id": 1}, {"$set": {"status": "paid"}, "$push": {"_outbox": event("paid")}})
-    await _until(lambda: _no_events_left(adb.orders), timeout=1.5)
+    await eventually(lambda: _no_events_left(adb.orders))
     await asyncio.sleep(0.3)
     woken = len(wakeups)
     relay.stop()
     await asyncio.wait_for(running, 10)
     assert relay.relayed == 1
     assert woken == 1, "one wake-up for the application's update, none for the insert or the relay's pull"
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 # -- push(session=...) ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 from pymongo import AsyncMongoClient
 
 import bucketq
+from tests.helpers import eventually
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -40,23 +41,18 @@ def _proxy(mongo_uri: str, **kwargs: float) -> TcpProxy:
 
 
 async def test_lone_awaited_push_on_an_idle_queue_takes_a_round_trip_not_bucket_max_wait(make_queue, sync_db):
-    q = make_queue()  # default options: bucket_max_wait 0.5 s
+    """How fast (p50, p99) is the bench's latency goal; here, that sequential awaited pushes do not linger: with
+    bucket_max_wait at 30 s, a push that waited for it would take 30 s, any machine writes one in far less."""
+    q = make_queue(bucket_max_wait=30)
     await q.push({"warm": True})  # the first push also syncs the clock and creates the indexes
-    took = []
-    for i in range(20):
-        started = time.perf_counter()
-        message_id = await q.push({"i": i})
-        took.append(time.perf_counter() - started)
-        assert sync_db.events.count_documents({"_id": bson.ObjectId(message_id.split(":")[0])}) == 1
-    assert sorted(took)[10] < 0.1, f"median {sorted(took)[10] * 1000:.0f} ms: the push lingered"
-
-
-async def test_ten_sequential_awaited_pushes_take_under_a_second(make_queue, sync_db):
-    q = make_queue()
-    started = time.perf_counter()
-    ids = [await q.push({"i": i}) for i in range(10)]
-    assert time.perf_counter() - started < 1.0
-    assert len(set(ids)) == 10 and sync_db.events.count_documents({}) == 10
+    ids = []
+    for i in range(10):
+        started = time.monotonic()
+        ids.append(await q.push({"i": i}))
+        took = time.monotonic() - started
+        assert took < 15, f"took {took:.1f} s: the push lingered for bucket_max_wait"
+        assert sync_db.events.count_documents({"_id": bson.ObjectId(ids[-1].split(":")[0])}) == 1
+    assert len(set(ids)) == 10 and sync_db.events.count_documents({}) == 11
 
 
 async def _concurrent_pushes_make_few_buckets(q: bucketq.Queue, sync_db, before: int) -> None:
@@ -124,9 +120,9 @@ async def test_bucket_max_wait_bounds_the_wait_behind_a_slow_write(mongo_uri, db
         started = time.monotonic()
         await q.push("second")  # sealed after bucket_max_wait, written beside the held-back write
         took = time.monotonic() - started
-        assert not first.done(), "the first write was not held back: the test proves nothing"
+        assert not first.done(), "the second push waited for the held-back write (or it was not held back)"
         await first
-    assert 0.1 - 0.01 <= took < 1.0, f"took {took:.2f}s behind a write held back 2 s (bucket_max_wait 0.1 s)"
+    assert took >= 0.1 - 0.01, f"took {took:.2f}s: sealed before bucket_max_wait (0.1 s)"
 
 
 async def test_each_waiter_of_a_failed_bucket_gets_a_failure_of_its_own(mongo_uri, db_name):
@@ -355,8 +351,8 @@ async def test_motor_database_works_through_the_adapter(mongo_uri, db_name, sync
         await asyncio.sleep(0.02)
     assert q._wakeup.streaming, "the change stream did not start through the Motor adapter"
     await q.close()
-    await asyncio.sleep(0.1)
-    assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
+    await eventually(lambda: sync_db.events.count_documents({"fin": {"$exists": False}}) == 0,
+                     what="every bucket finished")
     client.close()
 
 
@@ -380,13 +376,15 @@ def test_feature_probe_does_not_credit_the_test_server_with_what_it_ignores(mong
 async def test_bucket_min_wait_makes_fuller_buckets_under_a_steady_trickle(make_queue, sync_db):
     """Group commit writes each push of a slow trickle alone; ``bucket_min_wait`` lets them share buckets."""
     buckets = {}
-    for name, min_wait in (("eager", 0.0), ("patient", 0.1)):
+    # A push every 20 ms for 0.4 s: bucket_min_wait 0.5 s is past the whole trickle (even slowed down several
+    # times on a loaded machine), and each write of the eager queue ends long before the next push.
+    for name, min_wait in (("eager", 0.0), ("patient", 0.5)):
         q = make_queue(name=name, bucket_min_wait=min_wait)
         await q.push("warm")
         pushes = []
         for i in range(20):
             pushes.append(q.push_nowait(i))
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.02)
         await asyncio.gather(*pushes)
         buckets[name] = sync_db[name].count_documents({}) - 1
     assert buckets["patient"] <= 5 and buckets["eager"] >= 2 * buckets["patient"], buckets

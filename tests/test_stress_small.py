@@ -24,6 +24,7 @@ SMALL = ["--quick", "--seed", "7", "--writers", "2", "--messages-per-writer", "3
          "--timeout", "150"]
 
 
+@pytest.mark.server  # the harness starts a test server of its own (or uses BUCKETQ_MONGODB_URI's)
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("dedupe", ["on", "off"])
 def test_small_stress_run_loses_nothing_and_duplicates_nothing_outside_the_documented_windows(dedupe):

@@ -7,7 +7,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
 import pytest
@@ -16,16 +16,23 @@ from pymongo.errors import WriteError
 import bucketq
 from bucketq.core.logbudget import LogBudget
 from bucketq.worker import FAILURE_LOG_LIMIT
+from tests.helpers import eventually
 
 QUICK = {"bucket_max_wait": 0.005, "change_streams": False, "poll_interval": 0.02, "drain_timeout": 0}
 
 
-async def _run(worker: bucketq.Worker, seconds: float) -> None:
-    """Run ``worker`` for ``seconds``, then stop it gracefully."""
+async def _run(worker: bucketq.Worker, until: Callable[[], bool | Awaitable[bool]]) -> None:
+    """Run ``worker`` until ``until()`` holds, then stop it gracefully."""
     task = asyncio.ensure_future(worker.run())
-    await asyncio.sleep(seconds)
-    worker.stop()
-    await asyncio.wait_for(task, 10)
+    try:
+        await eventually(until)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def _dead_lettered(q: bucketq.Queue) -> bool:
+    return bool(await q.dead_letters())
 
 
 async def test_a_handler_raising_retry_picks_the_delay_and_the_reason_is_kept(make_queue):
@@ -37,9 +44,10 @@ async def test_a_handler_raising_retry_picks_the_delay_and_the_reason_is_kept(ma
         seen.append((message.tries, time.monotonic()))
         raise bucketq.Retry("upstream busy", delay=0.3)
 
-    await _run(bucketq.Worker(q, handler, handle_signals=False), 1.5)
-    assert [tries for tries, _ in seen] == [0, 1], "retried once, after 0.3 s rather than the 30 s backoff"
-    assert 0.25 <= seen[1][1] - seen[0][1] < 1.2
+    await _run(bucketq.Worker(q, handler, handle_signals=False), until=lambda: _dead_lettered(q))
+    assert [tries for tries, _ in seen] == [0, 1]
+    # 0.3 s, not the 30 s backoff: the upper bound is half the backoff, so that a slow machine cannot fail it
+    assert 0.25 <= seen[1][1] - seen[0][1] < 15, "retried after the backoff, not the delay the handler chose"
     (dead,) = await q.dead_letters()
     assert "upstream busy" in dead["error"] and dead["tries"] == 2
 
@@ -54,7 +62,7 @@ async def test_a_handler_raising_reject_dead_letters_at_once(make_queue):
         calls += 1
         raise bucketq.Reject("schema version 0 is not supported")
 
-    await _run(bucketq.Worker(q, handler, handle_signals=False), 0.8)
+    await _run(bucketq.Worker(q, handler, handle_signals=False), until=lambda: _dead_lettered(q))
     assert calls == 1, "rejected messages are not tried again"
     (dead,) = await q.dead_letters()
     assert dead["error"] == "Reject: schema version 0 is not supported" and dead["tries"] == 1
@@ -82,7 +90,7 @@ async def test_a_hung_handler_is_cut_off_and_its_message_retried_with_the_reason
         await asyncio.sleep(3600)  # hangs
 
     worker = bucketq.Worker(q, handler, handle_signals=False, handler_timeout=0.2)
-    await _run(worker, 1.5)
+    await _run(worker, until=lambda: _dead_lettered(q))
     assert started == [0, 1]
     (dead,) = await q.dead_letters()
     assert "HandlerTimeout" in dead["error"] and "0.2 s" in dead["error"]
@@ -104,7 +112,10 @@ async def test_a_batch_handler_fails_part_of_its_batch_with_retry_and_reject(mak
                 failures[m.id] = bucketq.Reject("never")
         return failures
 
-    await _run(bucketq.Worker(q, handler, batch_size=10, handle_signals=False), 1.0)
+    async def retried_and_rejected() -> bool:
+        return [(1, 1)] in calls and await _dead_lettered(q)
+
+    await _run(bucketq.Worker(q, handler, batch_size=10, handle_signals=False), until=retried_and_rejected)
     assert calls[0] == [(i, 0) for i in range(6)], "one batch from the bucket held"
     assert [(1, 1)] in calls
     (dead,) = await q.dead_letters()
@@ -275,7 +286,7 @@ async def test_a_handler_past_drain_timeout_is_cancelled_and_its_message_goes_to
     other = asyncio.ensure_future(other_consumer())
     worker.stop()
     try:
-        await _until(lambda: "cancelled" in events)  # before: the worker waited for its handler forever
+        await eventually(lambda: "cancelled" in events)  # before: the worker waited for its handler forever
         await asyncio.sleep(0.5)  # the other consumer polls every 20 ms meanwhile
         assert not other.done() and not run.done(), "the handler still runs: its message stays held"
     finally:
@@ -289,8 +300,3 @@ async def test_a_handler_past_drain_timeout_is_cancelled_and_its_message_goes_to
     await again.ack()
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition was not met in time"
-        await asyncio.sleep(0.01)

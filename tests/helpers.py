@@ -1,0 +1,26 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+
+PATIENCE_S = 20.0  # how long a test waits for what must happen: generous, so a loaded CI machine cannot fail it
+
+
+async def eventually(condition: Callable[[], bool | Awaitable[bool]], timeout: float = PATIENCE_S,
+                     what: str = "the condition") -> None:
+    """Wait until ``condition()`` (a bool, or an awaitable of one) holds, checking every 10 ms; fail when it
+    still does not after ``timeout`` seconds. For a test that waits for something to happen, rather than for
+    a fixed time that a slow machine may overrun."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = condition()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
+        assert time.monotonic() < deadline, f"{what} did not hold within {timeout:g} s"
+        await asyncio.sleep(0.01)
