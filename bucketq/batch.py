@@ -125,14 +125,6 @@ class BatchQueue:
         self.tombstone_retention = float(tombstone_retention)
         self._reaped_at: float | None = None
 
-    @property
-    def buckets(self) -> Any:
-        return self.store.buckets
-
-    @property
-    def quarantine(self) -> Any:
-        return self.store.quarantine
-
     @contextlib.contextmanager
     def _reaching(self) -> Iterator[None]:
         """A server that never answered raises ``ServerUnreachable`` (after the store's retries)."""

@@ -151,7 +151,7 @@ async def test_claim_quarantines_a_bucket_with_a_non_numeric_claim_count(make_qu
 async def test_commit_retried_after_a_lost_reply_counts_its_own_tombstones(make_queue, sync_db, bq) -> None:
     await _fill(make_queue, n=30)
     batch = bq.claim(10)
-    calls = _lose_first_reply(bq.buckets, "bulk_write")
+    calls = _lose_first_reply(bq.store.buckets, "bulk_write")
 
     assert bq.commit(batch) == 3  # the retry matches nothing: the tombstones say this token finished them
     assert len(calls) == 2
@@ -161,7 +161,7 @@ async def test_commit_retried_after_a_lost_reply_counts_its_own_tombstones(make_
 async def test_release_retried_after_a_lost_reply(make_queue, sync_db, bq) -> None:
     await _fill(make_queue, n=20)
     batch = bq.claim(10)
-    calls = _lose_first_reply(bq.buckets, "bulk_write")
+    calls = _lose_first_reply(bq.store.buckets, "bulk_write")
 
     out = bq.release(batch, "boom")
 
@@ -183,7 +183,7 @@ async def test_retry_after_a_lost_reply_does_not_count_someone_elses_write(make_
     def taken_over() -> None:  # the lease ran out; another job claimed the bucket and finished or released it
         others_write(sync_db.events, bucket_id, dt.datetime.now(dt.timezone.utc))
 
-    calls = _lose_first_reply(bq.buckets, "bulk_write", applied=False, meanwhile=taken_over)
+    calls = _lose_first_reply(bq.store.buckets, "bulk_write", applied=False, meanwhile=taken_over)
     applied = bq.commit(batch) if step == "commit" else len(bq.release(batch, "boom")["released"])
     assert applied == 0 and len(calls) == 2  # the bucket changed, but not by this batch's hand
     assert sync_db["events.quarantine"].count_documents({}) == 0
@@ -197,7 +197,7 @@ async def test_extend_retried_after_a_lost_reply_counts_what_is_still_held(make_
     def one_taken_over() -> None:
         sync_db.events.update_one({"_id": lost}, {"$set": {"lease.token": "other"}})
 
-    calls = _lose_first_reply(bq.buckets, "bulk_write", meanwhile=one_taken_over)
+    calls = _lose_first_reply(bq.store.buckets, "bulk_write", meanwhile=one_taken_over)
     assert bq.extend(batch) == 1 and len(calls) == 2
 
 
@@ -207,7 +207,7 @@ async def test_commit_quarantines_malformed_messages_first_even_after_a_lost_rep
     sync_db.events.insert_one(bucket)
     batch = bq.claim(10)
     batch.malformed[(bucket["_id"], 1)] = "does not parse"
-    calls = _lose_first_reply(bq.quarantine, "insert_many")
+    calls = _lose_first_reply(bq.store.quarantine, "insert_many")
 
     assert bq.commit(batch) == 1 and len(calls) == 2  # the retried insert finds its entry there: no error
     (entry,) = sync_db["events.quarantine"].find()
@@ -226,7 +226,7 @@ async def test_commit_that_cannot_quarantine_finishes_nothing(make_queue, sync_d
     def refused(*args: Any, **kwargs: Any) -> None:
         raise PermissionError("insert refused (injected)")
 
-    bq.quarantine.insert_many = refused
+    bq.store.quarantine.insert_many = refused
     with pytest.raises(PermissionError):
         bq.commit(batch)
     assert sync_db.events.find_one({"_id": bucket["_id"]})["lease"]["token"] == batch.token  # still held, intact

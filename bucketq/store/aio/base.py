@@ -20,14 +20,15 @@ T = TypeVar("T")
 DUPLICATE_KEY = 11000
 
 
-def collection(database: Any, name: str, write_concern: int | str | None) -> Any:
-    """Collection ``name`` as every store reads and writes it: with ``write_concern`` (None: the database's),
-    dates aware in UTC. A hand-made date beyond Python's datetime (year 1 to 9999) must not make every read of
-    its document raise: such dates come back as ``DatetimeMS``, which the format validation refuses."""
+def collections(database: Any, name: str, write_concern: int | str | None, *suffixes: str) -> list[Any]:
+    """The collections ``name + suffix``, as every store reads and writes them: with ``write_concern`` (None:
+    the database's), dates aware in UTC. A hand-made date beyond Python's datetime (year 1 to 9999) must not
+    make every read of its document raise: such dates come back as ``DatetimeMS``, which the format validation
+    refuses."""
     options: dict[str, Any] = {"write_concern": WriteConcern(w=write_concern)} if write_concern is not None else {}
     options["codec_options"] = database.codec_options.with_options(
         tz_aware=True, tzinfo=dt.timezone.utc, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
-    return database[name].with_options(**options)
+    return [database[name + suffix].with_options(**options) for suffix in suffixes]
 
 
 # async-only: begin

@@ -18,7 +18,7 @@ from bucketq.core import stream as core
 from bucketq.core.format import CLAIMS_SUFFIX, POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.scans import SCAN
 from bucketq.core.stream import GroupState
-from bucketq.store.aio.base import collection, insert_new, retrying
+from bucketq.store.aio.base import collections, insert_new, retrying
 
 # sync: import threading
 
@@ -32,10 +32,8 @@ class AsyncStreamStore:
                  op_timeout_s: float = 30.0) -> None:
         self.database = database
         self.name = name
-        self.buckets = collection(database, name, write_concern)
-        self.positions = collection(database, name + POSITIONS_SUFFIX, write_concern)
-        self.claims = collection(database, name + CLAIMS_SUFFIX, write_concern)
-        self.counter = collection(database, name + SEQ_SUFFIX, write_concern)
+        self.buckets, self.positions, self.claims, self.counter = collections(
+            database, name, write_concern, "", POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX)
         self.op_timeout_s = op_timeout_s
         self._allocating = asyncio.Lock()
 

@@ -25,7 +25,7 @@ from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBO
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.stats import groups_pipeline, stats_pipeline
-from bucketq.store.sync.base import collection, insert_copies, insert_new, retrying
+from bucketq.store.sync.base import collections, insert_copies, insert_new, retrying
 
 
 class QueueStore:
@@ -33,12 +33,9 @@ class QueueStore:
                  op_timeout_s: float = 30.0) -> None:
         self.database = database
         self.name = name
-        self.buckets = collection(database, name, write_concern)
-        self.dead = collection(database, name + DEAD_SUFFIX, write_concern)
-        self.quarantine = collection(database, name + QUARANTINE_SUFFIX, write_concern)
-        self.inbox = collection(database, name + INBOX_SUFFIX, write_concern)
-        self.control = collection(database, name + CONTROL_SUFFIX, write_concern)
-        self.groups = collection(database, name + GROUPS_SUFFIX, write_concern)
+        self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
+            database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
+            GROUPS_SUFFIX)
         # shared: a pause this process writes holds for its consumer at once
         self.op_timeout_s = op_timeout_s
 
