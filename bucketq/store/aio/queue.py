@@ -36,8 +36,10 @@ class AsyncQueueStore:
         self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
             database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
             GROUPS_SUFFIX)
+        # async-only: begin
         # shared: a pause this process writes holds for its consumer at once
-        self.pause = PauseGate(self.read_pause)  # async-only
+        self.pause = PauseGate(self.read_pause)
+        # async-only: end
         self.op_timeout_s = op_timeout_s
 
     async def ensure_indexes(self) -> None:

@@ -36,7 +36,6 @@ class QueueStore:
         self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
             database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
             GROUPS_SUFFIX)
-        # shared: a pause this process writes holds for its consumer at once
         self.op_timeout_s = op_timeout_s
 
     def ensure_indexes(self) -> None:
