@@ -13,7 +13,7 @@ help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
 	@echo "make demo-cluster  the same, with the Spark job under spark-submit on a standalone Spark cluster"
 	@echo "make test          install everything, lint, then run the test suite"
-	@echo "make lint          ruff (bucketq spark tests bench devtools examples) and mypy (bucketq)"
+	@echo "make lint          ruff (bucketq spark tests bench devtools examples), mypy (bucketq), the generated sync store"
 	@echo "make test-pythons  the tests that need no server on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
 	@echo "make unit          the tests that need no server (-m unit), in parallel: no JVM, no jars"
 	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"
@@ -36,6 +36,7 @@ jars: $(STAMP)
 lint: venv
 	$(PY) -m ruff check bucketq spark tests bench devtools examples
 	$(PY) -m mypy
+	$(PY) -m devtools.unasync --check
 
 # The whole suite on the venv's Python (3.11); before it, the tests that need no server on 3.12 and 3.13.
 test: venv jars lint test-pythons

@@ -20,39 +20,29 @@ ordered groups are left to the async consumers (``claims.ungrouped``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from pymongo import MongoClient, ReplaceOne, ReturnDocument, UpdateOne, WriteConcern
-from pymongo.collection import Collection
+from pymongo import MongoClient, ReplaceOne, UpdateOne
 from pymongo.database import Database
-from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
 from bucketq.clock import ServerClock
 from bucketq.connection import client_of, reaching
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
-from bucketq.core.control import PAUSE, is_paused
-from bucketq.core.format import (
-    CONTROL_SUFFIX,
-    QUARANTINE_SUFFIX,
-    StoredBucket,
-    as_utc,
-    parse_bucket,
-    quarantined_bucket,
-    quarantined_message,
-)
-from bucketq.core.retry import RetrySchedule, is_transient
+from bucketq.core.format import StoredBucket, as_utc, parse_bucket, quarantined_bucket, quarantined_message
 from bucketq.errors import InvalidOption, MalformedBucket
+from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
 from bucketq.options import check_database, check_delay, check_names, check_write_concern
+from bucketq.store.sync.base import retrying
+from bucketq.store.sync.queue import QueueStore
 
-T = TypeVar("T")
 REAP_EVERY_S = 60.0
-DUPLICATE_KEY = 11000
 
 
 @dataclass
@@ -84,12 +74,16 @@ def attempts(doc: dict[str, Any]) -> int:
 
 
 class BatchQueue:
-    """The batch side of queue ``name``. ``target`` is a URI, a ``MongoClient`` or a ``Database``."""
+    """The batch side of queue ``name``. ``target`` is a URI, a ``MongoClient`` or a ``Database``; for tests
+    without a server also a ``bucketq.memory`` database (its ``sync`` view) or client. Every command goes
+    through the queue's generated synchronous store (``bucketq.store.sync.QueueStore``): the async consumer's
+    own queries and retry policy."""
 
-    def __init__(self, target: str | MongoClient | Database, *, name: str, db: str | None = None,
-                 lease: float = 300.0, max_attempts: int = 5, backoff: Backoff | None = None,
-                 codecs: Iterable[str] = ("json",), write_concern: int | str | None = None,
-                 op_timeout_s: float = 30.0, tombstone_retention: float = 600.0) -> None:
+    def __init__(self, target: str | MongoClient | Database | SyncDatabase | MemoryDatabase | MemoryClient, *,
+                 name: str, db: str | None = None, lease: float = 300.0, max_attempts: int = 5,
+                 backoff: Backoff | None = None, codecs: Iterable[str] = ("json",),
+                 write_concern: int | str | None = None, op_timeout_s: float = 30.0,
+                 tombstone_retention: float = 600.0) -> None:
         check_names(name, db)
         check_write_concern(write_concern)
         if check_delay(tombstone_retention) <= op_timeout_s:
@@ -100,6 +94,7 @@ class BatchQueue:
             raise InvalidOption("max_attempts must be an int >= 1")
         self._owned: MongoClient | None = None
         self._uri = target if isinstance(target, str) else None  # shown only redacted
+        database: Any
         if isinstance(target, str):
             self._owned = client_of(target, MongoClient)
             database = self._owned[db] if db else self._owned.get_default_database("bucketq")
@@ -107,15 +102,18 @@ class BatchQueue:
             database = target[db] if db else target.get_default_database("bucketq")
         elif isinstance(target, Database):
             database = target if db is None else target.client[db]
+        elif isinstance(target, (SyncDatabase, MemoryDatabase)):
+            database = target.sync if isinstance(target, MemoryDatabase) else target
+            database = database if db is None else database.client[db].sync
+        elif isinstance(target, MemoryClient):
+            database = target[db or "bucketq"].sync
         else:
-            raise InvalidOption(f"BatchQueue needs a URI, a MongoClient or a Database, got {type(target).__name__}")
+            raise InvalidOption("BatchQueue needs a URI, a MongoClient or a Database (or a bucketq.memory database), "
+                                f"got {type(target).__name__}")
         check_database(database, name, write_concern)
-        wc = WriteConcern(w=write_concern) if write_concern is not None else None  # None: the database's
         self.name = name
         self.database = database
-        self.buckets = database[name].with_options(write_concern=wc)
-        self.quarantine = database[name + QUARANTINE_SUFFIX].with_options(write_concern=wc)
-        self.control = database[name + CONTROL_SUFFIX]
+        self.store = QueueStore(database, name, write_concern=write_concern, op_timeout_s=op_timeout_s)
         self.lease = float(lease)
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff()
@@ -127,12 +125,19 @@ class BatchQueue:
         self.tombstone_retention = float(tombstone_retention)
         self._reaped_at: float | None = None
 
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """A server that never answered raises ``ServerUnreachable`` (after the store's retries)."""
+        with reaching(self._uri, "the operation", f"op_timeout_s {self.op_timeout_s:g} s"):
+            yield
+
     def now(self) -> dt.datetime:
         return self._synced().now()
 
     def _synced(self) -> ServerClock:
         if self._clock.stale:
-            self._retrying(lambda _: self._clock.sync_blocking(self.database.client))
+            with self._reaching():
+                retrying(lambda _: self._clock.sync_blocking(self.database), timeout_s=self.op_timeout_s)
         return self._clock
 
     # -- claim ---------------------------------------------------------------------------------------------
@@ -141,16 +146,18 @@ class BatchQueue:
         """Delete the tombstones of buckets finished more than ``tombstone_retention`` ago (the async queue's
         housekeeping does the same); ``claim`` calls it at most once a minute."""
         self._reaped_at = time.monotonic()
-        return self._retrying(lambda _: self.buckets.delete_many(
-            claims.reap(self.now(), self.tombstone_retention)).deleted_count)
+        query = claims.reap(self.now(), self.tombstone_retention)
+        with self._reaching():
+            return retrying(lambda _: self.store.reap_tombstones(query), timeout_s=self.op_timeout_s)
 
     def claim(self, max_buckets: int) -> Batch | None:
         """Claim up to ``max_buckets`` due buckets under one new token; None when none is due or the queue is
         paused (``Queue.pause``)."""
         if max_buckets < 1:
             raise InvalidOption("max_buckets must be at least 1")
-        if is_paused(self._retrying(lambda _: self.control.find_one(PAUSE, {"paused": 1}))):
-            return None  # paused by an operator (Queue.pause): claim nothing, as the async consumers do
+        with self._reaching():
+            if retrying(lambda _: self.store.read_pause(), timeout_s=self.op_timeout_s):
+                return None  # paused by an operator (Queue.pause): claim nothing, as the async consumers do
         if self._reaped_at is None or time.monotonic() - self._reaped_at > REAP_EVERY_S:
             self.reap_tombstones()
         batch = Batch(claims.new_token(), self.now() + dt.timedelta(seconds=self.lease))
@@ -169,9 +176,9 @@ class BatchQueue:
                 continue
             last_attempt = attempts(doc) >= self.max_attempts
             if last_attempt and batch.buckets:  # the last attempt runs alone: give it back untouched
-                self._fenced_write(batch.token, {doc["_id"]: UpdateOne(claims.fenced(doc["_id"], batch.token),
-                                                                       claims.release(self.now(), batch.token))},
-                                   claims.released_by)
+                self._fenced(batch.token, {doc["_id"]: UpdateOne(claims.fenced(doc["_id"], batch.token),
+                                                                 claims.release(self.now(), batch.token))},
+                             claims.released_by)
                 break
             batch.lease_until = min(batch.lease_until, as_utc(doc["lease"]["until"]))
             batch.buckets.append(doc)
@@ -180,25 +187,12 @@ class BatchQueue:
         return batch if batch.buckets or batch.quarantined else None
 
     def _claim_one(self, token: str) -> tuple[dict[str, Any] | None, str | None]:
-        """One claim under ``token``: (the bucket, None), (None, None) when none is due, or (the bucket, why it
-        must go to quarantine) for a bucket whose ``c`` is not a number (its ``$inc`` fails; as the consumer
-        does, it is claimed without the ``$inc``, or it would block every claim behind it).
-        Not retried (as in the consumer): a claim whose reply was lost expires with its lease."""
+        """One claim under ``token`` (``QueueStore.claim``, the consumer's): (the bucket, None), (None, None) when
+        none is due, or (the bucket, why it must go to quarantine)."""
         clock = self._synced()
         spec = claims.ungrouped(claims.claim(clock.now(), self.lease, token, self.owner, expired_by=clock.earliest()))
-        try:
-            return self._find_and_claim(spec), None
-        except OperationFailure as exc:
-            if is_transient(exc):
-                raise
-            doc = self._find_and_claim(claims.claim_uncounted(spec))
-            if doc is None:
-                raise
-            return doc, f"cannot be claimed: {exc}"
-
-    def _find_and_claim(self, spec: tuple[dict, dict, list]) -> dict[str, Any] | None:
-        query, update, sort = spec
-        return self.buckets.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
+        with self._reaching():
+            return self.store.claim(spec)
 
     def _unreadable(self, doc: dict[str, Any]) -> str | None:
         try:
@@ -214,9 +208,8 @@ class BatchQueue:
     def extend(self, batch: Batch) -> int:
         """Push the lease out by ``lease`` seconds; returns how many buckets are still held."""
         now = self.now()
-        held = self._fenced_write(batch.token, {i: UpdateOne(claims.fenced(i, batch.token),
-                                                             claims.extend(now, self.lease)) for i in batch.ids},
-                                  claims.fenced)
+        held = self._fenced(batch.token, {i: UpdateOne(claims.fenced(i, batch.token), claims.extend(now, self.lease))
+                                          for i in batch.ids}, claims.fenced)
         batch.lease_until = now + dt.timedelta(seconds=self.lease)
         return len(held)
 
@@ -226,9 +219,9 @@ class BatchQueue:
         is left alone). Returns how many buckets this batch finished."""
         self._quarantine_messages(batch)
         now = self.now()
-        return len(self._fenced_write(batch.token, {i: ReplaceOne(claims.fenced(i, batch.token),
-                                                                  claims.finish(now, batch.token))
-                                                    for i in batch.ids}, claims.finished_by))
+        return len(self._fenced(batch.token, {i: ReplaceOne(claims.fenced(i, batch.token),
+                                                            claims.finish(now, batch.token)) for i in batch.ids},
+                                claims.finished_by))
 
     def release(self, batch: Batch, error: BaseException | str) -> dict[str, list[Any]]:
         """After a failed batch: buckets with attempts left are due again after the backoff, tries + 1;
@@ -248,7 +241,7 @@ class BatchQueue:
                 due = now + dt.timedelta(seconds=max(0.0, self.backoff.delay(tried - 1)))
                 ops[doc["_id"]] = UpdateOne(claims.fenced(doc["_id"], batch.token),
                                             claims.release(now, batch.token, due=due, count_claim=True))
-        out["released"] = self._fenced_write(batch.token, ops, claims.released_by)
+        out["released"] = self._fenced(batch.token, ops, claims.released_by)
         return out
 
     def _guard(self, token: str, ids: Iterable[Any]) -> set[Any]:
@@ -257,7 +250,7 @@ class BatchQueue:
         must not copy what the other now holds."""
         now = self.now()
         writes = {i: UpdateOne(claims.fenced(i, token), claims.guard(now, self.lease)) for i in ids}
-        return set(self._fenced_write(token, writes, claims.fenced))
+        return set(self._fenced(token, writes, claims.fenced))
 
     def _quarantine(self, doc: dict[str, Any], token: str, reason: str) -> bool:
         """The guard, the copy (idempotent by ``_id``), then the fenced finish: as the consumer does. False when
@@ -265,10 +258,11 @@ class BatchQueue:
         if not self._guard(token, [doc["_id"]]):
             return False
         entry = quarantined_bucket(doc, reason=reason, at=self.now(), host=self._host, pid=os.getpid())
-        self._insert_new(self.quarantine, [entry])
-        return bool(self._fenced_write(token, {doc["_id"]: ReplaceOne(claims.fenced(doc["_id"], token),
-                                                                      claims.finish(self.now(), token))},
-                                       claims.finished_by))
+        with self._reaching():
+            self.store.insert_copies(self.store.quarantine, [entry])
+        return bool(self._fenced(token, {doc["_id"]: ReplaceOne(claims.fenced(doc["_id"], token),
+                                                                claims.finish(self.now(), token))},
+                                 claims.finished_by))
 
     def _quarantine_messages(self, batch: Batch) -> None:
         """Copy each message of ``batch.malformed`` to quarantine (``kind: "message"``, its payload as stored), for
@@ -287,58 +281,15 @@ class BatchQueue:
                 parsed[bucket_id] = parse_bucket(held[bucket_id])
             entries.append(quarantined_message(parsed[bucket_id], slot, reason=reason, at=at, host=self._host,
                                                pid=os.getpid()))
-        if entries:
-            self._insert_new(self.quarantine, entries)
+        with self._reaching():
+            self.store.insert_copies(self.store.quarantine, entries)
 
-    def _insert_new(self, collection: Collection, docs: list[dict[str, Any]]) -> None:
-        """Insert documents whose ``_id`` makes them idempotent: one already there (an earlier attempt got
-        through, its reply lost) is what this insert would have stored."""
-        def insert(retry: bool) -> None:
-            try:
-                collection.insert_many(docs, ordered=False)
-            except BulkWriteError as exc:
-                if any(e.get("code") != DUPLICATE_KEY for e in exc.details.get("writeErrors", [])):
-                    raise
-                if exc.details.get("writeConcernErrors"):
-                    raise
-
-        self._retrying(insert)
-
-    def _fenced_write(self, token: str, writes: dict[Any, Any], proof: Callable[[Any, str], dict]) -> list[Any]:
-        """Run fenced per-bucket writes (bucket id -> ``UpdateOne``/``ReplaceOne``); return the ids of the buckets
-        this token's writes were applied to. When some write matched nothing, or after an ambiguous error (the
-        first attempt may have been applied and its reply lost, so that the retry matches nothing: a release or
-        finish clears the token), ``proof(id, token)`` asks the bucket itself: only this token's own mark
-        counts, not a bucket that someone else changed or finished."""
-        if not writes:
-            return []
-        ops = list(writes.values())
-
-        def run(retry: bool) -> list[Any]:
-            result = self.buckets.bulk_write(ops, ordered=False)
-            if not retry and result.matched_count == len(ops):
-                return list(writes)
-            marked = {d["_id"] for d in self.buckets.find({"$or": [proof(i, token) for i in writes]}, {"_id": 1})}
-            return [i for i in writes if i in marked]
-
-        return self._retrying(run)
-
-    def _retrying(self, op: Callable[[bool], T]) -> T:
-        """Run ``op(retry)`` until it succeeds, retrying transient errors with backoff for up to ``op_timeout_s``;
-        ``retry`` tells it that an earlier attempt may already have been applied. A server that never answered
-        raises ``ServerUnreachable``."""
-        schedule = RetrySchedule(self.op_timeout_s, time.monotonic())
-        retry = False
-        with reaching(self._uri, "the operation", f"op_timeout_s {self.op_timeout_s:g} s"):
-            while True:
-                try:
-                    return op(retry)
-                except PyMongoError as exc:
-                    wait = schedule.after(exc, time.monotonic())
-                    if wait is None:
-                        raise
-                retry = True
-                time.sleep(wait)
+    def _fenced(self, token: str, writes: dict[Any, Any], proof: Callable[[Any, str], dict]) -> list[Any]:
+        """Fenced per-bucket writes (``QueueStore.fenced_many``), each proven by ``proof(id, token)``: the mark
+        this token's own write leaves (``claims.finished_by``, ``released_by``; ``fenced`` for a write that
+        keeps the token)."""
+        with self._reaching():
+            return self.store.fenced_many(writes, {i: proof(i, token) for i in writes})
 
     def close(self) -> None:
         if self._owned is not None:

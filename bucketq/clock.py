@@ -84,10 +84,11 @@ class ServerClock:
         reply = await database.client.admin.command("isMaster")
         self._take(sent, time.monotonic(), reply)
 
-    def sync_blocking(self, client: Any) -> None:
-        """The same for a synchronous ``MongoClient`` (the Spark driver's shell)."""
+    def sync_blocking(self, database: Any) -> None:
+        """The same for a synchronous ``Database`` (the Spark driver's shells; also ``bucketq.memory``'s
+        ``SyncDatabase``): ``isMaster`` runs on any database."""
         sent = time.monotonic()
-        reply = client.admin.command("isMaster")
+        reply = database.command("isMaster")
         self._take(sent, time.monotonic(), reply)
 
     def _take(self, sent: float, received: float, reply: Any) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bson import ObjectId
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import PyMongoError
 
 from bucketq import metrics
 from bucketq.clock import ServerClock
@@ -30,7 +30,7 @@ from bucketq.core.retry import is_too_large, is_transient
 from bucketq.errors import InvalidOption, LeaseLost, MalformedBucket, QueueClosed, WriteFailed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
-from bucketq.store import Store
+from bucketq.store.aio.queue import AsyncQueueStore
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
@@ -54,7 +54,7 @@ class Holding:
 class KeyRecorder:
     """Writes dedupe keys to the inbox, one insert in flight at a time: keys acked meanwhile share the next."""
 
-    def __init__(self, store: Store, clock: ServerClock) -> None:
+    def __init__(self, store: AsyncQueueStore, clock: ServerClock) -> None:
         self._store = store
         self._clock = clock
         self._waiting: list[tuple[str, asyncio.Future[None]]] = []
@@ -82,7 +82,8 @@ class KeyRecorder:
 
 
 class Consumer:
-    def __init__(self, store: Store, codec: Codec, options: QueueOptions, clock: ServerClock, wakeup: Wakeup) -> None:
+    def __init__(self, store: AsyncQueueStore, codec: Codec, options: QueueOptions, clock: ServerClock,
+                 wakeup: Wakeup) -> None:
         self._store = store
         self._codec = codec
         self._options = options
@@ -261,15 +262,9 @@ class Consumer:
                            self._held_groups())
         if only is not None:
             spec = groups.instead(spec, only)
-        try:
-            doc = await self._store.claim(spec)
-        except OperationFailure as exc:
-            if is_transient(exc):
-                raise
-            doc = await self._store.claim(claims.claim_uncounted(spec))
-            if doc is None:
-                raise
-            await self._quarantine_bucket(doc, token, f"cannot be claimed: {exc}")
+        doc, unclaimable = await self._store.claim(spec)
+        if doc is not None and unclaimable is not None:
+            await self._quarantine_bucket(doc, token, unclaimable)
             return True
         self._found_in_a_row = self._found_in_a_row + 1 if doc is not None else 0
         if doc is None:

@@ -4,12 +4,12 @@ and finding the queues of a database (``bucketq.list_queues``, also the CLI's qu
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bucketq.connection import connect, reaching
-from bucketq.core.control import PAUSE, is_paused
 from bucketq.core.format import QUEUE_SUFFIXES, SIDE_COLLECTION_SUFFIXES, STREAM_SUFFIXES
-from bucketq.core.scans import SCAN
+from bucketq.store.aio.catalog import collection_names, first_document
 
 # A consumer reads the pause document at most this often, so it stops claiming within this many seconds of a
 # pause (plus one round trip), and starts again within this plus one poll interval of a resume.
@@ -18,11 +18,12 @@ BUCKET_FIELDS = ("v", "due", "lease")  # in every bucket and every tombstone (do
 
 
 class PauseGate:
-    """Whether the queue is paused, as its ``Q.control`` document says, read again once ``refresh_s`` has passed
-    since the last read: one small read a second per consumer, not one per claim."""
+    """Whether the queue is paused, as its ``Q.control`` document says (``read``: the store's
+    ``read_pause``), read again once ``refresh_s`` has passed since the last read: one small read a second per
+    consumer, not one per claim."""
 
-    def __init__(self, collection: Any, refresh_s: float = PAUSE_REFRESH_S) -> None:
-        self._collection = collection
+    def __init__(self, read: Callable[[], Awaitable[bool]], refresh_s: float = PAUSE_REFRESH_S) -> None:
+        self._read = read
         self._refresh_s = refresh_s
         self._paused = False
         self._read_at = float("-inf")
@@ -30,7 +31,7 @@ class PauseGate:
     async def holds(self) -> bool:
         """True while the queue is paused (as last read): the caller must not claim a bucket."""
         if time.monotonic() - self._read_at >= self._refresh_s:
-            self.set(is_paused(await self._collection.find_one(PAUSE, {"paused": 1})))
+            self.set(await self._read())
         return self._paused
 
     def set(self, paused: bool) -> None:
@@ -59,13 +60,6 @@ async def queue_names(database: Any) -> list[str]:
     return [n for n in sorted(collections) if await is_queue(database, n, collections)]
 
 
-async def collection_names(database: Any) -> set[str]:
-    """The database's collections, without views and ``system.*``."""
-    cursor = await database.list_collections()
-    return {info["name"] async for info in cursor
-            if info.get("type", "collection") == "collection" and not info["name"].startswith("system.")}
-
-
 async def is_queue(database: Any, name: str, collections: set[str]) -> bool:
     """Whether collection ``name`` holds a queue's buckets, told without writing and without opening a ``Queue``
     on it: a side collection beside it (``.dead``, ``.quarantine``, ...: a queue's first write makes them),
@@ -75,5 +69,5 @@ async def is_queue(database: Any, name: str, collections: set[str]) -> bool:
         return False  # a side collection, or a stream
     if any(name + suffix in collections for suffix in QUEUE_SUFFIXES):
         return True
-    first = await database[name].find_one({}, dict.fromkeys(BUCKET_FIELDS, 1), **SCAN)
+    first = await first_document(database, name, BUCKET_FIELDS)
     return first is not None and all(field in first for field in BUCKET_FIELDS)

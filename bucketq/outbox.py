@@ -61,22 +61,22 @@ from typing import Any, NamedTuple
 
 import bson
 from bson import ObjectId
-from bson.codec_options import DatetimeConversion
 from pymongo import UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import InvalidName, PyMongoError
 
 from bucketq.codecs import Codec, codec_option
-from bucketq.core.format import MAX_BUCKET_BYTES, UTC, Slot, bucket_document, encode_slot, message_id, slot_bytes
+from bucketq.core.format import MAX_BUCKET_BYTES, Slot, bucket_document, encode_slot, message_id, slot_bytes
 from bucketq.core.retry import is_transient
 from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
 from bucketq.queue import Queue
 from bucketq.redaction import redact
-from bucketq.store import raise_if_cancelled, retrying
-from bucketq.wakeup import WITHOUT_BODIES, Wakeup
+from bucketq.store.aio.base import raise_if_cancelled
+from bucketq.store.aio.outbox import OutboxStore
+from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq.outbox")
 
@@ -280,22 +280,6 @@ def removals(batch: Batch, *, field: str, now: dt.datetime) -> list[UpdateOne]:
 
 # -- the embedded outbox: the relay ------------------------------------------------------------------------------
 
-class _Changes:
-    """The source collection as ``Wakeup`` watches it: instead of the inserts of buckets, the changes that leave
-    events in a document (an insert, update or replace whose document, looked up after it, holds some). Changes
-    made by the relay's own pulls leave none and wake nothing."""
-
-    def __init__(self, collection: Any, field: str) -> None:
-        self._collection = collection
-        self._field = field
-
-    async def watch(self, pipeline: list[dict], **kwargs: Any) -> Any:
-        match = {"operationType": {"$in": ["insert", "update", "replace"]}, f"fullDocument.{self._field}.0":
-                 {"$exists": True}}
-        return await self._collection.watch([{"$match": match}, WITHOUT_BODIES], full_document="updateLookup",
-                                            **kwargs)
-
-
 class Outbox:
     """Relays the events that documents of ``collection`` hold in ``field`` into ``queue``, exactly once.
 
@@ -325,10 +309,7 @@ class Outbox:
                                                             source.name.startswith(queue.name + ".")):
             raise InvalidOption(f"collection {source.name!r} is queue {queue.name!r}'s own: relay from the "
                                 "application's collection")
-        # Dates (``at``) come back aware, in UTC; one beyond Python's datetime comes back as DatetimeMS and the
-        # event is set aside instead of making every read of its document raise.
-        self.source = source.with_options(codec_options=source.codec_options.with_options(
-            tz_aware=True, tzinfo=UTC, datetime_conversion=DatetimeConversion.DATETIME_AUTO))
+        self.store = OutboxStore(source, field, op_timeout_s=queue.options.write_timeout)
         self.queue = queue
         self.field = field
         self.namespace = f"{source.database.name}.{source.name}"
@@ -344,8 +325,7 @@ class Outbox:
         """One pass: relay the events of up to ``batch_size`` documents. Returns how many events it took out of
         documents (relayed, or set aside as malformed); 0 when none was waiting."""
         await self.queue._ready()
-        docs = await self.source.find({f"{self.field}.0": {"$exists": True}}, {self.field: 1},
-                                      limit=self._batch_size).to_list(None)
+        docs = await self.store.waiting(self._batch_size)
         if not docs:
             return 0
         now = self.queue._clock.now()
@@ -364,12 +344,7 @@ class Outbox:
 
     async def _remove(self, batch: Batch, now: dt.datetime) -> None:
         """After the buckets are stored: the pulls and set-asides, retried like any idempotent write."""
-        ops = removals(batch, field=self.field, now=now)
-
-        async def op(retry: bool) -> None:
-            await self.source.bulk_write(ops, ordered=False)
-
-        await retrying(op, timeout_s=self.queue.options.write_timeout)
+        await self.store.remove(removals(batch, field=self.field, now=now))
 
     async def run(self) -> None:
         """Relay until ``stop()``: a pass whenever a change stream or a poll says events may be waiting. A pass
@@ -378,7 +353,7 @@ class Outbox:
         try:
             while not self._stopping:
                 if self._change_streams is not False:
-                    self._wakeup.start_stream(_Changes(self.source, self.field), self.queue._clock,
+                    self._wakeup.start_stream(self.store.watch_events, self.queue._clock,
                                               required=bool(self._change_streams))
                 try:
                     moved = await self.run_once()

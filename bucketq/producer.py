@@ -22,7 +22,9 @@ from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
 from bucketq.core.format import Slot, check_group, encode_slot
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
-from bucketq.store import Store, retrying
+from bucketq.store.aio.base import retrying
+from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.store.aio.stream import AsyncStreamStore
 
 BUCKETS_PER_WRITE = 8
 
@@ -85,8 +87,8 @@ class _Part:
 
 
 class Producer:
-    def __init__(self, store: Store, codec: Codec, options: QueueOptions, clock: ServerClock,
-                 on_written: Callable[[], None] | None = None,
+    def __init__(self, store: AsyncQueueStore | AsyncStreamStore, codec: Codec, options: QueueOptions,
+                 clock: ServerClock, on_written: Callable[[], None] | None = None,
                  before_write: Callable[[], Awaitable[None]] | None = None) -> None:
         self._store = store
         self._codec = codec
@@ -269,8 +271,7 @@ class Producer:
             docs = [b.document for b in batch]
 
             async def insert(retry: bool) -> dict[Any, BaseException]:
-                await self._store.number_groups(docs)
-                return await self._store.insert_new(self._store.buckets, docs)
+                return await self._store.write_buckets(docs)
 
             failed = await retrying(insert, timeout_s=self._options.write_timeout)
         except Exception as exc:

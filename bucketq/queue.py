@@ -18,11 +18,9 @@ from bucketq.consumer import Consumer
 from bucketq.core import claims
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.control import (
-    PAUSE,
     check_message_id,
     copies_on_their_way,
     holders,
-    is_paused,
     live_lease,
     pending_slots,
     purge_mark,
@@ -32,14 +30,13 @@ from bucketq.core.control import (
     unfinished_messages,
 )
 from bucketq.core.format import as_utc, parse_bucket
-from bucketq.core.scans import SCAN
-from bucketq.core.stats import groups_pipeline, shape_groups, shape_stats, stats_pipeline
+from bucketq.core.stats import shape_groups, shape_stats
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
 from bucketq.setup import SetUp, every, stop
-from bucketq.store import Store, retrying
+from bucketq.store.aio.queue import AsyncQueueStore
 from bucketq.wakeup import Wakeup
 
 HOUSEKEEPING_EVERY_S = 60.0
@@ -68,7 +65,7 @@ class Queue:
         self.name = name
         self._connection = connect(target, db)
         check_database(self._connection.database, name, self.options.write_concern)
-        self._store = Store(self._connection.database, name, write_concern=self.options.write_concern,
+        self._store = AsyncQueueStore(self._connection.database, name, write_concern=self.options.write_concern,
                             op_timeout_s=self.options.write_timeout)
         self._clock = ServerClock()
         self._wakeup = Wakeup(self.options.poll_interval)
@@ -170,7 +167,8 @@ class Queue:
         if self._housekeeping is None or self._clock.stale:
             return False
         if self.options.change_streams is not False:
-            self._wakeup.start_stream(self._store.buckets, self._clock, required=bool(self.options.change_streams))
+            self._wakeup.start_stream(self._store.watch_inserts, self._clock,
+                                      required=bool(self.options.change_streams))
         return True
 
     # -- observing -----------------------------------------------------------------------------------------
@@ -182,10 +180,7 @@ class Queue:
         ``bucketq.core.stats.GROUP_STATES``), each ``{groups, messages, until}``. Writes nothing."""
         await self._ready(write=False)
         now = self._clock.now()
-        rows = await self._store.aggregate(self._store.buckets, stats_pipeline(now), **SCAN)
-        dead = await self._store.dead.count_documents({}, **SCAN)
-        quarantined = await self._store.quarantine.count_documents({}, **SCAN)
-        groups = await self._store.aggregate(self._store.buckets, groups_pipeline(now), **SCAN)
+        rows, dead, quarantined, groups = await self._store.stats(now)
         return {**shape_stats(rows, dead=dead, quarantined=quarantined, now=now), "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
@@ -194,7 +189,7 @@ class Queue:
             return []
         await self._ready(write=False)
         out: list[dict[str, Any]] = []
-        cursor = self._store.buckets.find(LIVE, sort=[("due", 1)], batch_size=4)
+        cursor = self._store.live_buckets()
         async for doc in cursor:
             try:
                 bucket = parse_bucket(doc)
@@ -252,8 +247,8 @@ class Queue:
         counts = {}
         for key, collection, retention in (("quarantined", self._store.quarantine, self.options.quarantine_retention),
                                            ("inbox", self._store.inbox, self.options.inbox_retention)):
-            counts[key] = 0 if retention is None else (await collection.delete_many(
-                {"at": {"$lt": now - dt.timedelta(seconds=retention)}})).deleted_count
+            counts[key] = 0 if retention is None else await self._store.delete_entries_before(
+                collection, now - dt.timedelta(seconds=retention))
         counts["tombstones"] = await self._store.reap_tombstones(reap(now, self.options.tombstone_retention))
         return counts
 
@@ -262,14 +257,14 @@ class Queue:
         await self._ready(write=False)
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.now(),
                                    error_field=field)
-        return await collection.find(query, sort=[("at", 1)], limit=limit).to_list(None)
+        return await self._store.entries(collection, query, limit=limit)
 
     async def _purge(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
                      error_contains: str | None) -> int:
         await self._ready()
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
                                    now=self._clock.now(), error_field=field)
-        return (await collection.delete_many(query, **SCAN)).deleted_count  # by error text: no index
+        return await self._store.delete_entries(collection, query)
 
     async def _requeue(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
                        error_contains: str | None) -> int:
@@ -278,10 +273,10 @@ class Queue:
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
                                    now=self._clock.now(), error_field=field)
         total = 0
-        while batch := await collection.find(query, limit=admin.REQUEUE_CHUNK, **SCAN).to_list(None):
+        while batch := await self._store.requeue_chunk(collection, query, limit=admin.REQUEUE_CHUNK):
             docs = admin.requeued_buckets(batch, now=self._clock.now())
             await self._store.insert_buckets(docs)
-            await collection.delete_many({"_id": {"$in": [e["_id"] for e in batch]}})
+            await self._store.delete_requeued(collection, batch)
             total += len(batch)
         if total:
             self._wakeup.notify()
@@ -302,15 +297,14 @@ class Queue:
     async def paused(self) -> bool:
         """Whether the queue is paused, read from the server now. Writes nothing."""
         await self._ready(write=False)
-        paused = is_paused(await self._store.control.find_one(PAUSE))
+        paused = await self._store.read_pause()
         self._store.pause.set(paused)
         return paused
 
     async def _write_pause(self, paused: bool) -> None:
         await self._ready()
         update = set_pause(paused, now=self._clock.now(), by=claims.owner_name())
-        await retrying(lambda _: self._store.control.update_one(PAUSE, update, upsert=True),
-                       timeout_s=self.options.write_timeout)
+        await self._store.write_pause(update)
         self._store.pause.set(paused)  # this process's consumer follows at once
         if not paused:
             self._wakeup.notify()
@@ -327,7 +321,7 @@ class Queue:
         await self._ready()
         removed = False
         for _ in range(REMOVE_ATTEMPTS):
-            docs = await self._store.buckets.find(holders(message_id), **SCAN).to_list(None)
+            docs = await self._store.holders(holders(message_id))
             now = self._clock.now()
             found = [(doc, slots) for doc in docs if (slots := pending_slots(doc, message_id))]
             for doc, _ in found:
@@ -336,8 +330,7 @@ class Queue:
                                       f"{lease.get('owner', 'a consumer')} holds until {doc.get('due')}: it may be "
                                       f"handling it now; remove it once it is resolved or the lease has ended"
                                       f"{' (its other copies were removed)' if removed else ''}")
-            applied = [(await self._store.buckets.update_one(*removal(doc, slots, now))).matched_count
-                       for doc, slots in found]
+            applied = [await self._store.update_bucket(*removal(doc, slots, now)) for doc, slots in found]
             removed = removed or any(applied)
             if all(applied):  # else a bucket was claimed or released since it was read: read again
                 return removed
@@ -353,19 +346,16 @@ class Queue:
         now = self._clock.now()
         # ``late`` marks retry copies that landed after the mark: each repeats a message its original counts.
         token, late = claims.new_token(), claims.new_token()
-        buckets = self._store.buckets
-        await retrying(lambda _: buckets.update_many(LIVE, purge_mark(now, token), **SCAN),
-                       timeout_s=self.options.write_timeout)
+        await self._store.mark_buckets(LIVE, purge_mark(now, token), scan=True)
         total = 0
-        while batch := await buckets.find(purged_by(token, late), {"n": 1, "done": 1, "r": 1, "fin.token": 1},
-                                          limit=PURGE_CHUNK, **SCAN).to_list(None):
+        while batch := await self._store.marked_buckets(purged_by(token, late),
+                                                        {"n": 1, "done": 1, "r": 1, "fin.token": 1},
+                                                        limit=PURGE_CHUNK):
             total += sum(unfinished_messages(doc) for doc in batch if doc["fin"]["token"] == token)
             await self._purge_copies([c for doc in batch for c in copies_on_their_way(doc)], now, late)
             tombstones = [ReplaceOne({"_id": doc["_id"], "fin.token": doc["fin"]["token"]},
                                      claims.finish(now, doc["fin"]["token"])) for doc in batch]
-            # B023 is a false alarm: the lambda is awaited within this iteration, on this batch's tombstones.
-            await retrying(lambda _: self._store.buckets.bulk_write(tombstones, ordered=False),  # noqa: B023
-                           timeout_s=self.options.write_timeout)
+            await self._store.replace_buckets(tombstones)
         return total
 
     async def _purge_copies(self, copies: list[Any], now: dt.datetime, late: str) -> None:
@@ -375,9 +365,7 @@ class Queue:
         if copies:
             await self._store.insert_copies(self._store.buckets, [{"_id": c, **claims.finish(now, late)}
                                                                   for c in copies])
-            await retrying(lambda _: self._store.buckets.update_many({"_id": {"$in": copies}, **LIVE},
-                                                                     purge_mark(now, late)),
-                           timeout_s=self.options.write_timeout)
+            await self._store.mark_buckets({"_id": {"$in": copies}, **LIVE}, purge_mark(now, late))
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pymongo.errors import PyMongoError
 from bucketq.clock import ServerClock
 from bucketq.connection import Connection, reaching
 from bucketq.redaction import redact
-from bucketq.store import raise_if_cancelled, retrying
+from bucketq.store.aio.base import raise_if_cancelled, retrying
 
 log = logging.getLogger("bucketq")
 

@@ -6,7 +6,7 @@
             msg = await reader.read(timeout=5)
             await msg.ack()                              # the group's committed position moves past it
 
-Pushes go through the queue's producer (group commit, backpressure, retries); the stream's ``StreamStore``
+Pushes go through the queue's producer (group commit, backpressure, retries); the stream's ``AsyncStreamStore``
 gives each written bucket its sequence. Nothing is deleted on ack: retention deletes the oldest buckets.
 """
 
@@ -18,82 +18,21 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pymongo import ReturnDocument
-
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
 from bucketq.connection import connect
 from bucketq.core import stream as core
-from bucketq.core.format import CLAIMS_SUFFIX, MAX_BUCKET_SIZE, POSITIONS_SUFFIX, SEQ_SUFFIX
-from bucketq.core.scans import SCAN
+from bucketq.core.format import MAX_BUCKET_SIZE
 from bucketq.core.stream import GroupState, Position, RetentionCut
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import StreamOptions, check_database, check_names
 from bucketq.producer import Outgoing, Producer
 from bucketq.setup import SetUp, every, stop
-from bucketq.store import Store
+from bucketq.store.aio.stream import AsyncStreamStore
 from bucketq.stream_reader import StreamReader
 
 HOUSEKEEPING_EVERY_S = 60.0
-ALLOCATION_ATTEMPTS = 5
 log = logging.getLogger("bucketq")
-
-
-class StreamStore(Store):
-    """The stream's collections: ``S`` (buckets and gap markers), ``S.positions`` (the groups), ``S.claims``,
-    ``S.seq``. As the producer's store it gives each bucket the producer writes its sequence (``insert_new``)."""
-
-    def __init__(self, database: Any, name: str, *, write_concern: int | str | None, op_timeout_s: float) -> None:
-        super().__init__(database, name, write_concern=write_concern, op_timeout_s=op_timeout_s)
-        options = {"codec_options": self.buckets.codec_options, "write_concern": self.buckets.write_concern}
-        self.positions = database[name + POSITIONS_SUFFIX].with_options(**options)
-        self.claims = database[name + CLAIMS_SUFFIX].with_options(**options)
-        self.counter = database[name + SEQ_SUFFIX].with_options(**options)
-        self._allocating = asyncio.Lock()
-
-    async def ensure_indexes(self) -> None:
-        await self.buckets.create_index("created")  # reset(at=...)
-        await self.claims.create_index([("g", 1), ("e", 1), ("s", 1)])
-
-    async def counter_state(self) -> tuple[int, int]:
-        """(last sequence allocated, retention floor): 0 and the first sequence before any write."""
-        doc = await self.counter.find_one({"_id": core.COUNTER_ID}) or {}
-        return int(doc.get("last", 0)), int(doc.get("floor", core.FIRST_SEQUENCE))
-
-    async def insert_new(self, collection: Any, docs: list[dict], **_: Any) -> dict[Any, BaseException]:
-        """Insert the producer's sealed buckets as stream buckets. The first attempt allocates their sequences
-        (one ``$inc`` for the whole write) and sets them as the sealed documents' ``_id``, so that the pushes
-        resolve to ``"<sequence>:<slot>"``; a retry keeps them. A duplicate counts as stored only if it is this
-        producer's own bucket (``b``); a gap marker there fails the bucket for good. Another producer's bucket
-        there means the counter handed one sequence out twice, which MongoDB's atomic ``$inc`` never does
-        (mongo-java-server's findAndModify does, under concurrent requests): the bucket gets a new sequence."""
-        await self._allocate([d for d in docs if "b" not in d])
-        for _attempt in range(ALLOCATION_ATTEMPTS):
-            failed = await super().insert_new(self.buckets, [core.stream_bucket(d) for d in docs],
-                                              duplicate_is_mine=self._is_mine)
-            taken = [d for d in docs if d["_id"] in failed
-                     and await self.buckets.find_one({"_id": d["_id"], "gap": {"$ne": True}}, {"_id": 1})]
-            if not taken:
-                return failed
-            for doc in taken:
-                doc["_id"] = doc.pop("b")
-            await self._allocate(taken)
-        return failed
-
-    async def _allocate(self, fresh: list[dict]) -> None:
-        """Give each sealed bucket its sequence, one write's buckets at once, in the order sealed."""
-        if not fresh:
-            return
-        query, update = core.allocate(len(fresh))
-        async with self._allocating:  # writers allocate in the order they start: a producer's order is kept
-            counter = await self.counter.find_one_and_update(query, update, upsert=True,
-                                                             return_document=ReturnDocument.AFTER)
-        first = counter["last"] - len(fresh) + 1
-        for offset, doc in enumerate(fresh):
-            doc["b"], doc["_id"] = doc["_id"], first + offset
-
-    async def _is_mine(self, doc: dict) -> bool:
-        return await self.buckets.find_one(core.own_bucket(doc["_id"], doc["b"]), {"_id": 1}) is not None
 
 
 class Stream:
@@ -112,7 +51,7 @@ class Stream:
         self._connection = connect(target, db)
         shared = self.options.queue
         check_database(self._connection.database, name, shared.write_concern)
-        self.store = StreamStore(self._connection.database, name, write_concern=shared.write_concern,
+        self.store = AsyncStreamStore(self._connection.database, name, write_concern=shared.write_concern,
                                  op_timeout_s=shared.write_timeout)
         self.clock = ServerClock()
         self._producer = Producer(self.store, self.codec, shared, self.clock,
@@ -183,9 +122,8 @@ class Stream:
         if isinstance(start, dt.datetime):
             if start.tzinfo is None:
                 raise InvalidOption("at must be a timezone-aware datetime")
-            first = await self.store.buckets.find_one({"created": {"$gte": start}, "gap": {"$ne": True}},
-                                                      {"_id": 1}, sort=[("_id", 1)])
-            return Position(max(floor, first["_id"] if first else last + 1))
+            first = await self.store.first_pushed_at(start)
+            return Position(max(floor, first if first is not None else last + 1))
         if start == "beginning":
             return Position(floor)
         if start == "end":
@@ -203,21 +141,18 @@ class Stream:
             raise InvalidOption("reset takes a position ('beginning', 'end', a Position) or at=, one of them")
         await self.ready()
         start = await self.start_position(at if at is not None else to)  # type: ignore[arg-type]
-        await self.store.positions.update_one({"_id": core.check_group_name(group)},
-                                           core.reset_update(start, self.clock.now()), upsert=True)
+        await self.store.upsert_group({"_id": core.check_group_name(group)}, core.reset_update(start, self.clock.now()))
         return start
 
     async def groups(self) -> list[GroupState]:
         """Every reader group of the stream, by name."""
         await self.ready(write=False)
-        cursor = self.store.positions.find({}, sort=[("_id", 1)])
-        return [GroupState.parse(doc) async for doc in cursor]
+        return await self.store.groups()
 
     async def delete_group(self, group: str) -> bool:
         """Forget a group and its claims; True if it existed."""
         await self.ready(write=False)
-        await self.store.claims.delete_many({"g": group})
-        return (await self.store.positions.delete_one({"_id": group})).deleted_count == 1
+        return await self.store.delete_group(group)
 
     async def stats(self) -> dict[str, Any]:
         """``last_sequence`` (sequence of the last bucket allocated), ``floor`` (the oldest sequence retention
@@ -229,12 +164,11 @@ class Stream:
         last, floor = await self.store.counter_state()
         groups = {}
         for group in await self.groups():
-            buckets = self.store.buckets.find({"_id": {"$gte": group.committed.seq}}, {"n": 1, "created": 1, "gap": 1})
-            claims = self.store.claims.find({"g": group.name, "e": group.epoch, "s": {"$gte": group.committed.seq}},
-                                            {"s": 1, "fin": 1, "done": 1})
-            settled = {c["s"]: (MAX_BUCKET_SIZE if c.get("fin") else len(c.get("done", []))) async for c in claims}
-            groups[group.name] = core.lag(group, [d async for d in buckets], settled, now)
-        return {"last_sequence": last, "floor": floor, "buckets": await self.store.buckets.count_documents({}, **SCAN),
+            buckets = await self.store.buckets_from(group.committed.seq)
+            claims = await self.store.group_claims(group, group.committed.seq, None, {"s": 1, "fin": 1, "done": 1})
+            settled = {c["s"]: (MAX_BUCKET_SIZE if c.get("fin") else len(c.get("done", []))) for c in claims}
+            groups[group.name] = core.lag(group, buckets, settled, now)
+        return {"last_sequence": last, "floor": floor, "buckets": await self.store.count_buckets(),
                 "groups": groups}
 
     # -- retention -----------------------------------------------------------------------------------------
@@ -248,18 +182,18 @@ class Stream:
         o = self.options
         cut = RetentionCut(self.clock.now(), o.retention_age, o.retention_messages, o.retention_bytes)
         if o.retains:
-            async for doc in self.store.buckets.find({}, {"created": 1, "n": 1, "bytes": 1}, sort=[("_id", -1)]):
+            async for doc in self.store.newest_first():
                 if not cut.take(doc["_id"], doc["created"], doc.get("n", 0), doc.get("bytes", 0)):
                     break
         if cut.floor is not None:
-            await self.store.counter.update_one(*core.raise_floor(cut.floor))
+            await self.store.raise_floor(cut.floor)
             for group in await self.groups():
                 await self.expire_group(group, cut.floor)
         floor = (await self.store.counter_state())[1]
         gone = core.retired(floor, self.clock.now(), self.options.queue.tombstone_retention)
-        deleted = (await self.store.buckets.delete_many(gone)).deleted_count
+        deleted = await self.store.delete_retired(gone)
         for group in await self.groups():
-            await self.store.claims.delete_many(core.claims_behind(group))
+            await self.store.delete_claims(core.claims_behind(group))
         return {"floor": floor, "deleted": deleted}
 
     async def expire_group(self, group: GroupState, floor: int) -> None:
@@ -267,10 +201,8 @@ class Stream:
         once deleted, it would count as 0)."""
         if group.committed.seq >= floor:
             return
-        unread = self.store.buckets.find({"_id": {"$gte": group.committed.seq, "$lt": floor}, "gap": {"$ne": True}},
-                                         {"n": 1})
-        lost = sum([d.get("n", 0) async for d in unread]) - group.committed.slot
-        await self.store.positions.update_one(*core.expire_update(group, floor, max(0, lost), self.clock.now()))
+        lost = await self.store.unread_messages(group.committed.seq, floor) - group.committed.slot
+        await self.store.move_group(*core.expire_update(group, floor, max(0, lost), self.clock.now()))
 
     # -- shutting down -------------------------------------------------------------------------------------
 

@@ -14,8 +14,7 @@ import datetime as dt
 import time
 from typing import TYPE_CHECKING, Any
 
-from pymongo import ReturnDocument
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import PyMongoError
 
 from bucketq.codecs import codec_for
 from bucketq.core import stream as core
@@ -23,7 +22,7 @@ from bucketq.core.claims import new_token, owner_name
 from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Position
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.options import check_timeout
-from bucketq.store import raise_if_cancelled
+from bucketq.store.aio.base import raise_if_cancelled
 
 if TYPE_CHECKING:
     from bucketq.stream import Stream
@@ -109,7 +108,7 @@ class StreamReader:
         if not self._joined:
             start = await self._stream.start_position(self._start)
             now = self._stream.clock.now()
-            await self._store.positions.update_one(*core.join_group(self.group, start, now), upsert=True)
+            await self._store.upsert_group(*core.join_group(self.group, start, now))
             self._joined = True
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-stream-acks")
@@ -128,12 +127,9 @@ class StreamReader:
     # -- claiming ------------------------------------------------------------------------------------------
 
     async def _group(self) -> GroupState:
-        doc = await self._store.positions.find_one({"_id": self.group})
-        if doc is None:  # deleted meanwhile: start again as the reader was asked to
+        while (group := await self._store.group(self.group)) is None:  # deleted meanwhile: join it again
             self._joined = False
             await self._ready()
-            doc = await self._store.positions.find_one({"_id": self.group})
-        group = GroupState.parse(doc)
         if group.epoch != self._epoch:  # reset: what this reader holds belongs to the old epoch
             self._held.clear()
             self._epoch = group.epoch
@@ -156,10 +152,7 @@ class StreamReader:
         filled = False
         missing = core.missing_sequences(group.committed.seq, present, last)
         for seq in self._holes.due(missing, time.monotonic()):
-            try:
-                await self._store.buckets.insert_one(core.gap_marker(seq, now, self._owner))
-            except DuplicateKeyError:  # the producer's bucket landed after all
-                pass
+            await self._store.mark_gap(seq, now, self._owner)  # or the producer's bucket landed after all
             filled = True
         return filled
 
@@ -167,23 +160,19 @@ class StreamReader:
         """Move the group's committed position past what is settled from it on (``core.advance``); return the
         sequences present in the scanned window, those settled, and the group's claims there."""
         start = group.committed.seq
-        window = {"$gte": start, "$lt": start + core.SCAN_BUCKETS}
-        docs = [d async for d in self._store.buckets.find({"_id": window}, {"gap": 1}, sort=[("_id", 1)])]
-        claims = [c async for c in self._store.claims.find({"g": group.name, "e": group.epoch, "s": window},
-                                                           {"s": 1, "fin": 1, "lease": 1})]
+        docs = await self._store.window(start, core.SCAN_BUCKETS)
+        claims = await self._store.group_claims(group, start, core.SCAN_BUCKETS, {"s": 1, "fin": 1, "lease": 1})
         present = [d["_id"] for d in docs]
         settled = {d["_id"] for d in docs if d.get("gap")} | {c["s"] for c in claims if c.get("fin")}
         committed = core.advance(start, present, settled)
         if committed > start:
-            await self._store.positions.update_one(*core.commit(group, committed, self._stream.clock.now()))
+            await self._store.move_group(*core.commit(group, committed, self._stream.clock.now()))
         return present, settled, claims
 
     async def _claim(self, group: GroupState, seq: int, now: dt.datetime) -> bool:
         query, update = core.claim(group, seq, now, self._options.queue.lease, self._token, self._owner)
-        try:  # not retried: a claim whose reply was lost expires with its lease
-            claim = await self._store.claims.find_one_and_update(query, update, upsert=True,
-                                                                 return_document=ReturnDocument.AFTER)
-        except DuplicateKeyError:  # another reader holds it, or finished it meanwhile
+        claim = await self._store.claim(query, update)
+        if claim is None:  # another reader holds it, or finished it meanwhile
             return False
         # ``group`` was read before the scan. If another reader finished this bucket since and the group committed
         # past it, its final claim may already be deleted (claims behind the position are, ``apply_retention``),
@@ -193,7 +182,7 @@ class StreamReader:
         current = await self._group()
         if current.epoch != group.epoch or current.committed.seq > seq:
             return True
-        doc = await self._store.buckets.find_one({"_id": seq})
+        doc = await self._store.bucket(seq)
         if doc is None:  # deleted by retention since the scan: the next scan moves the group past it
             return True
         held = HeldBucket.parse(doc, claim, group.epoch, self._token)
@@ -216,10 +205,9 @@ class StreamReader:
     async def _finish(self, held: HeldBucket) -> None:
         """Write the bucket's claim as finished (fenced by this reader's token), then commit what it settles."""
         self._held.pop(held.seq, None)
-        applied = await self._store.update_fenced(core.claimed_by(held.cid, held.token),
-                                                  core.finish_claim(held.token, sorted(held.done | held.acked)),
-                                                  mine=core.finished_by(held.cid, held.token),
-                                                  collection=self._store.claims)
+        applied = await self._store.update_claim(core.claimed_by(held.cid, held.token),
+                                                 core.finish_claim(held.token, sorted(held.done | held.acked)),
+                                                 mine=core.finished_by(held.cid, held.token))
         if not applied:
             raise LeaseLost(f"the lease on bucket {held.seq} of group {self.group!r} expired before its last ack "
                             "was written; its unacked messages will be read again")
@@ -235,9 +223,8 @@ class StreamReader:
         until = core.NEVER if release else self._stream.clock.now() + dt.timedelta(seconds=self._options.queue.lease)
         for held in list(self._held.values()):
             unwritten = held.unwritten()
-            applied = await self._store.update_fenced(core.claimed_by(held.cid, held.token),
-                                                      core.extend_claim(until, unwritten),
-                                                      collection=self._store.claims)
+            applied = await self._store.update_claim(core.claimed_by(held.cid, held.token),
+                                                     core.extend_claim(until, unwritten))
             if applied:
                 held.written(unwritten)
             elif self._held.get(held.seq) is held:

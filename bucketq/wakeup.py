@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bson import Timestamp
 from pymongo.errors import PyMongoError
 
 from bucketq.clock import ServerClock
-from bucketq.store import raise_if_cancelled
+from bucketq.store.aio.base import raise_if_cancelled
 
 log = logging.getLogger("bucketq")
 
@@ -24,11 +25,6 @@ POLL_WITH_STREAM_S = 1.0
 # maxAwaitTimeMS; an empty answer that came back this fast is followed by this pause, not by a busy loop.
 STREAM_QUICK_EMPTY_S = 0.01
 STREAM_PAUSE_S = 0.04
-# A wake-up needs to know that a change happened, not what it stored. Without this stage every event carries
-# its whole document (a bucket: up to 16 MiB): a batch of them overflows one reply (the test server's 48 MB),
-# and real MongoDB refuses an event over 16 MiB.
-WITHOUT_BODIES = {"$project": {"operationType": 1}}
-WATCH_INSERTS = [{"$match": {"operationType": "insert"}}, WITHOUT_BODIES]
 
 
 class Wakeup:
@@ -57,10 +53,11 @@ class Wakeup:
             await asyncio.wait_for(self._event.wait(), delay)
         self._event.clear()
 
-    def start_stream(self, collection: Any, clock: ServerClock, required: bool) -> None:
-        """Start watching, or start again after a stream that worked was lost (a server restart)."""
+    def start_stream(self, watch: Callable[[Timestamp], Awaitable[Any]], clock: ServerClock, required: bool) -> None:
+        """Start watching (``watch``: a store's method that opens the change stream from a cluster time), or start
+        again after a stream that worked was lost (a server restart)."""
         if self._task is None or (self._task.done() and self._ever_streamed):
-            self._task = asyncio.get_running_loop().create_task(self._watch(collection, clock, required),
+            self._task = asyncio.get_running_loop().create_task(self._watch(watch, clock, required),
                                                                 name="bucketq-watch")
 
     async def stop(self) -> None:
@@ -70,12 +67,12 @@ class Wakeup:
             self._task = None
         self.streaming = False
 
-    async def _watch(self, collection: Any, clock: ServerClock, required: bool) -> None:
+    async def _watch(self, watch: Callable[[Timestamp], Awaitable[Any]], clock: ServerClock, required: bool) -> None:
         # startAtOperationTime spares a server round trip and is needed by servers (such as the test server)
         # that leave operationTime out of their replies; a second back covers a small clock error.
         start = Timestamp(int(clock.now().timestamp()) - 1, 0)
         try:
-            stream = await collection.watch(WATCH_INSERTS, start_at_operation_time=start, max_await_time_ms=1000)
+            stream = await watch(start)
             try:
                 while True:
                     asked = time.monotonic()

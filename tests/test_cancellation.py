@@ -9,7 +9,7 @@ import asyncio
 from pymongo.errors import AutoReconnect
 
 from bucketq.setup import every
-from bucketq.store import retrying
+from bucketq.store.aio.base import retrying
 
 
 async def test_housekeeping_stops_when_a_driver_call_swallows_the_cancel() -> None:

@@ -17,6 +17,7 @@ from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
+from bucketq.store.aio.queue import AsyncQueueStore
 from bucketq.wakeup import Wakeup
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -343,7 +344,7 @@ async def test_wakeup_stream_outlives_inserts_too_big_to_return_whole(adb, caplo
     clock = _FixedClock()  # the stream starts a second before this: every insert below is replayed to it
     await adb.buckets.insert_many([{"p": "x" * (BSON_LIMIT - 100)} for _ in range(3)])
     wakeup = Wakeup(poll_interval=1.0)
-    wakeup.start_stream(adb.buckets, clock, required=True)
+    wakeup.start_stream(AsyncQueueStore(adb, "buckets").watch_inserts, clock, required=True)
     try:
         deadline = time.monotonic() + 20
         while not wakeup.streaming and not wakeup._task.done() and time.monotonic() < deadline:

@@ -30,7 +30,8 @@ import bucketq
 from bucketq.core import claims
 from bucketq.core.stats import stats_pipeline
 from bucketq.memory import MemoryClient, MemoryDatabase, Unsupported
-from bucketq.store import Store
+from bucketq.store.aio.base import insert_new
+from bucketq.store.aio.queue import AsyncQueueStore
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.memory  # the tests that use mongo_uri are marked server too, and make unit skips them
@@ -74,10 +75,10 @@ def test_a_duplicate_id_raises_as_pymongo_raises_it(db):
 
 async def test_the_stores_insert_counts_a_duplicate_as_stored_and_other_errors_as_failed():
     database = MemoryDatabase("t")
-    store = Store(database, "q")
+    store = AsyncQueueStore(database, "q")
     docs = [{"_id": 1, "x": 1}, {"_id": 2, "x": 2}]
-    assert await store.insert_new(store.buckets, docs) == {}
-    assert await store.insert_new(store.buckets, docs) == {}, "an insert retried after a lost reply is stored"
+    assert await insert_new(store.buckets, docs) == {}
+    assert await insert_new(store.buckets, docs) == {}, "an insert retried after a lost reply is stored"
     assert await store.buckets.count_documents({}) == 2
 
 
@@ -190,7 +191,7 @@ _STEPS = st.lists(st.one_of(
 
 
 def _step(collection: Any, step: tuple, now: dt.datetime) -> Any:
-    """One of bucketq's writes, as ``Store`` issues it, on a sync collection (mongomock or ours)."""
+    """One of bucketq's writes, as ``AsyncQueueStore`` issues it, on a sync collection (mongomock or ours)."""
     kind, *args = step
     if kind == "claim":
         token, lease = args

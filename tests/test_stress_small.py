@@ -261,20 +261,20 @@ async def test_bug_16_a_retried_insert_does_not_store_a_consumed_bucket_again(ma
     producer = make_queue(bucket_max_wait=0.005, drain_timeout=0)
     consumer = make_queue(change_streams=False, drain_timeout=0)
     store = producer._producer._store
-    insert_new = store.insert_new
+    write_buckets = store.write_buckets
     consumed = asyncio.Event()
     calls = 0
 
-    async def reply_lost_once(collection, docs):
+    async def reply_lost_once(docs):
         nonlocal calls
         calls += 1
         if calls == 1:
-            await insert_new(collection, docs)  # the insert gets through...
+            await write_buckets(docs)  # the insert gets through...
             raise AutoReconnect("connection closed")  # ...but its reply is lost (a cut, a server restart)
         await consumed.wait()  # the retry comes after a backoff, by when the bucket was consumed
-        return await insert_new(collection, docs)
+        return await write_buckets(docs)
 
-    store.insert_new = reply_lost_once
+    store.write_buckets = reply_lost_once
     push = asyncio.ensure_future(producer.push("once"))
     message = await consumer.reserve(timeout=5)
     assert message is not None and message.payload == "once"

@@ -16,15 +16,13 @@ from bucketq.cli.common import Target, confirm, connection_options, open_queue, 
 from bucketq.cli.output import preview, print_table, relative, table, to_json
 from bucketq.cli.params import DURATION
 from bucketq.codecs import codec_named
-from bucketq.core.scans import SCAN
 
 
 @dataclass(frozen=True)
 class Kind:
-    command: str
+    command: str  # also the queue store's collection of these entries (``store.dead``, ``store.quarantine``)
     one: str
     many: str
-    suffix: str
     reason: str  # the field the --error filter searches
     methods: tuple[str, str, str]  # Queue methods: list, requeue, purge
     about: str
@@ -33,9 +31,9 @@ class Kind:
         return f"{n:,} {self.one if n == 1 else self.many}"
 
 
-DEAD = Kind("dead", "dead letter", "dead letters", ".dead", "error", ("dead_letters", "requeue_dead", "purge_dead"),
+DEAD = Kind("dead", "dead letter", "dead letters", "error", ("dead_letters", "requeue_dead", "purge_dead"),
             "Dead letters: messages that failed max_attempts deliveries, kept with their last error.")
-QUARANTINE = Kind("quarantine", "quarantined entry", "quarantined entries", ".quarantine", "reason",
+QUARANTINE = Kind("quarantine", "quarantined entry", "quarantined entries", "reason",
                   ("quarantined", "requeue_quarantined", "purge_quarantined"),
                   "Quarantine: buckets or messages that could not be decoded, kept with the reason.")
 
@@ -104,7 +102,8 @@ async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, y
     async with open_queue(target, name) as queue:
         query = entry_filter(older_than_s=filters["older_than"], error_contains=filters["error_contains"],
                              ids=filters["ids"], now=dt.datetime.now(dt.timezone.utc), error_field=kind.reason)
-        matching = await queue.database[name + kind.suffix].count_documents(query, **SCAN)
+        store = queue._store
+        matching = await store.count_entries(getattr(store, kind.command), query)
         if not matching:
             click.echo(f"no {kind.many} match; nothing {done}")
             return

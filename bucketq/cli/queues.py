@@ -30,6 +30,7 @@ from bucketq.control import queue_names
 from bucketq.core.stats import STATS_KEYS
 from bucketq.message import Message
 from bucketq.queue import Queue
+from bucketq.store.aio.changes import watch_bucket_sizes
 
 # -- stats ---------------------------------------------------------------------------------------------------
 
@@ -126,10 +127,7 @@ class Flow:
     async def open(cls, db: Any, name: str) -> Flow:
         server_now = (await db.client.admin.command("isMaster"))["localTime"]
         try:
-            stream = await db[name].watch(
-                [{"$match": {"operationType": "insert", "fullDocument.n": {"$exists": True}}},
-                 {"$project": {"fullDocument.n": 1}}],
-                start_at_operation_time=Timestamp(int(server_now.timestamp()), 0), max_await_time_ms=50)
+            stream = await watch_bucket_sizes(db[name], Timestamp(int(server_now.timestamp()), 0))
         except PyMongoError as exc:
             click.echo(f"no in/out rates for {name!r}: they need change streams ({one_line(str(exc))})", err=True)
             stream = None

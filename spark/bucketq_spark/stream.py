@@ -28,14 +28,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pymongo.errors import DuplicateKeyError
-
 from bucketq.clock import ServerClock
 from bucketq.connection import check_uri, client_of, reaching
 from bucketq.core import stream as core
 from bucketq.core.claims import owner_name
-from bucketq.core.format import POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.stream import GroupState, HoleWatch, Position
+from bucketq.store.sync.stream import StreamStore
 from bucketq_spark.reader import CORRUPT_FIELD, ReadOptions, decode_options, payload_struct
 from bucketq_spark.session import require_connector
 from bucketq_spark.sinks import Sink
@@ -105,32 +103,28 @@ class GroupRange:
 def uncommitted_range(database: Any, stream: str, group: str, *, start: str = "beginning",
                       max_buckets: int = core.SCAN_BUCKETS, gap_wait: float = 35.0, poll: float = 0.2) -> GroupRange:
     """The group's range from its committed position up to the first sequence not stored yet, at most
-    ``max_buckets`` buckets (a pymongo ``Database``; the group is created at ``start``, "beginning" or "end",
-    if missing). A hole (an allocated sequence missing) ends the range; when it is the range's first sequence,
-    this waits up to ``gap_wait`` seconds for it to land and then marks it a gap (docs/FORMAT.md, the hole rule)."""
+    ``max_buckets`` buckets (a pymongo ``Database``, or ``bucketq.memory``'s ``SyncDatabase``; the group is
+    created at ``start``, "beginning" or "end", if missing). A hole (an allocated sequence missing) ends the
+    range; when it is the range's first sequence, this waits up to ``gap_wait`` seconds for it to land and then
+    marks it a gap (docs/FORMAT.md, the hole rule). Every command goes through the generated synchronous
+    ``StreamStore``, the stream readers' own."""
     clock = ServerClock()
-    clock.sync_blocking(database.client)
-    counter = database[stream + SEQ_SUFFIX].find_one({"_id": core.COUNTER_ID}) or {}
-    last, floor = int(counter.get("last", 0)), int(counter.get("floor", core.FIRST_SEQUENCE))
+    clock.sync_blocking(database)
+    store = StreamStore(database, stream)
+    last, floor = store.counter_state()
     first = Position(floor if start == "beginning" else last + 1)
-    groups = database[stream + POSITIONS_SUFFIX]
-    groups.update_one(*core.join_group(group, first, clock.now()), upsert=True)
     holes = HoleWatch(gap_wait)
     while True:
-        state = GroupState.parse(groups.find_one({"_id": group}))
+        while (state := store.group(group)) is None:  # missing, or deleted meanwhile: join it
+            store.upsert_group(*core.join_group(group, first, clock.now()))
         begin = max(state.committed.seq, floor)
-        present = [d["_id"] for d in database[stream].find({"_id": {"$gte": begin, "$lt": begin + max_buckets}},
-                                                          {"_id": 1})]
+        present = [d["_id"] for d in store.window(begin, max_buckets)]
         end = core.advance(begin, present, present)
-        counter = database[stream + SEQ_SUFFIX].find_one({"_id": core.COUNTER_ID}) or {}
-        last = int(counter.get("last", 0))
+        last = store.counter_state()[0]
         if end > begin or end > last:  # something to read, or nothing allocated beyond
             return GroupRange(state, Position(end) if end > begin else state.committed)
         if holes.due([end], time.monotonic()):
-            try:
-                database[stream].insert_one(core.gap_marker(end, clock.now(), owner_name()))
-            except DuplicateKeyError:  # the producer's bucket landed after all
-                pass
+            store.mark_gap(end, clock.now(), owner_name())  # or the producer's bucket landed after all
             continue
         time.sleep(poll)
 
@@ -139,10 +133,10 @@ def commit_range(database: Any, stream: str, taken: GroupRange) -> bool:
     """Move the group past ``taken``: only from where the batch started, within its epoch. False when it
     moved meanwhile (a reset, another job's commit): nothing is changed then."""
     clock = ServerClock()
-    clock.sync_blocking(database.client)
+    clock.sync_blocking(database)
     query, update = core.commit(taken.group, taken.end.seq, clock.now())
     query.update({"s": taken.start.seq, "i": taken.start.slot})
-    return database[stream + POSITIONS_SUFFIX].update_one(query, update).matched_count == 1
+    return StreamStore(database, stream).move_group(query, update)
 
 
 def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, group: str,

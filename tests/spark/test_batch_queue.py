@@ -1,5 +1,7 @@
-"""``bucketq.batch.BatchQueue``, the driver side of the Spark batch cycle (pymongo only, no Spark): claims,
-tombstones, quarantine, and fenced writes whose reply is lost (injected) and retried."""
+"""``bucketq.batch.BatchQueue``, the driver side of the Spark batch cycle (no Spark): claims, tombstones,
+quarantine, and fenced writes whose reply is lost (injected) and retried. On both backends: pymongo's
+``MongoClient`` on the test server, and ``bucketq.memory``'s synchronous view (no JVM), through the same
+generated synchronous store."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from bucketq.batch import BatchQueue
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 
+pytestmark = pytest.mark.backends("memory", "server")
+
 PAST = dt.datetime(2020, 1, 1)
 NO_WAIT = Backoff(base=0.0, maximum=0.0, jitter=0.0)
 
@@ -26,8 +30,8 @@ async def _fill(make_queue, n: int = 40, size: int = 10, **options) -> None:
 
 
 @pytest.fixture
-def bq(mongo_uri, db_name):
-    queue = BatchQueue(mongo_uri, name="events", db=db_name, lease=60, max_attempts=3, backoff=NO_WAIT)
+def bq(queue_target, db_name):
+    queue = BatchQueue(queue_target, name="events", db=db_name, lease=60, max_attempts=3, backoff=NO_WAIT)
     yield queue
     queue.close()
 
@@ -147,7 +151,7 @@ async def test_claim_quarantines_a_bucket_with_a_non_numeric_claim_count(make_qu
 async def test_commit_retried_after_a_lost_reply_counts_its_own_tombstones(make_queue, sync_db, bq) -> None:
     await _fill(make_queue, n=30)
     batch = bq.claim(10)
-    calls = _lose_first_reply(bq.buckets, "bulk_write")
+    calls = _lose_first_reply(bq.store.buckets, "bulk_write")
 
     assert bq.commit(batch) == 3  # the retry matches nothing: the tombstones say this token finished them
     assert len(calls) == 2
@@ -157,7 +161,7 @@ async def test_commit_retried_after_a_lost_reply_counts_its_own_tombstones(make_
 async def test_release_retried_after_a_lost_reply(make_queue, sync_db, bq) -> None:
     await _fill(make_queue, n=20)
     batch = bq.claim(10)
-    calls = _lose_first_reply(bq.buckets, "bulk_write")
+    calls = _lose_first_reply(bq.store.buckets, "bulk_write")
 
     out = bq.release(batch, "boom")
 
@@ -179,7 +183,7 @@ async def test_retry_after_a_lost_reply_does_not_count_someone_elses_write(make_
     def taken_over() -> None:  # the lease ran out; another job claimed the bucket and finished or released it
         others_write(sync_db.events, bucket_id, dt.datetime.now(dt.timezone.utc))
 
-    calls = _lose_first_reply(bq.buckets, "bulk_write", applied=False, meanwhile=taken_over)
+    calls = _lose_first_reply(bq.store.buckets, "bulk_write", applied=False, meanwhile=taken_over)
     applied = bq.commit(batch) if step == "commit" else len(bq.release(batch, "boom")["released"])
     assert applied == 0 and len(calls) == 2  # the bucket changed, but not by this batch's hand
     assert sync_db["events.quarantine"].count_documents({}) == 0
@@ -193,7 +197,7 @@ async def test_extend_retried_after_a_lost_reply_counts_what_is_still_held(make_
     def one_taken_over() -> None:
         sync_db.events.update_one({"_id": lost}, {"$set": {"lease.token": "other"}})
 
-    calls = _lose_first_reply(bq.buckets, "bulk_write", meanwhile=one_taken_over)
+    calls = _lose_first_reply(bq.store.buckets, "bulk_write", meanwhile=one_taken_over)
     assert bq.extend(batch) == 1 and len(calls) == 2
 
 
@@ -203,7 +207,7 @@ async def test_commit_quarantines_malformed_messages_first_even_after_a_lost_rep
     sync_db.events.insert_one(bucket)
     batch = bq.claim(10)
     batch.malformed[(bucket["_id"], 1)] = "does not parse"
-    calls = _lose_first_reply(bq.quarantine, "insert_many")
+    calls = _lose_first_reply(bq.store.quarantine, "insert_many")
 
     assert bq.commit(batch) == 1 and len(calls) == 2  # the retried insert finds its entry there: no error
     (entry,) = sync_db["events.quarantine"].find()
@@ -222,14 +226,14 @@ async def test_commit_that_cannot_quarantine_finishes_nothing(make_queue, sync_d
     def refused(*args: Any, **kwargs: Any) -> None:
         raise PermissionError("insert refused (injected)")
 
-    bq.quarantine.insert_many = refused
+    bq.store.quarantine.insert_many = refused
     with pytest.raises(PermissionError):
         bq.commit(batch)
     assert sync_db.events.find_one({"_id": bucket["_id"]})["lease"]["token"] == batch.token  # still held, intact
 
 
 @pytest.mark.parametrize("step", ["commit of a malformed message", "release after the last attempt"])
-async def test_a_stale_claimant_does_not_quarantine_a_bucket_another_claimant_holds(sync_db, bq, mongo_uri,
+async def test_a_stale_claimant_does_not_quarantine_a_bucket_another_claimant_holds(sync_db, bq, queue_target,
                                                                                    db_name, step) -> None:
     """A batch's lease runs out and another job claims its bucket; the stale batch then commits (quarantining a
     message it could not decode) or releases (its last attempt: the bucket to quarantine). Its fenced guard
@@ -239,7 +243,7 @@ async def test_a_stale_claimant_does_not_quarantine_a_bucket_another_claimant_ho
     stale = bq.claim(10)
     assert stale.ids == [bucket["_id"]]
     _expire_leases(sync_db)
-    with BatchQueue(mongo_uri, name="events", db=db_name, lease=60, max_attempts=5) as other:
+    with BatchQueue(queue_target, name="events", db=db_name, lease=60, max_attempts=5) as other:
         current = other.claim(10)
         assert current.ids == [bucket["_id"]]
     if step.startswith("commit"):
@@ -251,32 +255,30 @@ async def test_a_stale_claimant_does_not_quarantine_a_bucket_another_claimant_ho
     assert sync_db.events.find_one({"_id": bucket["_id"]})["lease"]["token"] == current.token
 
 
-def test_claims_reap_old_tombstones(mongo_uri, db_name, sync_db):
+def test_claims_reap_old_tombstones(queue_target, db_name, sync_db):
     sync_db.events.insert_many([
         {"_id": ObjectId(), "v": 1, "due": claims.TOMBSTONE_DUE, "lease": None,
          "fin": {"token": "t", "at": dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=age)}}
         for age in (5, 3600)])
-    with BatchQueue(mongo_uri, name="events", db=db_name, op_timeout_s=1, tombstone_retention=60) as bq:
+    with BatchQueue(queue_target, name="events", db=db_name, op_timeout_s=1, tombstone_retention=60) as bq:
         assert bq.claim(10) is None
     assert [d["fin"]["token"] for d in sync_db.events.find()] == ["t"], "the old tombstone is reaped, the new kept"
 
 
 @pytest.mark.parametrize("kwargs", [{"name": "events.dead"}, {"name": "a..b"}, {"db": "a b"}, {"write_concern": 0},
                                     {"tombstone_retention": 1, "op_timeout_s": 30}])
-def test_bad_names_and_options_are_invalid_option(mongo_uri, kwargs):
+def test_bad_names_and_options_are_invalid_option(queue_target, kwargs):
     import bucketq
 
     with pytest.raises(bucketq.InvalidOption):
-        BatchQueue(mongo_uri, **{"name": "events", "db": "bq", **kwargs})
+        BatchQueue(queue_target, **{"name": "events", "db": "bq", **kwargs})
 
 
-async def test_a_paused_queue_gives_batch_claims_nothing(mongo_uri, db_name):
-    import bucketq
-
-    async with bucketq.Queue(mongo_uri, name="events", db=db_name, bucket_max_wait=0.005) as q:
+async def test_a_paused_queue_gives_batch_claims_nothing(make_queue, queue_target, db_name):
+    async with make_queue(bucket_max_wait=0.005) as q:
         await q.push_many([1, 2, 3])
         await q.pause()
-        with BatchQueue(mongo_uri, name="events", db=db_name) as bq:
+        with BatchQueue(queue_target, name="events", db=db_name) as bq:
             assert bq.claim(10) is None, "a batch job claimed from a paused queue"
             await q.resume()
             batch = bq.claim(10)

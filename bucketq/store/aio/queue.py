@@ -1,0 +1,284 @@
+"""``AsyncQueueStore``: every command bucketq sends to a queue's collections, with retries on transient errors.
+
+Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``,
+``name.control`` (operator controls: the pause document), ``name.groups`` (locks of ordered groups). The
+filters and updates come from the sans-I/O core (``bucketq.core``); this class runs them. Every command on the
+buckets collection is a method here, so that a change to all of them (a shard key in every filter) is made in
+this one class. Written async once; ``bucketq.store.sync.QueueStore`` is generated from it
+(``devtools/unasync.py``) for the Spark driver's ``BatchQueue``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from bucketq.control import PauseGate  # async-only
+from bucketq.core import groups
+from bucketq.core.claims import LIVE, claim_uncounted
+from bucketq.core.control import PAUSE, initial_pause, is_paused
+from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.retry import is_transient
+from bucketq.core.scans import SCAN
+from bucketq.core.stats import groups_pipeline, stats_pipeline
+from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
+from bucketq.store.aio.changes import WATCH_INSERTS  # async-only
+
+
+class AsyncQueueStore:
+    def __init__(self, database: Any, name: str, *, write_concern: int | str | None = None,
+                 op_timeout_s: float = 30.0) -> None:
+        self.database = database
+        self.name = name
+        self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
+            database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
+            GROUPS_SUFFIX)
+        # async-only: begin
+        # shared: a pause this process writes holds for its consumer at once
+        self.pause = PauseGate(self.read_pause)
+        # async-only: end
+        self.op_timeout_s = op_timeout_s
+
+    async def ensure_indexes(self) -> None:
+        """Claims sort by ``due``; tombstones, dead letters and quarantine are listed or purged by time.
+        (The test server accepts and ignores non-unique indexes.)"""
+        await self.buckets.create_index("due")
+        await self.buckets.create_index("fin.at", sparse=True)
+        # live group buckets only (ungrouped ones and tombstones have neither field)
+        await self.buckets.create_index([("g", 1), ("s", 1)], sparse=True)
+        await self.dead.create_index("at")
+        await self.quarantine.create_index("at")
+        await self.inbox.create_index("at")
+        await self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
+
+    # async-only: begin
+    async def watch_inserts(self, start: Any) -> Any:
+        """A change stream of the buckets inserted from ``start`` (a cluster time) on, without their bodies."""
+        return await self.buckets.watch(WATCH_INSERTS, start_at_operation_time=start, max_await_time_ms=1000)
+
+    # async-only: end
+    # -- producer ------------------------------------------------------------------------------------------
+
+    async def write_buckets(self, docs: list[dict]) -> dict[Any, BaseException]:
+        """One attempt at the producer's write: group buckets numbered, then all inserted (``insert_new``).
+        Returns the ``_id``s that failed for good; raises on transient errors (the producer retries)."""
+        await self.number_groups(docs)
+        return await insert_new(self.buckets, docs)
+
+    async def insert_copies(self, target: Any, docs: list[dict]) -> None:
+        """Insert idempotent copies into ``target`` (one of this store's collections), retried; failures raise."""
+        await insert_copies(target, docs, timeout_s=self.op_timeout_s)
+
+    async def insert_buckets(self, docs: list[dict], *, session: Any = None) -> None:
+        """Insert buckets made whole outside the producer (``push(session=...)``, the outbox relay, a requeue).
+        With a session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the
+        whole transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets
+        (a requeue) are numbered first, to go to the end of their groups."""
+        if session is not None:
+            await self.buckets.insert_many(docs, session=session)
+        else:
+            await retrying(lambda _: self.number_groups(docs), timeout_s=self.op_timeout_s)
+            await self.insert_copies(self.buckets, docs)
+
+    # -- consumer ------------------------------------------------------------------------------------------
+
+    async def claim(self, spec: tuple[dict, dict, list]) -> tuple[dict | None, str | None]:
+        """Claim one bucket (``core.claims.claim``): (the bucket, None), (None, None) when none is due, or (the
+        bucket, why it must go to quarantine) for a bucket whose ``c`` is not a number: its ``$inc`` fails, so it
+        is claimed without the ``$inc`` (``claims.claim_uncounted``), or it would block every claim behind it.
+        Not retried: a claim that got through but whose reply was lost simply expires with its lease."""
+        try:
+            return await self._find_and_claim(spec), None
+        except OperationFailure as exc:
+            if is_transient(exc):
+                raise
+            doc = await self._find_and_claim(claim_uncounted(spec))
+            if doc is None:
+                raise
+            return doc, f"cannot be claimed: {exc}"
+
+    async def _find_and_claim(self, spec: tuple[dict, dict, list]) -> dict | None:
+        query, update, sort = spec
+        return await self.buckets.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
+
+    async def update_fenced(self, query: dict, update: dict, *, mine: dict | None = None) -> bool:
+        """Apply a write to a bucket fenced by the claimant's token; True when it was applied, False when it was
+        refused (the lease was lost). A retry after an ambiguous error that matches nothing counts as applied
+        only if ``mine`` matches: a filter that nothing but this token's own earlier attempt can satisfy (a
+        release clears the token but records it). Without ``mine``, such a retry means the lease was lost: done
+        slots or a missing bucket may be another claimant's work, never proof of ours."""
+
+        async def op(retry: bool) -> bool:
+            result = await self.buckets.update_one(query, update)
+            return result.matched_count == 1 or (retry and mine is not None and await self._matches(mine))
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def finish_fenced(self, query: dict, tombstone: dict, mine: dict) -> bool:
+        """Replace a finished bucket by its tombstone (see ``claims.finish``); True when this token's write
+        did it. A retry that finds the bucket gone or finished by someone else is refused."""
+
+        async def op(retry: bool) -> bool:
+            result = await self.buckets.replace_one(query, tombstone)
+            return result.matched_count == 1 or (retry and await self._matches(mine))
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def fenced_many(self, writes: dict[Any, Any], proofs: dict[Any, dict]) -> list[Any]:
+        """Run fenced per-bucket writes (bucket id -> ``UpdateOne``/``ReplaceOne``) in one bulk write; return the
+        ids of the buckets they were applied to. When some write matched nothing, or after an ambiguous error
+        (the first attempt may have been applied and its reply lost, so that the retry matches nothing: a
+        release or finish clears the token), ``proofs[id]`` asks the bucket itself: only the token's own mark
+        counts, not a bucket that someone else changed or finished."""
+        if not writes:
+            return []
+        ops = list(writes.values())
+
+        async def op(retry: bool) -> list[Any]:
+            result = await self.buckets.bulk_write(ops, ordered=False)
+            if not retry and result.matched_count == len(ops):
+                return list(writes)
+            cursor = self.buckets.find({"$or": list(proofs.values())}, {"_id": 1})
+            marked = {d["_id"] for d in await cursor.to_list(None)}
+            return [i for i in writes if i in marked]
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def _matches(self, query: dict) -> bool:
+        return await self.buckets.find_one(query, {"_id": 1}) is not None
+
+    async def quarantine_bucket(self, entry: dict, query: dict, tombstone: dict, mine: dict) -> bool:
+        """Move a bucket to quarantine: the copy first, then the fenced finish."""
+        await self.insert_copies(self.quarantine, [entry])
+        return await self.finish_fenced(query, tombstone, mine)
+
+    async def reap_tombstones(self, query: dict) -> int:
+        return (await self.buckets.delete_many(query)).deleted_count
+
+    async def read_pause(self) -> bool:
+        """Whether the queue is paused (``Queue.pause``), read from the server now."""
+        return is_paused(await self.control.find_one(PAUSE, {"paused": 1}))
+
+    async def write_pause(self, update: dict) -> None:
+        await retrying(lambda _: self.control.update_one(PAUSE, update, upsert=True), timeout_s=self.op_timeout_s)
+
+    async def known_keys(self, keys: list[str]) -> set[str]:
+        if not keys:
+            return set()
+        cursor = self.inbox.find({"_id": {"$in": keys}}, {"_id": 1})
+        return {d["_id"] for d in await cursor.to_list(None)}
+
+    async def record_keys(self, keys: list[str], now: dt.datetime) -> None:
+        await self.insert_copies(self.inbox, [{"_id": k, "at": now} for k in keys])
+
+    # -- ordered groups (core.groups) ----------------------------------------------------------------------
+
+    async def number_groups(self, docs: list[dict]) -> None:
+        """Give the group buckets of ``docs`` not yet numbered their places (``s``), in list order, with one
+        counter update. A retry after an error numbers only those still without a place."""
+        unnumbered = [doc for doc in docs if "g" in doc and "s" not in doc]
+        if not unnumbered:
+            return
+        query, update = groups.next_places(len(unnumbered))
+        counter = await self.groups.find_one_and_update(query, update, upsert=True,
+                                                        return_document=ReturnDocument.AFTER)
+        for place, doc in enumerate(unnumbered, counter["seq"] - len(unnumbered) + 1):
+            doc["s"] = place
+
+    async def lock_group(self, query: dict, update: dict, mine: dict) -> bool:
+        """Take a group's lock (``groups.acquire``); False when someone else holds it. A retry after a lost
+        reply that finds the lock taken counts as ours only if ``mine`` (our token) matches."""
+
+        async def op(retry: bool) -> bool:
+            try:
+                await self.groups.update_one(query, update, upsert=True)
+                return True
+            except DuplicateKeyError:
+                return retry and await self.groups.find_one(mine, {"_id": 1}) is not None
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def extend_group(self, mine: dict, update: dict) -> bool:
+        """Extend a lock we hold (fenced by ``mine``); False when it is no longer ours."""
+
+        async def op(retry: bool) -> bool:
+            return (await self.groups.update_one(mine, update)).matched_count == 1
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def unlock_group(self, mine: dict) -> None:
+        """Delete a lock we hold (fenced by ``mine``); a retry that deletes nothing after a lost reply is fine:
+        the lock is gone either way, and someone else's is never matched."""
+        await retrying(lambda _: self.groups.delete_one(mine), timeout_s=self.op_timeout_s)
+
+    async def group_lock(self, group: str) -> dict | None:
+        return await self.groups.find_one({"_id": group})
+
+    async def first_bucket(self, query: dict, sort: list) -> dict | None:
+        return await self.buckets.find_one(query, {"_id": 1, "w": 1, "lease": 1}, sort=sort)
+
+    async def wake(self, query: dict, update: dict) -> None:
+        await retrying(lambda _: self.buckets.update_one(query, update), timeout_s=self.op_timeout_s)
+
+    # -- observing -----------------------------------------------------------------------------------------
+
+    async def stats(self, now: dt.datetime) -> tuple[list[dict], int, int, list[dict]]:
+        """The rows of ``core.stats``'s two pipelines and the counts of dead letters and quarantine entries:
+        (stats rows, dead, quarantined, group rows)."""
+        rows = await (await self.buckets.aggregate(stats_pipeline(now), **SCAN)).to_list(None)
+        dead = await self.dead.count_documents({}, **SCAN)
+        quarantined = await self.quarantine.count_documents({}, **SCAN)
+        group_rows = await (await self.buckets.aggregate(groups_pipeline(now), **SCAN)).to_list(None)
+        return rows, dead, quarantined, group_rows
+
+    def live_buckets(self) -> Any:
+        """A cursor over the unfinished buckets in claim order, a few at a time (``Queue.peek``)."""
+        return self.buckets.find(LIVE, sort=[("due", 1)], batch_size=4)
+
+    # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
+
+    async def entries(self, target: Any, query: dict, *, limit: int) -> list[dict]:
+        """Up to ``limit`` entries matching ``query`` (``admin.entry_filter``), oldest first."""
+        return await target.find(query, sort=[("at", 1)], limit=limit).to_list(None)
+
+    async def count_entries(self, target: Any, query: dict) -> int:
+        return await target.count_documents(query, **SCAN)
+
+    async def delete_entries(self, target: Any, query: dict) -> int:
+        return (await target.delete_many(query, **SCAN)).deleted_count  # by error text: no index
+
+    async def delete_entries_before(self, target: Any, at: dt.datetime) -> int:
+        return (await target.delete_many({"at": {"$lt": at}})).deleted_count
+
+    async def requeue_chunk(self, target: Any, query: dict, *, limit: int) -> list[dict]:
+        """The next ``limit`` entries to requeue; ``delete_requeued`` deletes them once their buckets are in."""
+        return await target.find(query, limit=limit, **SCAN).to_list(None)
+
+    async def delete_requeued(self, target: Any, entries: list[dict]) -> None:
+        await target.delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
+
+    # -- operator controls (core.control) ------------------------------------------------------------------
+
+    async def holders(self, query: dict) -> list[dict]:
+        """The buckets that hold a message (``control.holders``): a scan, for retry copies too."""
+        return await self.buckets.find(query, **SCAN).to_list(None)
+
+    async def update_bucket(self, query: dict, update: dict) -> bool:
+        """One conditional write to a bucket (``control.removal``), not retried: True when it matched."""
+        return (await self.buckets.update_one(query, update)).matched_count == 1
+
+    async def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
+        """Mark every bucket matching ``query`` (``control.purge_mark``), retried: the mark is idempotent.
+        ``scan``: the query is served by no index (the operators' whole-collection reads, ``core.scans``)."""
+        options = SCAN if scan else {}
+        await retrying(lambda _: self.buckets.update_many(query, update, **options), timeout_s=self.op_timeout_s)
+
+    async def marked_buckets(self, query: dict, projection: dict, *, limit: int) -> list[dict]:
+        return await self.buckets.find(query, projection, limit=limit, **SCAN).to_list(None)
+
+    async def replace_buckets(self, ops: list[Any]) -> None:
+        """Idempotent ``ReplaceOne``s (tombstones fenced by a purge's token), in one bulk write, retried."""
+        await retrying(lambda _: self.buckets.bulk_write(ops, ordered=False), timeout_s=self.op_timeout_s)

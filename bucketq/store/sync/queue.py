@@ -1,0 +1,274 @@
+# Generated from bucketq/store/aio/queue.py by devtools/unasync.py; do not edit.
+# Edit the async source and run `python -m devtools.unasync`.
+"""``QueueStore``: every command bucketq sends to a queue's collections, with retries on transient errors.
+
+Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``,
+``name.control`` (operator controls: the pause document), ``name.groups`` (locks of ordered groups). The
+filters and updates come from the sans-I/O core (``bucketq.core``); this class runs them. Every command on the
+buckets collection is a method here, so that a change to all of them (a shard key in every filter) is made in
+this one class. Written async once; ``bucketq.store.sync.QueueStore`` is generated from it
+(``devtools/unasync.py``) for the Spark driver's ``BatchQueue``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from bucketq.core import groups
+from bucketq.core.claims import LIVE, claim_uncounted
+from bucketq.core.control import PAUSE, initial_pause, is_paused
+from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.retry import is_transient
+from bucketq.core.scans import SCAN
+from bucketq.core.stats import groups_pipeline, stats_pipeline
+from bucketq.store.sync.base import collections, insert_copies, insert_new, retrying
+
+
+class QueueStore:
+    def __init__(self, database: Any, name: str, *, write_concern: int | str | None = None,
+                 op_timeout_s: float = 30.0) -> None:
+        self.database = database
+        self.name = name
+        self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
+            database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
+            GROUPS_SUFFIX)
+        self.op_timeout_s = op_timeout_s
+
+    def ensure_indexes(self) -> None:
+        """Claims sort by ``due``; tombstones, dead letters and quarantine are listed or purged by time.
+        (The test server accepts and ignores non-unique indexes.)"""
+        self.buckets.create_index("due")
+        self.buckets.create_index("fin.at", sparse=True)
+        # live group buckets only (ungrouped ones and tombstones have neither field)
+        self.buckets.create_index([("g", 1), ("s", 1)], sparse=True)
+        self.dead.create_index("at")
+        self.quarantine.create_index("at")
+        self.inbox.create_index("at")
+        self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
+
+    # -- producer ------------------------------------------------------------------------------------------
+
+    def write_buckets(self, docs: list[dict]) -> dict[Any, BaseException]:
+        """One attempt at the producer's write: group buckets numbered, then all inserted (``insert_new``).
+        Returns the ``_id``s that failed for good; raises on transient errors (the producer retries)."""
+        self.number_groups(docs)
+        return insert_new(self.buckets, docs)
+
+    def insert_copies(self, target: Any, docs: list[dict]) -> None:
+        """Insert idempotent copies into ``target`` (one of this store's collections), retried; failures raise."""
+        insert_copies(target, docs, timeout_s=self.op_timeout_s)
+
+    def insert_buckets(self, docs: list[dict], *, session: Any = None) -> None:
+        """Insert buckets made whole outside the producer (``push(session=...)``, the outbox relay, a requeue).
+        With a session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the
+        whole transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets
+        (a requeue) are numbered first, to go to the end of their groups."""
+        if session is not None:
+            self.buckets.insert_many(docs, session=session)
+        else:
+            retrying(lambda _: self.number_groups(docs), timeout_s=self.op_timeout_s)
+            self.insert_copies(self.buckets, docs)
+
+    # -- consumer ------------------------------------------------------------------------------------------
+
+    def claim(self, spec: tuple[dict, dict, list]) -> tuple[dict | None, str | None]:
+        """Claim one bucket (``core.claims.claim``): (the bucket, None), (None, None) when none is due, or (the
+        bucket, why it must go to quarantine) for a bucket whose ``c`` is not a number: its ``$inc`` fails, so it
+        is claimed without the ``$inc`` (``claims.claim_uncounted``), or it would block every claim behind it.
+        Not retried: a claim that got through but whose reply was lost simply expires with its lease."""
+        try:
+            return self._find_and_claim(spec), None
+        except OperationFailure as exc:
+            if is_transient(exc):
+                raise
+            doc = self._find_and_claim(claim_uncounted(spec))
+            if doc is None:
+                raise
+            return doc, f"cannot be claimed: {exc}"
+
+    def _find_and_claim(self, spec: tuple[dict, dict, list]) -> dict | None:
+        query, update, sort = spec
+        return self.buckets.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
+
+    def update_fenced(self, query: dict, update: dict, *, mine: dict | None = None) -> bool:
+        """Apply a write to a bucket fenced by the claimant's token; True when it was applied, False when it was
+        refused (the lease was lost). A retry after an ambiguous error that matches nothing counts as applied
+        only if ``mine`` matches: a filter that nothing but this token's own earlier attempt can satisfy (a
+        release clears the token but records it). Without ``mine``, such a retry means the lease was lost: done
+        slots or a missing bucket may be another claimant's work, never proof of ours."""
+
+        def op(retry: bool) -> bool:
+            result = self.buckets.update_one(query, update)
+            return result.matched_count == 1 or (retry and mine is not None and self._matches(mine))
+
+        return retrying(op, timeout_s=self.op_timeout_s)
+
+    def finish_fenced(self, query: dict, tombstone: dict, mine: dict) -> bool:
+        """Replace a finished bucket by its tombstone (see ``claims.finish``); True when this token's write
+        did it. A retry that finds the bucket gone or finished by someone else is refused."""
+
+        def op(retry: bool) -> bool:
+            result = self.buckets.replace_one(query, tombstone)
+            return result.matched_count == 1 or (retry and self._matches(mine))
+
+        return retrying(op, timeout_s=self.op_timeout_s)
+
+    def fenced_many(self, writes: dict[Any, Any], proofs: dict[Any, dict]) -> list[Any]:
+        """Run fenced per-bucket writes (bucket id -> ``UpdateOne``/``ReplaceOne``) in one bulk write; return the
+        ids of the buckets they were applied to. When some write matched nothing, or after an ambiguous error
+        (the first attempt may have been applied and its reply lost, so that the retry matches nothing: a
+        release or finish clears the token), ``proofs[id]`` asks the bucket itself: only the token's own mark
+        counts, not a bucket that someone else changed or finished."""
+        if not writes:
+            return []
+        ops = list(writes.values())
+
+        def op(retry: bool) -> list[Any]:
+            result = self.buckets.bulk_write(ops, ordered=False)
+            if not retry and result.matched_count == len(ops):
+                return list(writes)
+            cursor = self.buckets.find({"$or": list(proofs.values())}, {"_id": 1})
+            marked = {d["_id"] for d in cursor.to_list(None)}
+            return [i for i in writes if i in marked]
+
+        return retrying(op, timeout_s=self.op_timeout_s)
+
+    def _matches(self, query: dict) -> bool:
+        return self.buckets.find_one(query, {"_id": 1}) is not None
+
+    def quarantine_bucket(self, entry: dict, query: dict, tombstone: dict, mine: dict) -> bool:
+        """Move a bucket to quarantine: the copy first, then the fenced finish."""
+        self.insert_copies(self.quarantine, [entry])
+        return self.finish_fenced(query, tombstone, mine)
+
+    def reap_tombstones(self, query: dict) -> int:
+        return (self.buckets.delete_many(query)).deleted_count
+
+    def read_pause(self) -> bool:
+        """Whether the queue is paused (``Queue.pause``), read from the server now."""
+        return is_paused(self.control.find_one(PAUSE, {"paused": 1}))
+
+    def write_pause(self, update: dict) -> None:
+        retrying(lambda _: self.control.update_one(PAUSE, update, upsert=True), timeout_s=self.op_timeout_s)
+
+    def known_keys(self, keys: list[str]) -> set[str]:
+        if not keys:
+            return set()
+        cursor = self.inbox.find({"_id": {"$in": keys}}, {"_id": 1})
+        return {d["_id"] for d in cursor.to_list(None)}
+
+    def record_keys(self, keys: list[str], now: dt.datetime) -> None:
+        self.insert_copies(self.inbox, [{"_id": k, "at": now} for k in keys])
+
+    # -- ordered groups (core.groups) ----------------------------------------------------------------------
+
+    def number_groups(self, docs: list[dict]) -> None:
+        """Give the group buckets of ``docs`` not yet numbered their places (``s``), in list order, with one
+        counter update. A retry after an error numbers only those still without a place."""
+        unnumbered = [doc for doc in docs if "g" in doc and "s" not in doc]
+        if not unnumbered:
+            return
+        query, update = groups.next_places(len(unnumbered))
+        counter = self.groups.find_one_and_update(query, update, upsert=True,
+                                                        return_document=ReturnDocument.AFTER)
+        for place, doc in enumerate(unnumbered, counter["seq"] - len(unnumbered) + 1):
+            doc["s"] = place
+
+    def lock_group(self, query: dict, update: dict, mine: dict) -> bool:
+        """Take a group's lock (``groups.acquire``); False when someone else holds it. A retry after a lost
+        reply that finds the lock taken counts as ours only if ``mine`` (our token) matches."""
+
+        def op(retry: bool) -> bool:
+            try:
+                self.groups.update_one(query, update, upsert=True)
+                return True
+            except DuplicateKeyError:
+                return retry and self.groups.find_one(mine, {"_id": 1}) is not None
+
+        return retrying(op, timeout_s=self.op_timeout_s)
+
+    def extend_group(self, mine: dict, update: dict) -> bool:
+        """Extend a lock we hold (fenced by ``mine``); False when it is no longer ours."""
+
+        def op(retry: bool) -> bool:
+            return (self.groups.update_one(mine, update)).matched_count == 1
+
+        return retrying(op, timeout_s=self.op_timeout_s)
+
+    def unlock_group(self, mine: dict) -> None:
+        """Delete a lock we hold (fenced by ``mine``); a retry that deletes nothing after a lost reply is fine:
+        the lock is gone either way, and someone else's is never matched."""
+        retrying(lambda _: self.groups.delete_one(mine), timeout_s=self.op_timeout_s)
+
+    def group_lock(self, group: str) -> dict | None:
+        return self.groups.find_one({"_id": group})
+
+    def first_bucket(self, query: dict, sort: list) -> dict | None:
+        return self.buckets.find_one(query, {"_id": 1, "w": 1, "lease": 1}, sort=sort)
+
+    def wake(self, query: dict, update: dict) -> None:
+        retrying(lambda _: self.buckets.update_one(query, update), timeout_s=self.op_timeout_s)
+
+    # -- observing -----------------------------------------------------------------------------------------
+
+    def stats(self, now: dt.datetime) -> tuple[list[dict], int, int, list[dict]]:
+        """The rows of ``core.stats``'s two pipelines and the counts of dead letters and quarantine entries:
+        (stats rows, dead, quarantined, group rows)."""
+        rows = (self.buckets.aggregate(stats_pipeline(now), **SCAN)).to_list(None)
+        dead = self.dead.count_documents({}, **SCAN)
+        quarantined = self.quarantine.count_documents({}, **SCAN)
+        group_rows = (self.buckets.aggregate(groups_pipeline(now), **SCAN)).to_list(None)
+        return rows, dead, quarantined, group_rows
+
+    def live_buckets(self) -> Any:
+        """A cursor over the unfinished buckets in claim order, a few at a time (``Queue.peek``)."""
+        return self.buckets.find(LIVE, sort=[("due", 1)], batch_size=4)
+
+    # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
+
+    def entries(self, target: Any, query: dict, *, limit: int) -> list[dict]:
+        """Up to ``limit`` entries matching ``query`` (``admin.entry_filter``), oldest first."""
+        return target.find(query, sort=[("at", 1)], limit=limit).to_list(None)
+
+    def count_entries(self, target: Any, query: dict) -> int:
+        return target.count_documents(query, **SCAN)
+
+    def delete_entries(self, target: Any, query: dict) -> int:
+        return (target.delete_many(query, **SCAN)).deleted_count  # by error text: no index
+
+    def delete_entries_before(self, target: Any, at: dt.datetime) -> int:
+        return (target.delete_many({"at": {"$lt": at}})).deleted_count
+
+    def requeue_chunk(self, target: Any, query: dict, *, limit: int) -> list[dict]:
+        """The next ``limit`` entries to requeue; ``delete_requeued`` deletes them once their buckets are in."""
+        return target.find(query, limit=limit, **SCAN).to_list(None)
+
+    def delete_requeued(self, target: Any, entries: list[dict]) -> None:
+        target.delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
+
+    # -- operator controls (core.control) ------------------------------------------------------------------
+
+    def holders(self, query: dict) -> list[dict]:
+        """The buckets that hold a message (``control.holders``): a scan, for retry copies too."""
+        return self.buckets.find(query, **SCAN).to_list(None)
+
+    def update_bucket(self, query: dict, update: dict) -> bool:
+        """One conditional write to a bucket (``control.removal``), not retried: True when it matched."""
+        return (self.buckets.update_one(query, update)).matched_count == 1
+
+    def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
+        """Mark every bucket matching ``query`` (``control.purge_mark``), retried: the mark is idempotent.
+        ``scan``: the query is served by no index (the operators' whole-collection reads, ``core.scans``)."""
+        options = SCAN if scan else {}
+        retrying(lambda _: self.buckets.update_many(query, update, **options), timeout_s=self.op_timeout_s)
+
+    def marked_buckets(self, query: dict, projection: dict, *, limit: int) -> list[dict]:
+        return self.buckets.find(query, projection, limit=limit, **SCAN).to_list(None)
+
+    def replace_buckets(self, ops: list[Any]) -> None:
+        """Idempotent ``ReplaceOne``s (tombstones fenced by a purge's token), in one bulk write, retried."""
+        retrying(lambda _: self.buckets.bulk_write(ops, ordered=False), timeout_s=self.op_timeout_s)
