@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 HUNG = '''
 import asyncio
@@ -42,8 +47,11 @@ def test_sync():
 '''
 
 
-def test_a_hung_async_test_fails_saying_which_after_how_long_and_where_each_task_was(pytester: pytest.Pytester):
+def test_a_hung_async_test_fails_saying_which_after_how_long_and_where_each_task_was(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     pytester.makepyfile(test_hung=HUNG)
+    # the subprocess runs in a temporary folder: the plugin is found from the checkout, as in this process
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     result = pytester.runpytest_subprocess("-p", "tests.watchdog", "-o", "asyncio_mode=auto",
                                            "-o", "asyncio_default_fixture_loop_scope=function", "-p",
                                            "no:cacheprovider", timeout=60)
