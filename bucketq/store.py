@@ -17,7 +17,7 @@ from pymongo import ReturnDocument, WriteConcern
 from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure, PyMongoError
 
 from bucketq.control import PauseGate
-from bucketq.core import groups
+from bucketq.core import claims, groups
 from bucketq.core.control import PAUSE, initial_pause
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 from bucketq.core.retry import RetrySchedule
@@ -200,6 +200,13 @@ class Store:
 
     async def group_lock(self, group: str) -> dict | None:
         return await self.groups.find_one({"_id": group})
+
+    async def next_due(self, now: dt.datetime) -> dt.datetime | None:
+        """The earliest ``due`` after ``now`` among live buckets (an unclaimed bucket's due time, or a claimed
+        one's lease end), or None: one document read through the ``due`` index."""
+        doc = await self.buckets.find_one({"due": {"$gt": now, "$lt": claims.TOMBSTONE_DUE}}, {"_id": 0, "due": 1},
+                                          sort=[("due", 1)])
+        return doc["due"] if doc is not None else None
 
     async def first_bucket(self, query: dict, sort: list) -> dict | None:
         return await self.buckets.find_one(query, {"_id": 1, "w": 1, "lease": 1}, sort=sort)
