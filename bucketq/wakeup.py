@@ -28,7 +28,7 @@ POLL_FIRST_S = 0.01
 # With a change stream working, a check for work that found none is repeated after a random time in this range
 # unless a wake-up comes first: it catches what no event or timer announces (a bucket whose event was missed,
 # one written by hand). Jittered, so that the consumers of a fleet started together do not poll together.
-SAFETY_POLL_S = (30.0, 60.0)
+SAFETY_POLL_S = (40.0, 60.0)
 STREAM_AWAIT_MS = 1000  # how long a server holds an empty change-stream getMore
 # Some servers (the test server among them) answer an empty change-stream getMore at once instead of waiting
 # maxAwaitTimeMS; an empty answer that came back this fast is followed by a pause, from STREAM_PAUSE_FIRST_S,

@@ -331,7 +331,7 @@ async def test_outbox_refuses_bad_input_with_clear_errors(make_queue, mongo_uri,
 
 
 async def test_change_streams_wake_the_relay_and_its_own_pulls_do_not(make_queue, adb, monkeypatch):
-    monkeypatch.setattr("bucketq.wakeup.POLL_WITH_STREAM_S", 30.0)  # polls back off to 30 s: only a stream is quick
+    monkeypatch.setattr("bucketq.wakeup.SAFETY_POLL_S", (30.0, 30.0))  # polls 30 s apart: only a stream is quick
     q = make_queue()
     relay = Outbox("orders", q, poll_interval=30, change_streams=True)
     wakeups = []
