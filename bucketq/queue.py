@@ -296,7 +296,8 @@ class Queue:
         await self._write_pause(True)
 
     async def resume(self) -> None:
-        """Undo ``pause()``: consumers claim again within ``PAUSE_REFRESH_S`` plus one poll interval."""
+        """Undo ``pause()``: consumers claim again within ``PAUSE_REFRESH_S`` (a paused one reads the pause
+        document that often)."""
         await self._write_pause(False)
 
     async def paused(self) -> bool:
