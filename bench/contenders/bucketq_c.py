@@ -167,13 +167,14 @@ async def end_to_end(ctx: Ctx, q: Any) -> None:
 
 class CommandKinds(monitoring.CommandListener):
     """Counts, while ``active``, the commands an idle consumer sends by kind: ``claims`` (findAndModify),
-    ``pause_reads`` (reads of the control collection), ``getmores`` (its change stream: getMore, and the
-    aggregate that opens it) and ``other`` (named in ``others``, by command and collection)."""
+    ``pause_reads`` (reads of the control collection), ``next_due`` (reads of the next due time), ``getmores``
+    (its change stream: getMore, and the aggregate that opens it) and ``other`` (named in ``others``, by
+    command and collection)."""
 
     def __init__(self) -> None:
         self.active = False
-        self.kinds: collections.Counter[str] = collections.Counter({"claims": 0, "pause_reads": 0, "getmores": 0,
-                                                                    "other": 0})
+        self.kinds: collections.Counter[str] = collections.Counter(dict.fromkeys(
+            ("claims", "pause_reads", "next_due", "getmores", "other"), 0))
         self.others: collections.Counter[str] = collections.Counter()
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
@@ -185,6 +186,8 @@ class CommandKinds(monitoring.CommandListener):
             self.kinds["claims"] += 1
         elif name == "find" and isinstance(target, str) and target.endswith(".control"):
             self.kinds["pause_reads"] += 1
+        elif name == "find" and "due" in (event.command.get("filter") or {}):
+            self.kinds["next_due"] += 1
         elif name == "getMore" or (name == "aggregate" and "$changeStream" in pipeline[0]):
             self.kinds["getmores"] += 1
         else:
