@@ -88,13 +88,14 @@ class Wakeup:
             self._poll_later()
 
     def hit(self) -> None:
-        """The check found work: check again at once, and poll eagerly after that."""
+        """The check found work: check again at once (other waiters too), and poll eagerly after that."""
         self._next_poll = POLL_FIRST_S
         self._check_at = float("-inf")
+        self._changed.set()
 
     def failed(self) -> None:
         """The check failed (a transient error): try again after the poll delay, stream or not."""
-        self._check_at = min(self._check_at, time.monotonic() + self._next_poll)
+        self.due_at(time.monotonic() + self._next_poll)
         self._next_poll = min(self._poll_cap, self._next_poll * 2)
 
     def due_at(self, at: float) -> None:
@@ -168,7 +169,6 @@ class Wakeup:
             if self.streaming:  # no safety poll far off without the stream: poll from now on
                 self.streaming = False
                 self.failed()
-                self._changed.set()
 
     def _announce(self, event: dict[str, Any], clock: ServerClock) -> None:
         """Wake now, or by the due time the event carries (a delayed push, a nack's retry copy or release)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from pymongo import AsyncMongoClient, monitoring
 
 from bucketq.core.claims import claim
+from bucketq.wakeup import Wakeup
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -154,3 +156,22 @@ async def test_a_paused_idle_consumer_claims_again_after_a_resume_elsewhere(make
     message = await q.reserve(timeout=WAKE_S)
     assert message is not None and message.payload == "held back"
     await message.ack()
+
+
+async def test_a_waiter_wakes_when_another_check_finds_work_or_a_due_time_comes_sooner(no_safety_poll):
+    """Sans I/O: tasks of one consumer that wait (a Worker's) go on as soon as one of them found work (its
+    bucket's messages are at hand for all), and as soon as a due time is learnt that is sooner than the poll."""
+    wakeup = Wakeup(poll_interval=0.1)
+    wakeup.streaming = True  # as when a change stream works: the next poll is the (far) safety poll
+    wakeup.checking()
+    assert not wakeup.ready
+    waiter = asyncio.ensure_future(wakeup.wait(WAKE_S))
+    await asyncio.sleep(0.05)
+    wakeup.hit()
+    await asyncio.wait_for(waiter, 1)
+    wakeup.checking()
+    waiter = asyncio.ensure_future(wakeup.wait(WAKE_S))
+    await asyncio.sleep(0.05)
+    wakeup.due_at(time.monotonic() + 0.1)
+    await asyncio.wait_for(waiter, 1)
+    assert wakeup.ready
