@@ -225,12 +225,14 @@ class Consumer:
                            slot)
         return None
 
-    async def _wake_when_due(self, now: dt.datetime) -> None:
+    async def _wake_when_due(self, expired_by: dt.datetime) -> None:
         """After a claim that found nothing, with a change stream (so that no poll comes soon): wake when the
         next bucket becomes due or its lease ends. One read, served by the ``due`` index. Events announce the
-        buckets written later; a lease extended meanwhile costs one claim that finds nothing, and a read."""
+        buckets written later; a lease extended meanwhile costs one claim that finds nothing, and a read.
+        After ``expired_by``, the claim's earliest reading of the server's clock: a lease that ended by its
+        latest reading is not over for a claim yet (a slow clock read on a loaded server: seconds)."""
         try:
-            due = await self._store.next_due(now)
+            due = await self._store.next_due(expired_by)
         except PyMongoError as exc:  # the safety poll comes anyway
             log.debug("reading the next due time failed: %s", exc)
             return
@@ -288,7 +290,7 @@ class Consumer:
         self._found_in_a_row = self._found_in_a_row + 1 if doc is not None else 0
         if doc is None:
             if self._wakeup.streaming and only is None:
-                await self._wake_when_due(now)
+                await self._wake_when_due(expired_by)
             return False
         self._wakeup.hit()
         try:

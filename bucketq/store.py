@@ -201,10 +201,10 @@ class Store:
     async def group_lock(self, group: str) -> dict | None:
         return await self.groups.find_one({"_id": group})
 
-    async def next_due(self, now: dt.datetime) -> dt.datetime | None:
-        """The earliest ``due`` after ``now`` among live buckets (an unclaimed bucket's due time, or a claimed
+    async def next_due(self, after: dt.datetime) -> dt.datetime | None:
+        """The earliest ``due`` after ``after`` among live buckets (an unclaimed bucket's due time, or a claimed
         one's lease end), or None: one document read through the ``due`` index."""
-        doc = await self.buckets.find_one({"due": {"$gt": now, "$lt": claims.TOMBSTONE_DUE}}, {"_id": 0, "due": 1},
+        doc = await self.buckets.find_one({"due": {"$gt": after, "$lt": claims.TOMBSTONE_DUE}}, {"_id": 0, "due": 1},
                                           sort=[("due", 1)])
         return doc["due"] if doc is not None else None
 
