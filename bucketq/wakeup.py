@@ -31,10 +31,11 @@ POLL_FIRST_S = 0.01
 SAFETY_POLL_S = (40.0, 60.0)
 STREAM_AWAIT_MS = 1000  # how long a server holds an empty change-stream getMore
 # Some servers (the test server among them) answer an empty change-stream getMore at once instead of waiting
-# maxAwaitTimeMS; an empty answer that came back this fast is followed by a pause, from STREAM_PAUSE_FIRST_S,
-# doubling while the stream stays empty up to the wait of a server that holds it (STREAM_AWAIT_MS), and back
-# to the first after an event: about one getMore a second while idle, as against such a server.
-STREAM_QUICK_EMPTY_S = 0.01
+# maxAwaitTimeMS; an empty answer that came back in less than half that wait is followed by a pause, from
+# STREAM_PAUSE_FIRST_S, doubling while the stream stays empty up to the wait of a server that holds it
+# (STREAM_AWAIT_MS), and back to the first after an event: about one getMore a second while idle, as against
+# a server that holds it. ("At once" can take tens of milliseconds: the test server scans its oplog each time.)
+STREAM_QUICK_EMPTY_S = STREAM_AWAIT_MS / 2000
 STREAM_PAUSE_FIRST_S = 0.04
 STREAM_PAUSE_MAX_S = STREAM_AWAIT_MS / 1000
 # A wake-up needs to know that a change happened and when its bucket is due, not what it stored. Without this
