@@ -86,7 +86,8 @@ class Wakeup:
         if self.streaming:
             self._check_at = time.monotonic() + random.uniform(*SAFETY_POLL_S)
         else:
-            self._poll_later()
+            self._check_at = time.monotonic() + self._next_poll
+            self._next_poll = min(self._poll_cap, self._next_poll * 2)
 
     def hit(self) -> None:
         """The check found work: check again at once (other waiters too), and poll eagerly after that."""
@@ -124,10 +125,6 @@ class Wakeup:
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), delay)
-
-    def _poll_later(self) -> None:
-        self._check_at = time.monotonic() + self._next_poll
-        self._next_poll = min(self._poll_cap, self._next_poll * 2)
 
     def start_stream(self, collection: Any, clock: ServerClock, required: bool) -> None:
         """Start watching, or start again after a stream that worked was lost (a server restart)."""
