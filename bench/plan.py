@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from bench.contenders import ALL, SCENARIOS
 
 MAIN_SCENARIOS = ("push", "consume", "consume_batch", "end_to_end", "stream_push")
-ALL_SCENARIOS = (*MAIN_SCENARIOS, "latency", "codec", "majority", "spark")
+ALL_SCENARIOS = (*MAIN_SCENARIOS, "latency", "idle", "codec", "majority", "spark")
 LATENCY_MESSAGES = 1000  # sequential awaited pushes of the latency scenario
+IDLE_BACKLOG = 20_000  # messages the idle consumers consume before their idle window (as in issue 21)
 JSON_OVERHEAD = 45  # bytes of {"ts":1763837000.123456,"i":123456,"pad":""} around the padding
 
 
@@ -30,6 +31,8 @@ class Settings:
     concurrency: int  # consumer tasks/threads per process (and naive producer threads)
     window: int  # un-acknowledged pushes per process (bucketq, keuss, floor)
     idle_s: float  # a consumer stops after the producers are done and nothing came for this long
+    idle_consumers: int  # the idle scenario: consumers (queue objects) waiting on an empty queue
+    idle_window_s: float  # ... for this long, their commands counted
     bucket_max_size: int
     bucket_max_wait_s: float
     job_timeout_s: float
@@ -38,7 +41,7 @@ class Settings:
 @dataclass(frozen=True)
 class Job:
     contender: str
-    scenario: str  # push | consume | consume_batch | end_to_end | stream_push | latency | encode | decode
+    scenario: str  # push | consume | consume_batch | end_to_end | stream_push | latency | idle | encode | decode
     payload_bytes: int
     processes: int
     messages: int
@@ -116,6 +119,8 @@ def settings(args: argparse.Namespace) -> Settings:
         concurrency=args.concurrency or 16,
         window=4096,
         idle_s=1.0,
+        idle_consumers=4,
+        idle_window_s=30.0 if quick else 180.0,
         bucket_max_size=1024,
         bucket_max_wait_s=0.5,
         job_timeout_s=120.0 if quick else 900.0,
@@ -148,6 +153,8 @@ def jobs(cfg: Settings, majority_supported: bool) -> tuple[list[Job], list[dict]
     middle = cfg.payloads[len(cfg.payloads) // 2]
     if "latency" in cfg.scenarios:
         out += [Job(c, "latency", middle, 1, LATENCY_MESSAGES) for c in cfg.contenders if "latency" in SCENARIOS[c]]
+    if "idle" in cfg.scenarios and "bucketq" in cfg.contenders:
+        out.append(Job("bucketq", "idle", middle, 1, IDLE_BACKLOG))
     if "codec" in cfg.scenarios and "floor" in cfg.contenders:
         out += [Job("floor", s, size, 1, cfg.codec_messages) for size in cfg.payloads for s in ("encode", "decode")]
     if "majority" in cfg.scenarios:

@@ -167,6 +167,8 @@ def _spec(cfg: Settings, server: Server, job: Job, role: str, messages: int, ind
         "concurrency": cfg.concurrency,
         "window": cfg.window,
         "idle_s": cfg.idle_s,
+        "idle_consumers": cfg.idle_consumers,
+        "idle_window_s": cfg.idle_window_s,
         "bucket_max_size": cfg.bucket_max_size,
         "bucket_max_wait_s": cfg.bucket_max_wait_s,
     }
@@ -209,6 +211,8 @@ def aggregate(job: Job, results: list[dict], concurrency: int,
     t_start, t_end = min(r["t_start"] for r in results), max(r["t_end"] for r in results)
     covered = server_cpu and server_cpu[0][0] <= t_start and server_cpu[-1][0] >= t_end
     server_s = interpolate(server_cpu, t_end) - interpolate(server_cpu, t_start) if covered else None
+    if job.scenario == "idle":
+        return _idle_row(row, results[0], names, server_s, notes)
     row.update(
         msgs_per_s=messages / (t_end - t_start) if t_end > t_start and messages else None,
         commands_per_1000=commands * per_k if commands is not None and per_k else None,
@@ -226,6 +230,23 @@ def aggregate(job: Job, results: list[dict], concurrency: int,
         command_names=dict(names) if commands is not None else None,
         notes="; ".join(notes),
     )
+    return row
+
+
+def _idle_row(row: dict, result: dict, names: Counter[str], server_s: float | None, notes: list[str]) -> dict:
+    """The idle scenario's row: no rate, but the commands per idle consumer per minute by kind (``idle``)."""
+    idle = result["idle"]
+    seconds = result["t_end"] - result["t_start"]
+    minutes = idle["consumers"] * seconds / 60.0
+    per = {kind: n / minutes for kind, n in idle["kinds"].items()}
+    non_stream = sum(v for kind, v in per.items() if kind != "getmores")
+    idle.update(window_s=seconds, per_consumer_minute=per, non_stream_per_consumer_minute=non_stream,
+                server_cpu_share=server_s / seconds if server_s is not None else None)
+    cpu = "" if server_s is None else f"; server CPU {server_s / seconds:.1%} of a core"
+    notes.insert(0, f"{idle['consumers']} idle consumers, {seconds:.0f} s, per consumer per minute: "
+                    + ", ".join(f"{v:.1f} {kind}" for kind, v in per.items()) + cpu)
+    row.update(idle=idle, messages=result["messages"], complete=not any(n.startswith("INCOMPLETE") for n in notes),
+               seconds=seconds, commands=sum(names.values()), command_names=dict(names), notes="; ".join(notes))
     return row
 
 
@@ -248,7 +269,7 @@ def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
     progress = Progress(f"{tag} {job.label:<34}", job.messages)
     try:
         server.drop_bench_db()
-        if job.scenario in ("consume", "consume_batch"):
+        if job.scenario in ("consume", "consume_batch", "idle"):
             fill_spec = _spec(cfg, server, job, "fill", job.messages, 0, queue_name)
             fill, _ = _run_workers(job, [fill_spec], progress, "fill ", cfg.job_timeout_s, server)
             if fill[0].get("error"):
@@ -265,7 +286,7 @@ def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
     except PyMongoError as exc:  # the server went away: this row says so, the run goes on
         row = aggregate(job, [{"error": f"server: {type(exc).__name__}: {str(exc)[:200]}"}], cfg.concurrency)
     if row["msgs_per_s"] is None:
-        progress.close(row.get("notes", "")[:160])
+        progress.close(row.get("notes", "")[:200])
     else:
         cmds = "" if row["commands_per_1000"] is None else f", {row['commands_per_1000']:.2f} cmds/1000"
         progress.close(f"{row['msgs_per_s']:>12,.0f} msgs/s{cmds}")

@@ -103,6 +103,7 @@ class Ctx:
         self.commands = CommandCounter()
         self.latencies_ms: list[float] = []
         self.notes: list[str] = []
+        self.extra: dict = {}  # more of the result, a role's own (the idle scenario's counts)
         self.count = 0
         self._lock = threading.Lock()  # count and _t_last, marked from several threads
         self._out = threading.Lock()  # stdout lines, written from the progress thread too
@@ -178,6 +179,7 @@ class Ctx:
             "command_names": dict(names) if counted else None,
             "latencies_ms": lat,
             "notes": "; ".join(self.notes),
+            **self.extra,
         }
 
     def _progress(self) -> None:

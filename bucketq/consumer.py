@@ -22,6 +22,7 @@ from pymongo.errors import PyMongoError
 from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
+from bucketq.control import PAUSE_REFRESH_S
 from bucketq.core import claims, groups
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
@@ -97,7 +98,6 @@ class Consumer:
         self._background: set[asyncio.Task[Any]] = set()
         self._draining = False
         self._owner = claims.owner_name()
-        self._next_local_due: float | None = None  # monotonic time of the earliest retry bucket we wrote
         # Claims in a row that took a bucket: from two on (or one of a bucket written under load, see
         # BACKLOG_BUCKET_SIZE), the queue has a backlog and claiming ahead pays. A consumer that empties each
         # bucket before the next is written alternates found and empty claims, and claiming ahead would only add
@@ -118,6 +118,7 @@ class Consumer:
         self._start()
         deadline = None if timeout is None else time.monotonic() + timeout
         claimed = False
+        must_claim = timeout == 0  # a reserve that may not wait claims once, wake-up or not
         while True:
             message = self._next_message()
             if message is not None:
@@ -137,7 +138,8 @@ class Consumer:
                 # The last claim took a bucket with nothing to serve (a group bucket that must wait, one gone to
                 # quarantine): it counts as an attempt, not as a reason to claim on past the timeout.
                 return None
-            message, claimed = await self._next_or_claim()
+            message, claimed = await self._next_or_claim(force=must_claim)
+            must_claim = False
             if message is not None or self._draining:
                 return message
             if claimed:
@@ -145,10 +147,6 @@ class Consumer:
             remaining = float("inf") if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            if self._next_local_due is not None:
-                remaining = min(remaining, max(0.0, self._next_local_due - time.monotonic()))
-                if remaining == 0.0:
-                    self._next_local_due = None
             await self._wakeup.wait(remaining)
 
     async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
@@ -189,15 +187,16 @@ class Consumer:
                 return
             yield message
 
-    async def _next_or_claim(self) -> tuple[Message | None, bool]:
+    async def _next_or_claim(self, *, force: bool = False) -> tuple[Message | None, bool]:
         """Under the claim lock: a message at hand (once the claim ahead under way, if any, has landed), or else
-        one claim. Returns the message, or None and whether a bucket was claimed (none while draining)."""
+        one claim if a wake-up calls for it (``Wakeup.ready``) or ``force``. Returns the message, or None and
+        whether a bucket was claimed (none while draining)."""
         async with self._claim_lock:
             message = self._next_message()
             if message is None and self._ahead is not None and not self._ahead.done():
                 await self._ahead_landed()
                 message = self._next_message()
-            if message is not None or self._draining:
+            if message is not None or self._draining or not (force or self._wakeup.ready):
                 return message, False
             try:
                 claimed = await self._claim()
@@ -207,9 +206,8 @@ class Consumer:
                 # A claim whose reply was lost leaves its bucket claimed by nobody: it comes back when
                 # the lease expires, with one more try.
                 log.warning("claim failed, will retry: %s", exc)
+                self._wakeup.failed()
                 claimed = False
-        if claimed:
-            self._wakeup.hit()
         return None, claimed
 
     def _next_message(self) -> Message | None:
@@ -227,6 +225,20 @@ class Consumer:
                            bucket.headers[slot] or {}, bucket.enqueued_at(slot), bucket.keys[slot], self, holding,
                            slot)
         return None
+
+    async def _wake_when_due(self, expired_by: dt.datetime) -> None:
+        """After a claim that found nothing, with a change stream (so that no poll comes soon): wake when the
+        next bucket becomes due or its lease ends. One read, served by the ``due`` index. Events announce the
+        buckets written later; a lease extended meanwhile costs one claim that finds nothing, and a read.
+        After ``expired_by``, the claim's earliest reading of the server's clock: a lease that ended by its
+        latest reading is not over for a claim yet (a slow clock read on a loaded server: seconds)."""
+        try:
+            due = await self._store.next_due(expired_by)
+        except PyMongoError as exc:  # the safety poll comes anyway
+            log.debug("reading the next due time failed: %s", exc)
+            return
+        if due is not None:
+            self._wakeup.due(due, self._clock)
 
     async def _claim_ahead(self, newest: Holding) -> None:
         """Claim the next bucket as soon as the newest one held (``newest``) is being served, so that consumers
@@ -254,7 +266,10 @@ class Consumer:
     async def _claim(self, only: ObjectId | None = None) -> bool:
         """Claim one due bucket (``only``: that one, if due). Returns whether a bucket was taken (even one that
         went to quarantine or had to wait for its group)."""
+        if only is None:
+            self._wakeup.checking()
         if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
+            self._wakeup.due_at(time.monotonic() + PAUSE_REFRESH_S)  # no event tells of a resume: read again
             return False
         now, expired_by = self._clock.now(), self._clock.earliest()
         token = claims.new_token()
@@ -264,11 +279,15 @@ class Consumer:
             spec = groups.instead(spec, only)
         doc, unclaimable = await self._store.claim(spec)
         if doc is not None and unclaimable is not None:
+            self._wakeup.hit()
             await self._quarantine_bucket(doc, token, unclaimable)
             return True
         self._found_in_a_row = self._found_in_a_row + 1 if doc is not None else 0
         if doc is None:
+            if self._wakeup.streaming and only is None:
+                await self._wake_when_due(expired_by)
             return False
+        self._wakeup.hit()
         try:
             bucket = parse_bucket(doc)
             codec = codec_for(bucket.codec, self._codec)
@@ -468,9 +487,7 @@ class Consumer:
         elif not applied:
             log.warning("lease on bucket %s lost; its unflushed state was refused", held.bucket.id)
         elif plan.retry_docs:
-            due = min(d["due"] for d in plan.retry_docs)
-            at = time.monotonic() + max(0.0, (due - self._clock.now()).total_seconds())
-            self._next_local_due = at if self._next_local_due is None else min(self._next_local_due, at)
+            self._wakeup.due(min(d["due"] for d in plan.retry_docs), self._clock)
         if held.ended and held.bucket.group is not None:  # before the acks return: then the group has moved on
             await self._end_turn(held.bucket.group, held.token)
         for slot in plan.slots if holding.waiters else ():
@@ -490,6 +507,7 @@ class Consumer:
     async def _end_turn(self, group: str, token: str) -> None:
         """Give the group's lock back (fenced by our token) and hand off. On failure the lock expires with the
         lease, and waiting buckets come back at their recheck time."""
+        self._wakeup.notify()  # our claims skipped the group's later buckets while we held it: no event says so
         try:
             await self._store.unlock_group(groups.held_by(group, token))
             await self._hand_off(group)

@@ -12,7 +12,8 @@ from bucketq.core.format import QUEUE_SUFFIXES, SIDE_COLLECTION_SUFFIXES, STREAM
 from bucketq.store.aio.catalog import collection_names, first_document
 
 # A consumer reads the pause document at most this often, so it stops claiming within this many seconds of a
-# pause (plus one round trip), and starts again within this plus one poll interval of a resume.
+# pause (plus one round trip); a paused one reads it again this often (no event tells of a resume), so it
+# starts again within this many seconds of a resume (plus one round trip).
 PAUSE_REFRESH_S = 1.0
 BUCKET_FIELDS = ("v", "due", "lease")  # in every bucket and every tombstone (docs/FORMAT.md)
 

@@ -355,17 +355,19 @@ class Outbox:
                 if self._change_streams is not False:
                     self._wakeup.start_stream(self.store.watch_events, self.queue._clock,
                                               required=bool(self._change_streams))
+                self._wakeup.checking()
                 try:
                     moved = await self.run_once()
                 except PyMongoError as exc:
                     if not is_transient(exc):
                         raise
                     log.warning("outbox relay of %s failed, will retry: %s", self.namespace, redact(str(exc)))
+                    self._wakeup.failed()
                     moved = 0
                 raise_if_cancelled()  # a cancel the driver swallowed during the pass
                 if moved:
                     self._wakeup.hit()
-                else:  # no limit of ours: the poll delay, which backs off (after failed passes too), decides
+                else:  # no limit of ours: a wake-up, or the poll (which backs off, after failed passes too), decides
                     await self._wakeup.wait(math.inf)
         finally:
             await self._wakeup.stop()

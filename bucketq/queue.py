@@ -167,7 +167,7 @@ class Queue:
         if self._housekeeping is None or self._clock.stale:
             return False
         if self.options.change_streams is not False:
-            self._wakeup.start_stream(self._store.watch_inserts, self._clock,
+            self._wakeup.start_stream(self._store.watch_changes, self._clock,
                                       required=bool(self.options.change_streams))
         return True
 
@@ -291,7 +291,8 @@ class Queue:
         await self._write_pause(True)
 
     async def resume(self) -> None:
-        """Undo ``pause()``: consumers claim again within ``PAUSE_REFRESH_S`` plus one poll interval."""
+        """Undo ``pause()``: consumers claim again within ``PAUSE_REFRESH_S`` (a paused one reads the pause
+        document that often)."""
         await self._write_pause(False)
 
     async def paused(self) -> bool:

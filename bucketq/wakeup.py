@@ -1,11 +1,18 @@
-"""Waking idle consumers: a local signal (pushes from the same queue object, retry buckets this consumer
-wrote) plus, where the server supports them, change-stream insert events; otherwise polling that backs off."""
+"""Waking idle consumers: a consumer claims when a wake-up says that a bucket may be claimable, not at every
+``reserve``. Wake-ups: a local signal (pushes from the same queue object, hand-offs this consumer made);
+change-stream events, where the server has them (an insert, a release, a group's hand-off), which carry the
+bucket's due time; timers at due times the consumer knows of (such events, its own retry copies, and the next
+due bucket, read after a claim that found nothing); and polls: without a stream every poll interval or
+sooner (backing off from ``POLL_FIRST_S``), with one a slow jittered safety poll (``SAFETY_POLL_S``) for
+what no event announces. The same ``Wakeup`` paces the outbox relay's passes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,43 +22,93 @@ from pymongo.errors import PyMongoError
 
 from bucketq.clock import ServerClock
 from bucketq.store.aio.base import raise_if_cancelled
+from bucketq.store.aio.changes import STREAM_AWAIT_MS
 
 log = logging.getLogger("bucketq")
 
 POLL_FIRST_S = 0.01
-# With a change stream, polling only catches leases that expired and buckets released by other consumers.
-POLL_WITH_STREAM_S = 1.0
+# With a change stream working, a check for work that found none is repeated after a random time in this range
+# unless a wake-up comes first: it catches what no event or timer announces (a bucket whose event was missed,
+# one written by hand). Jittered, so that the consumers of a fleet started together do not poll together.
+SAFETY_POLL_S = (40.0, 60.0)
 # Some servers (the test server among them) answer an empty change-stream getMore at once instead of waiting
-# maxAwaitTimeMS; an empty answer that came back this fast is followed by this pause, not by a busy loop.
-STREAM_QUICK_EMPTY_S = 0.01
-STREAM_PAUSE_S = 0.04
+# maxAwaitTimeMS; an empty answer that came back in less than half that wait is followed by a pause, from
+# STREAM_PAUSE_FIRST_S, doubling while the stream stays empty up to the wait of a server that holds it
+# (STREAM_AWAIT_MS), and back to the first after an event: about one getMore a second while idle, as against
+# a server that holds it. ("At once" can take tens of milliseconds: the test server scans its oplog each time.)
+STREAM_QUICK_EMPTY_S = STREAM_AWAIT_MS / 2000
+STREAM_PAUSE_FIRST_S = 0.04
+STREAM_PAUSE_MAX_S = STREAM_AWAIT_MS / 1000
 
 
 class Wakeup:
+    """When the next check for work (a claim, a relay pass) is called for: ``ready``, and ``wait`` until it is."""
+
     def __init__(self, poll_interval: float) -> None:
-        self._event = asyncio.Event()
+        self._changed = asyncio.Event()  # set when _woken or _check_at changes: a waiter looks again
+        self._woken = False  # a wake-up came since the last check began
+        self._check_at = float("-inf")  # monotonic time of the next poll or known due time
         self._poll_cap = poll_interval
         self._next_poll = POLL_FIRST_S
         self.streaming = False
         self._ever_streamed = False
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def ready(self) -> bool:
+        """Whether a check may find work: a wake-up came since the last one began, or a poll or due time passed."""
+        return self._woken or time.monotonic() >= self._check_at
+
     def notify(self) -> None:
-        self._event.set()
+        self._woken = True
         self._next_poll = POLL_FIRST_S
+        self._changed.set()
+
+    def checking(self) -> None:
+        """A check for work begins: wake-ups from now on call for another; without one, the next is the poll."""
+        self._woken = False
+        if self.streaming:
+            self._check_at = time.monotonic() + random.uniform(*SAFETY_POLL_S)
+        else:
+            self._check_at = time.monotonic() + self._next_poll
+            self._next_poll = min(self._poll_cap, self._next_poll * 2)
 
     def hit(self) -> None:
-        """A claim found work: poll eagerly again next time."""
+        """The check found work: check again at once (other waiters too), and poll eagerly after that."""
         self._next_poll = POLL_FIRST_S
+        self._check_at = float("-inf")
+        self._changed.set()
+
+    def failed(self) -> None:
+        """The check failed (a transient error): try again after the poll delay, stream or not."""
+        self.due_at(time.monotonic() + self._next_poll)
+        self._next_poll = min(self._poll_cap, self._next_poll * 2)
+
+    def due_at(self, at: float) -> None:
+        """Check again by monotonic time ``at``: a bucket is known to become claimable then."""
+        if at < self._check_at:
+            self._check_at = at
+            self._changed.set()
+
+    def due(self, due: dt.datetime, clock: ServerClock) -> None:
+        """Check again when the server's clock reaches ``due`` for sure (a claim judges leases by the earliest
+        reading the clock's error allows): at once if it has."""
+        ahead = (due - clock.earliest()).total_seconds()
+        if ahead > 0:
+            self.due_at(time.monotonic() + ahead)
+        else:
+            self.notify()
 
     async def wait(self, limit: float) -> None:
-        """Sleep until notified, the poll delay passes, or ``limit`` seconds, whichever is first."""
-        cap = POLL_WITH_STREAM_S if self.streaming else self._poll_cap
-        delay = min(limit, self._next_poll)
-        self._next_poll = min(cap, self._next_poll * 2)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._event.wait(), delay)
-        self._event.clear()
+        """Sleep until a check is called for (``ready``) or ``limit`` seconds have passed."""
+        end = time.monotonic() + limit
+        while not self.ready:
+            delay = min(end, self._check_at) - time.monotonic()
+            if delay <= 0:
+                return
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), delay)
 
     def start_stream(self, watch: Callable[[Timestamp], Awaitable[Any]], clock: ServerClock, required: bool) -> None:
         """Start watching (``watch``: a store's method that opens the change stream from a cluster time), or start
@@ -74,17 +131,32 @@ class Wakeup:
         try:
             stream = await watch(start)
             try:
+                pause = STREAM_PAUSE_FIRST_S
                 while True:
                     asked = time.monotonic()
                     event = await stream.try_next()
                     raise_if_cancelled()  # a cancel the driver swallowed: stop() waits for this task
                     self.streaming = self._ever_streamed = True
                     if event is not None:
-                        self.notify()
+                        self._announce(event, clock)
+                        pause = STREAM_PAUSE_FIRST_S
                     elif time.monotonic() - asked < STREAM_QUICK_EMPTY_S:
-                        await asyncio.sleep(STREAM_PAUSE_S)
+                        await asyncio.sleep(pause)
+                        pause = min(STREAM_PAUSE_MAX_S, pause * 2)
             finally:
                 await stream.close()
         except PyMongoError as exc:
-            self.streaming = False
             (log.warning if required else log.debug)("change streams unavailable, polling instead: %s", exc)
+        finally:
+            if self.streaming:  # no safety poll far off without the stream: poll from now on
+                self.streaming = False
+                self.failed()
+
+    def _announce(self, event: dict[str, Any], clock: ServerClock) -> None:
+        """Wake now, or by the due time the event carries (a delayed push, a nack's retry copy or release)."""
+        due = (event.get("fullDocument") or {}).get("due") or \
+            ((event.get("updateDescription") or {}).get("updatedFields") or {}).get("due")
+        if isinstance(due, dt.datetime):
+            self.due(due if due.tzinfo else due.replace(tzinfo=dt.timezone.utc), clock)
+        else:
+            self.notify()

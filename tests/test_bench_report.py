@@ -72,3 +72,23 @@ def test_end_to_end_latency_passes_only_below_keuss_in_every_cell() -> None:
     rows[-1]["p50_ms"] = 900.0
     (verdict,) = [g for g in goals(rows) if g[1] == "bucketq end_to_end p50 latency < keuss's"]
     assert verdict[0] == "PASS"
+
+
+def _idle_goal(kinds: dict[str, int], window_s: float) -> tuple[str, str]:
+    """The idle goal judged on one idle cell: 4 consumers sending ``kinds`` over ``window_s`` seconds."""
+    result = {**_result(0.0, window_s, messages=20_000), "idle": {"consumers": 4, "kinds": kinds, "others": {}}}
+    row = aggregate(Job("bucketq", "idle", 1024, 1, 20_000), [result], 16)
+    (status, _, detail), = [g for g in goals([row]) if g[1].startswith("bucketq idle")]
+    return status, detail
+
+
+def test_the_idle_goal_counts_commands_per_consumer_minute_besides_change_streams() -> None:
+    quiet = {"claims": 4, "pause_reads": 4, "next_due": 4, "getmores": 240, "other": 4}  # 4 consumers, 60 s
+    status, detail = _idle_goal(quiet, 60.0)
+    assert status == "PASS" and detail.startswith("4.00 (1.0 claims, 1.0 pause_reads, 1.0 next_due, 60.0 getmores")
+    assert _idle_goal({**quiet, "claims": 16}, 60.0)[0] == "MISS"  # 7 a minute: over 1,000 x 0.1/s
+
+
+def test_a_window_shorter_than_the_safety_poll_counts_the_polls_rate_instead_of_what_it_saw() -> None:
+    status, detail = _idle_goal({"claims": 0, "pause_reads": 0, "next_due": 0, "getmores": 120, "other": 4}, 30.0)
+    assert status == "PASS" and detail.startswith("5.60 (")  # 2 other + 3 commands every 50 s on average

@@ -308,10 +308,10 @@ async def test_drain_nacks_handlers_that_do_not_finish(make_queue):
 
 
 async def test_idle_consumer_is_woken_by_the_change_stream(make_queue, monkeypatch):
-    """How soon is the bench's; here, that the stream wakes it: no poll comes within 30 s of a claim attempt,
-    so a delivery within 10 s came by the stream (a generous bound, that a loaded machine cannot miss)."""
+    """How soon is the bench's; here, that the stream wakes it: no poll comes within 30 s of a claim attempt
+    (with a stream the safety poll is 40 s away at least), so a delivery within 10 s came by the stream (a
+    generous bound, that a loaded machine cannot miss)."""
     monkeypatch.setattr("bucketq.wakeup.POLL_FIRST_S", 30.0)
-    monkeypatch.setattr("bucketq.wakeup.POLL_WITH_STREAM_S", 30.0)
     consumer = make_queue()
     producer = make_queue(bucket_max_wait=0.2)
     assert await consumer.reserve(timeout=0.3) is None  # idle, change stream running
@@ -344,7 +344,7 @@ async def test_wakeup_stream_outlives_inserts_too_big_to_return_whole(adb, caplo
     clock = _FixedClock()  # the stream starts a second before this: every insert below is replayed to it
     await adb.buckets.insert_many([{"p": "x" * (BSON_LIMIT - 100)} for _ in range(3)])
     wakeup = Wakeup(poll_interval=1.0)
-    wakeup.start_stream(AsyncQueueStore(adb, "buckets").watch_inserts, clock, required=True)
+    wakeup.start_stream(AsyncQueueStore(adb, "buckets").watch_changes, clock, required=True)
     try:
         deadline = time.monotonic() + 20
         while not wakeup.streaming and not wakeup._task.done() and time.monotonic() < deadline:

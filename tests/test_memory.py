@@ -416,6 +416,30 @@ async def test_change_streams_deliver_inserts_including_recent_ones():
         await closed.c.watch()
 
 
+async def test_change_streams_deliver_updates_with_their_description_and_replacements():
+    """As MongoDB does: an update event has ``updateDescription`` (here by top-level field) and no document
+    unless ``updateLookup`` is asked for; a replacement has its document; a write that changes nothing and a
+    delete make no event (deletes are not implemented)."""
+    database = MemoryDatabase()
+    await database.c.insert_one({"_id": 1, "lease": {"until": 5}, "w": True, "n": 0})
+    start = bson.Timestamp(int(time.time()), 0)
+    plain = await database.c.watch([{"$match": {"operationType": {"$ne": "insert"}}}],
+                                   start_at_operation_time=start, max_await_time_ms=50)
+    looked_up = await database.c.watch([{"$match": {"operationType": "update"}}], full_document="updateLookup",
+                                       max_await_time_ms=50)
+    await database.c.update_one({"_id": 1}, {"$set": {"lease": None, "n": 0}, "$unset": {"w": ""}})
+    await database.c.update_one({"_id": 1}, {"$set": {"n": 0}})  # changes nothing
+    await database.c.replace_one({"_id": 1}, {"fin": True})
+    update, replace, nothing = [await plain.try_next() for _ in range(3)]
+    assert update["operationType"] == "update" and "fullDocument" not in update
+    assert update["updateDescription"] == {"updatedFields": {"lease": None}, "removedFields": ["w"]}
+    assert replace["operationType"] == "replace" and replace["fullDocument"] == {"_id": 1, "fin": True}
+    assert nothing is None
+    assert (await looked_up.try_next())["fullDocument"] == {"_id": 1, "lease": None, "n": 0}
+    await plain.close()
+    await looked_up.close()
+
+
 @pytest.mark.parametrize("change_streams", [True, False])
 async def test_an_idle_consumer_wakes_by_stream_or_by_polling(change_streams):
     database = MemoryDatabase(client=MemoryClient(change_streams=change_streams))

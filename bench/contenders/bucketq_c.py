@@ -7,6 +7,8 @@ handler would. end_to_end: both at once in
 one process.
 latency: sequential awaited pushes on an idle queue with default options, each timed; then, untimed, what
 consuming the buckets they made costs.
+idle: ``idle_consumers`` queue objects consume a prefilled backlog (untimed), then wait on the empty queue with
+``reserve(timeout=IDLE_RESERVE_S)`` in a loop for ``idle_window_s``: the commands they send, by kind.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, monitoring
 
 from bench.worker import Ctx, main, payload, split, write_concern
 
 FILL_CHUNK = 4096
+IDLE_RESERVE_S = 10.0  # each idle consumer's reserve timeout (as measured in issue 21)
 BATCH = 100  # consume_batch: messages per reserve_many
 Role = Callable[[Ctx, Any], Awaitable[None]]
 
@@ -162,11 +165,87 @@ async def end_to_end(ctx: Ctx, q: Any) -> None:
         await q.drain()
 
 
+class CommandKinds(monitoring.CommandListener):
+    """Counts, while ``active``, the commands an idle consumer sends by kind: ``claims`` (findAndModify),
+    ``pause_reads`` (reads of the control collection), ``next_due`` (reads of the next due time), ``getmores``
+    (its change stream: getMore, and the aggregate that opens it) and ``other`` (named in ``others``, by
+    command and collection)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.kinds: collections.Counter[str] = collections.Counter(dict.fromkeys(
+            ("claims", "pause_reads", "next_due", "getmores", "other"), 0))
+        self.others: collections.Counter[str] = collections.Counter()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if not self.active:
+            return
+        name, target = event.command_name, event.command.get(event.command_name)
+        pipeline = event.command.get("pipeline") or [{}]
+        if name == "findAndModify":
+            self.kinds["claims"] += 1
+        elif name == "find" and isinstance(target, str) and target.endswith(".control"):
+            self.kinds["pause_reads"] += 1
+        elif name == "find" and "due" in (event.command.get("filter") or {}):
+            self.kinds["next_due"] += 1
+        elif name == "getMore" or (name == "aggregate" and "$changeStream" in pipeline[0]):
+            self.kinds["getmores"] += 1
+        else:
+            self.kinds["other"] += 1
+            self.others[f"{name} {target}"] += 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+IDLE_KINDS = CommandKinds()
+
+
+async def idle(ctx: Ctx, q: Any) -> None:
+    import bucketq
+
+    s = ctx.spec
+    queues = [q] + [bucketq.Queue(q.database.client, name=s["queue"], db=s["db"])
+                    for _ in range(s["idle_consumers"] - 1)]
+
+    async def backlog(consumer: Any) -> None:
+        while (message := await consumer.reserve(timeout=1.0)) is not None:
+            await message.ack()
+            ctx.mark()
+
+    async def wait(consumer: Any, until: float) -> None:
+        while (left := until - time.monotonic()) > 0:
+            message = await consumer.reserve(timeout=min(IDLE_RESERVE_S, left))
+            if message is not None:
+                ctx.notes.append(f"unexpected message in the idle window: {message.id}")
+                await message.ack()
+
+    try:
+        await asyncio.gather(*(backlog(c) for c in queues))
+        await asyncio.to_thread(ctx.go)
+        IDLE_KINDS.active = True
+        until = time.monotonic() + s["idle_window_s"]
+        await asyncio.gather(*(wait(c, until) for c in queues))
+        IDLE_KINDS.active = False
+        ctx.stop()
+        ctx.extra["idle"] = {"consumers": len(queues), "kinds": dict(IDLE_KINDS.kinds),
+                             "others": dict(IDLE_KINDS.others)}
+    finally:
+        for consumer in queues[1:]:
+            await consumer.close()
+    with ctx.tail():
+        await q.drain()
+
+
 async def _with_queue(ctx: Ctx, role: Role) -> None:
     import bucketq  # here, so that a library still being written shows as an error row
 
     s = ctx.spec
-    client: AsyncMongoClient = AsyncMongoClient(s["uri"], event_listeners=[ctx.commands], w=write_concern(s))
+    client: AsyncMongoClient = AsyncMongoClient(s["uri"], event_listeners=[ctx.commands, IDLE_KINDS],
+                                                w=write_concern(s))
     tuned = {"bucket_max_size": s["bucket_max_size"], "bucket_max_wait": s["bucket_max_wait_s"]}
     try:
         if s["role"] == "stream_push":  # the same producer, writing a stream: sequences allocated per write
@@ -186,4 +265,4 @@ def _sync(role: Role) -> Callable[[Ctx], None]:
 if __name__ == "__main__":
     main({"fill": _sync(fill), "push": _sync(push), "consume": _sync(consume), "end_to_end": _sync(end_to_end),
           "latency": _sync(latency), "consume_batch": _sync(lambda ctx, q: consume(ctx, q, BATCH)),
-          "stream_push": _sync(push)})
+          "stream_push": _sync(push), "idle": _sync(idle)})

@@ -16,7 +16,8 @@ non-number, ``$addToSet`` on a non-array, a path through a null and an int64 ove
 duplicate ``_id`` raises ``DuplicateKeyError`` or ``BulkWriteError`` with code 11000, as PyMongo raises them;
 documents over 16 MiB are refused (``DocumentTooLarge`` on insert, write error 17419 on update); the
 aggregation expressions of ``core/stats.py`` compare across types in BSON order. Change streams deliver
-insert events. What it does not implement raises ``Unsupported``.
+insert, update (``updateDescription`` by top-level field; ``updateLookup``) and replace events. What it
+does not implement raises ``Unsupported``.
 
 Why not mongomock (4.3.0, evaluated for this): it gets wrong exactly what bucketq relies on. ``$inc`` on a
 string raises Python's ``TypeError`` instead of a write error (the consumer's fallback for such buckets

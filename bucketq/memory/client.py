@@ -211,14 +211,15 @@ class MemoryCollection:
 
     async def watch(self, pipeline: list[Mapping[str, Any]] | None = None, *,
                     start_at_operation_time: Timestamp | None = None, max_await_time_ms: int | None = None,
-                    **kwargs: Any) -> ChangeStream:
+                    full_document: str | None = None, **kwargs: Any) -> ChangeStream:
         client = self.sync.database.client
 
         def open_stream() -> ChangeStream:
             if not client.change_streams:
                 raise OperationFailure("The $changeStream stage is only supported on replica sets", 40573)
             return ChangeStream(client.streams, self.sync.database.name, self.sync.name, list(pipeline or []),
-                                (max_await_time_ms or 1000) / 1000, start_at_operation_time)
+                                (max_await_time_ms or 1000) / 1000, start_at_operation_time,
+                                lookup=full_document == "updateLookup")
 
         return await self._run(self._op("aggregate", "watch", update=pipeline), open_stream)
 

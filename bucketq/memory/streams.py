@@ -1,5 +1,5 @@
-"""Change streams of ``bucketq.memory``: insert events, to the streams open at the time and, for a stream
-opened with ``start_at_operation_time``, from the last few seconds."""
+"""Change streams of ``bucketq.memory``: insert, update and replace events, to the streams open at the time
+and, for a stream opened with ``start_at_operation_time``, from the last few seconds."""
 
 from __future__ import annotations
 
@@ -24,29 +24,35 @@ class Streams:
 
     def __init__(self) -> None:
         self.open: set[ChangeStream] = set()
-        self.recent: deque[tuple[Timestamp, str, str, bytes]] = deque()
+        self.recent: deque[tuple[Timestamp, str, str, bytes, str, dict[str, Any] | None]] = deque()
         self._last = Timestamp(0, 0)
 
-    def publish(self, database: str, collection: str, raw: bytes) -> None:
+    def publish(self, database: str, collection: str, raw: bytes, *, operation: str = "insert",
+                description: dict[str, Any] | None = None) -> None:
+        """A write of document ``raw`` (as it is now): an ``insert``, a ``replace``, or an ``update`` with
+        its ``description`` (``updateDescription``)."""
         seconds = int(time.time())
         self._last = Timestamp(seconds, self._last.inc + 1 if seconds == self._last.time else 1)
-        self.recent.append((self._last, database, collection, raw))
+        event = (self._last, database, collection, raw, operation, description)
+        self.recent.append(event)
         while self.recent and self.recent[0][0].time < seconds - self.KEEP_S:
             self.recent.popleft()
         for stream in list(self.open):
-            stream.offer(self._last, database, collection, raw)
+            stream.offer(*event)
 
 
 # -- the sync interface (engine) -------------------------------------------------------------------------
 
 
 class ChangeStream:
-    """Insert events of one collection (the only events this database makes), through ``$match`` and
-    ``$project`` stages."""
+    """Change events of one collection (inserts, updates and replacements: deletes make none), through
+    ``$match`` and ``$project`` stages. Update events carry the document as it is after the update only with
+    ``lookup`` (``full_document="updateLookup"``)."""
 
     def __init__(self, streams: Streams, database: str, collection: str, pipeline: list[Mapping[str, Any]],
-                 max_await_s: float, start: Timestamp | None) -> None:
+                 max_await_s: float, start: Timestamp | None, *, lookup: bool = False) -> None:
         self._streams = streams
+        self._lookup = lookup
         self._ns = {"db": database, "coll": collection}
         for stage in pipeline:
             if set(stage) - {"$match", "$project"}:
@@ -61,12 +67,17 @@ class ChangeStream:
         streams.open.add(self)
         self.alive = True
 
-    def offer(self, at: Timestamp, database: str, collection: str, raw: bytes) -> None:
+    def offer(self, at: Timestamp, database: str, collection: str, raw: bytes, operation: str,
+              description: dict[str, Any] | None) -> None:
         if (database, collection) != (self._ns["db"], self._ns["coll"]):
             return
         doc = bson.decode(raw, codec_options=STORED)
-        event = {"_id": {"_data": f"{at.time:08x}{at.inc:08x}"}, "operationType": "insert", "clusterTime": at,
-                 "ns": dict(self._ns), "documentKey": {"_id": doc["_id"]}, "fullDocument": doc}
+        event = {"_id": {"_data": f"{at.time:08x}{at.inc:08x}"}, "operationType": operation, "clusterTime": at,
+                 "ns": dict(self._ns), "documentKey": {"_id": doc["_id"]}}
+        if operation == "update":
+            event["updateDescription"] = description
+        if operation != "update" or self._lookup:
+            event["fullDocument"] = doc
         for passed in aggregate_documents([event], self._pipeline):
             self._events.put_nowait(dict(passed))
 

@@ -335,14 +335,15 @@ class SyncCollection:
         else:
             raise TypeError(f"{request!r} is not a valid request")
         found, modified, upserted = self._modify(request._filter, change, many=isinstance(request, UpdateMany),
-                                                 upsert=bool(request._upsert))
+                                                 upsert=bool(request._upsert),
+                                                 replacing=isinstance(request, ReplaceOne))
         counts["nMatched"] += len(found)
         counts["nModified"] += modified
         if upserted is not None:
             counts["nUpserted"] += 1
             counts["upserted"].append({"index": index, "_id": upserted})
 
-    def _rewrite(self, stored: _Stored, change: Change) -> bool:
+    def _rewrite(self, stored: _Stored, change: Change, replacing: bool) -> bool:
         """Replace ``stored`` by ``change`` of a fresh copy of it; whether that changed anything."""
         doc = change(bson.decode(stored.raw, codec_options=STORED))
         raw = bson.encode(doc, codec_options=STORED)
@@ -350,7 +351,14 @@ class SyncCollection:
             raise write_error(f"Resulting document after update is larger than {MAX_BSON_SIZE}", 17419)
         if raw == stored.raw:
             return False
-        self._created.docs[id_key(stored.doc["_id"])] = _Stored(raw, bson.decode(raw, codec_options=STORED))
+        new = _Stored(raw, bson.decode(raw, codec_options=STORED))
+        self._created.docs[id_key(stored.doc["_id"])] = new
+        streams = self.database.client.streams
+        if replacing:
+            streams.publish(self.database.name, self.name, raw, operation="replace")
+        else:
+            streams.publish(self.database.name, self.name, raw, operation="update",
+                            description=update_description(stored.doc, new.doc))
         return True
 
     def _insert_new(self, doc: MutableMapping[str, Any]) -> Any:
@@ -366,14 +374,14 @@ class SyncCollection:
         return stored.doc["_id"]
 
     def _modify(self, filter: Any, change: Change, *, many: bool = False, upsert: bool = False,
-                sort: Any = None, comment: Any = None) -> tuple[list[_Stored], int, Any]:
+                sort: Any = None, comment: Any = None, replacing: bool = False) -> tuple[list[_Stored], int, Any]:
         """Apply ``change`` to the first (or every) matching document, or with ``upsert`` to a new one made from
         the filter's equalities when none matches. Returns (the matched documents as they were, how many
         changed, the upserted ``_id`` or None)."""
         self._plan(filter, sort, comment)
         found = self._ordered(self._matching(filter), sort)[: None if many else 1]
         if found or not upsert:
-            return found, sum(self._rewrite(s, change) for s in found), None
+            return found, sum(self._rewrite(s, change, replacing) for s in found), None
         return [], 0, self._insert_new(change(upsert_seed(as_stored(filter, self.codec_options) or {}), True))
 
     def _updater(self, update: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> Change:
@@ -421,7 +429,8 @@ class SyncCollection:
 
     def replace_one(self, filter: Any, replacement: Mapping[str, Any], upsert: bool = False, comment: Any = None,
                     **ignored: Any) -> UpdateResult:
-        return self._update_result(*self._modify(filter, self._replacer(replacement), upsert=upsert, comment=comment))
+        return self._update_result(*self._modify(filter, self._replacer(replacement), upsert=upsert, comment=comment,
+                                                 replacing=True))
 
     def find_one_and_update(self, filter: Any, update: Mapping[str, Any], projection: Any = None, sort: Any = None,
                             upsert: bool = False, return_document: bool = ReturnDocument.BEFORE,
@@ -455,6 +464,13 @@ class SyncCollection:
 
     def drop(self, **ignored: Any) -> None:
         self.database.drop_collection(self.name)
+
+
+def update_description(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """An update event's ``updateDescription``, by top-level field (MongoDB names the fields changed inside a
+    subdocument by dotted paths, ``lease.until``; the stages bucketq watches with look at top-level ones)."""
+    return {"updatedFields": {k: v for k, v in after.items() if k not in before or compare(before[k], v) != 0},
+            "removedFields": [k for k in before if k not in after]}
 
 
 def ensure_id(doc: MutableMapping[str, Any]) -> Any:

@@ -5,11 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
-# A wake-up needs to know that a change happened, not what it stored. Without this stage every event carries
-# its whole document (a bucket: up to 16 MiB): a batch of them overflows one reply (the test server's 48 MB),
-# and real MongoDB refuses an event over 16 MiB.
+STREAM_AWAIT_MS = 1000  # how long a server holds an empty change-stream getMore
+# A wake-up needs to know that a change happened and when its bucket is due, not what it stored. Without this
+# projection every event carries its whole document (a bucket: up to 16 MiB): a batch of them overflows one
+# reply (the test server's 48 MB), and real MongoDB refuses an event over 16 MiB.
 WITHOUT_BODIES = {"$project": {"operationType": 1}}
-WATCH_INSERTS = [{"$match": {"operationType": "insert"}}, WITHOUT_BODIES]
+DUE_ONLY = {"$project": {"operationType": 1, "fullDocument.due": 1, "updateDescription.updatedFields.due": 1}}
+# The changes that can make a bucket claimable: an insert (a push, a retry copy, a requeue), a release (it clears
+# the lease: a drain, a nack or a group's bucket set to wait) and a group's hand-off (it removes ``w``). Claims,
+# lease extensions and finishes match none. mongo-java-server reports an update's set and unset fields under
+# ``fullDocument`` instead of ``updateDescription``: the last two clauses are its spelling of the two before.
+WAKING_CHANGES = {"$match": {"$or": [
+    {"operationType": "insert"},
+    {"operationType": "update", "updateDescription.updatedFields.lease": {"$type": "null"}},
+    {"operationType": "update", "updateDescription.removedFields": "w"},
+    {"operationType": "update", "updateDescription": {"$exists": False}, "fullDocument.lease": {"$type": "null"}},
+    {"operationType": "update", "updateDescription": {"$exists": False}, "fullDocument.w": ""},
+]}}
+WATCH_CHANGES = [WAKING_CHANGES, DUE_ONLY]
 
 
 async def watch_events(collection: Any, field: str, start: Any) -> Any:
@@ -18,7 +31,7 @@ async def watch_events(collection: Any, field: str, start: Any) -> Any:
     the relay's own pulls leave none and wake nothing."""
     match = {"operationType": {"$in": ["insert", "update", "replace"]}, f"fullDocument.{field}.0": {"$exists": True}}
     return await collection.watch([{"$match": match}, WITHOUT_BODIES], full_document="updateLookup",
-                                  start_at_operation_time=start, max_await_time_ms=1000)
+                                  start_at_operation_time=start, max_await_time_ms=STREAM_AWAIT_MS)
 
 
 async def watch_bucket_sizes(collection: Any, start: Any) -> Any:

@@ -18,14 +18,14 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.control import PauseGate  # async-only
 from bucketq.core import groups
-from bucketq.core.claims import LIVE, claim_uncounted
+from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
 from bucketq.core.control import PAUSE, initial_pause, is_paused
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
-from bucketq.store.aio.changes import WATCH_INSERTS  # async-only
+from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES  # async-only
 
 
 class AsyncQueueStore:
@@ -55,9 +55,11 @@ class AsyncQueueStore:
         await self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
 
     # async-only: begin
-    async def watch_inserts(self, start: Any) -> Any:
-        """A change stream of the buckets inserted from ``start`` (a cluster time) on, without their bodies."""
-        return await self.buckets.watch(WATCH_INSERTS, start_at_operation_time=start, max_await_time_ms=1000)
+    async def watch_changes(self, start: Any) -> Any:
+        """A change stream, from ``start`` (a cluster time) on, of the changes that can make a bucket claimable
+        (``changes.WATCH_CHANGES``), each with its bucket's due time only."""
+        return await self.buckets.watch(WATCH_CHANGES, start_at_operation_time=start,
+                                        max_await_time_ms=STREAM_AWAIT_MS)
 
     # async-only: end
     # -- producer ------------------------------------------------------------------------------------------
@@ -216,6 +218,13 @@ class AsyncQueueStore:
 
     async def group_lock(self, group: str) -> dict | None:
         return await self.groups.find_one({"_id": group})
+
+    async def next_due(self, after: dt.datetime) -> dt.datetime | None:
+        """The earliest ``due`` after ``after`` among live buckets (an unclaimed bucket's due time, or a claimed
+        one's lease end), or None: one document read through the ``due`` index."""
+        doc = await self.buckets.find_one({"due": {"$gt": after, "$lt": TOMBSTONE_DUE}}, {"_id": 0, "due": 1},
+                                          sort=[("due", 1)])
+        return doc["due"] if doc is not None else None
 
     async def first_bucket(self, query: dict, sort: list) -> dict | None:
         return await self.buckets.find_one(query, {"_id": 1, "w": 1, "lease": 1}, sort=sort)

@@ -19,7 +19,7 @@ from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.core import groups
-from bucketq.core.claims import LIVE, claim_uncounted
+from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
 from bucketq.core.control import PAUSE, initial_pause, is_paused
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 from bucketq.core.retry import is_transient
@@ -206,6 +206,13 @@ class QueueStore:
 
     def group_lock(self, group: str) -> dict | None:
         return self.groups.find_one({"_id": group})
+
+    def next_due(self, after: dt.datetime) -> dt.datetime | None:
+        """The earliest ``due`` after ``after`` among live buckets (an unclaimed bucket's due time, or a claimed
+        one's lease end), or None: one document read through the ``due`` index."""
+        doc = self.buckets.find_one({"due": {"$gt": after, "$lt": TOMBSTONE_DUE}}, {"_id": 0, "due": 1},
+                                          sort=[("due", 1)])
+        return doc["due"] if doc is not None else None
 
     def first_bucket(self, query: dict, sort: list) -> dict | None:
         return self.buckets.find_one(query, {"_id": 1, "w": 1, "lease": 1}, sort=sort)
