@@ -212,7 +212,8 @@ async def test_read_commands_and_methods_write_nothing(bq: Run, sync_db, adb) ->
     # A queue written by another client, so far without indexes or dead-letter collection: a bucket with one of
     # its two messages done, and a tombstone (a finished bucket), beside an application's own collections.
     sync_db["events"].insert_many([_bucket(['{"n": 1}', '{"n": 2}'], done=[0], age_s=5),
-                                   {"_id": ObjectId(), **claims.finish(dt.datetime.now(dt.timezone.utc), "a-token", 0)}])
+                                   {"_id": ObjectId(),
+                                    **claims.finish(dt.datetime.now(dt.timezone.utc), "a-token", 0)}])
     sync_db["users"].insert_one({"name": "ann"})
     sync_db["users"].create_index("name")
     sync_db.create_collection("empty")

@@ -133,7 +133,8 @@ async def test_remove_takes_a_bucket_back_from_a_claim_whose_lease_expired(make_
     doc = sync_db["events"].find_one({"_id": bucket_id})
     assert doc["done"] == [1] and doc["lease"] is None
     # The crashed claimant's token no longer matches: its late writes (a retry copy of "drop") are refused.
-    assert sync_db["events"].update_one(claims.fenced({"_id": bucket_id}, "crashed"), {"$set": {"x": 1}}).matched_count == 0
+    fence = claims.fenced({"_id": bucket_id}, "crashed")
+    assert sync_db["events"].update_one(fence, {"$set": {"x": 1}}).matched_count == 0
     assert await served(make_queue()) == ["keep"]
 
 

@@ -318,7 +318,7 @@ class HeldBucket:
             due = max(retry_at[s] for s in slots)
             copies = [self.bucket.slot(s, tries=self.tries(s) + 1) for s in sorted(slots)]
             docs += bucket_documents(copies, codec=self.bucket.codec, created=now, due=due,
-                                     partition=self.bucket.partition)  # a retry stays in its bucket's partition
+                                     partition=self.bucket.partition or 0)  # in its bucket's partition
         return docs
 
 

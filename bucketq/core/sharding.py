@@ -24,8 +24,10 @@ MAX_PARTITIONS = 1024
 # database's primary shard).
 QUEUE_SHARD_KEYS: dict[str, dict[str, Any]] = {
     "": {PARTITION: 1, "_id": 1},  # buckets: claims target one partition, fenced writes one document
-    INBOX_SUFFIX: {"_id": "hashed"},  # dedupe keys: read and written by key only, grows with the traffic
 }
+# Sharded only when it outgrows a shard: its lookups (``_id`` in a set of keys) go to the shards of those keys,
+# and its retention delete (by ``at``) goes to every shard.
+QUEUE_OPTIONAL_SHARD_KEYS: dict[str, dict[str, Any]] = {INBOX_SUFFIX: {"_id": "hashed"}}
 QUEUE_UNSHARDED: dict[str, str] = {
     DEAD_SUFFIX: "failed messages only: small, read by operators (listing, requeue)",
     QUARANTINE_SUFFIX: "unreadable buckets and messages only: small, read by operators",
@@ -114,15 +116,20 @@ class Rotation:
 
 
 def shard_commands(db: str, name: str, partitions: int, keys: dict[str, dict[str, Any]] = QUEUE_SHARD_KEYS,
-                   zoned: dict[str, str] = ZONED, shards: int | None = None) -> list[str]:
+                   zoned: dict[str, str] = ZONED, optional: dict[str, dict[str, Any]] = QUEUE_OPTIONAL_SHARD_KEYS,
+                   shards: int | None = None) -> list[str]:
     """The mongosh commands that shard the collections of ``name`` (``keys``: a suffix -> shard key table) and,
     for the zoned ones, pin the ranges of partitions to zones ``<db>.<name>-z<i>``: ``shards`` zones (default one
     per partition), partition ``p`` in zone ``p * shards // partitions``. A zone is given to a shard with
-    ``sh.addShardToZone`` (printed commented out: the shard names are the cluster's)."""
+    ``sh.addShardToZone`` (printed commented out: the shard names are the cluster's), as are the optional ones
+    (``optional``: collections to shard only when they outgrow a shard)."""
     zones = min(shards or partitions, partitions)
     lines = []
-    for suffix, shard_key in keys.items():
+    for suffix, shard_key in keys.items():  # a collection with documents needs the shard key's index first
+        lines.append(f"db.getSiblingDB({_js(db)}).getCollection({_js(name + suffix)}).createIndex({_js(shard_key)})")
         lines.append(f"sh.shardCollection({_js(f'{db}.{name}{suffix}')}, {_js(shard_key)})")
+    lines += [f"// sh.shardCollection({_js(f'{db}.{name}{suffix}')}, {_js(shard_key)})"
+              for suffix, shard_key in optional.items()]
     for suffix, field in zoned.items():
         namespace = f"{db}.{name}{suffix}"
         rest = [k for k in keys[suffix] if k != field]
