@@ -213,7 +213,7 @@ async def test_purge_ends_every_bucket_with_a_count_and_keeps_dead_letters(make_
     row = await producer.stats()
     assert (row["ready"], row["scheduled"], row["in_flight"], row["buckets"], row["dead"]) == (0, 0, 0, 0, 1)
     for doc in sync_db["events"].find({"_id": {"$in": bucket_ids}}):  # tombstones, as finished buckets leave
-        assert set(doc) == {"_id", "v", "due", "lease", "fin"} and doc["lease"] is None
+        assert set(doc) == {"_id", "pt", "v", "due", "lease", "fin"} and doc["lease"] is None
     with pytest.raises(DuplicateKeyError):  # so a producer's late insert retry stores nothing again
         sync_db["events"].insert_one({"_id": bucket_ids[0], "v": 1})
     with pytest.raises(bucketq.LeaseLost):  # the consumer's hold on its bucket ended
