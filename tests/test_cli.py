@@ -91,7 +91,7 @@ def jsonl(text: str) -> list:
 
 COMMANDS = [["stats"], ["peek"], ["push"], ["drain"], ["worker"], ["dead", "list"], ["dead", "requeue"],
             ["dead", "purge"], ["quarantine", "list"], ["quarantine", "requeue"], ["quarantine", "purge"],
-            ["pause"], ["resume"], ["remove"], ["purge"], ["shard"]]
+            ["pause"], ["resume"], ["remove"], ["purge"]]
 
 
 def test_help_lists_every_command_and_tells_how_to_use_it() -> None:
@@ -769,9 +769,8 @@ def test_push_group_stores_an_ordered_group_and_refuses_a_delay_or_a_bad_group(b
 
 def test_shard_prints_the_sharding_commands_of_a_queue_and_connects_to_nothing() -> None:
     """``bucketq shard``: the shard key's index, sh.shardCollection, one zone per range of partitions, and the
-    unsharded side collections with their reasons; the database from --db, else the URI's, else bucketq."""
-    env = {"BUCKETQ_MONGODB_URI": "mongodb://127.0.0.1:1/app"}  # nothing listens there
-    result = CliRunner().invoke(cli, ["shard", "events", "--partitions", "4", "--shards", "2"], env=env)
+    unsharded side collections with their reasons; the database from --db, else bucketq."""
+    result = CliRunner().invoke(cli, ["shard", "events", "--partitions", "4", "--shards", "2", "--db", "app"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[:2] == ['db.getSiblingDB("app").getCollection("events").createIndex({pt: 1, _id: 1})',
@@ -780,9 +779,10 @@ def test_shard_prints_the_sharding_commands_of_a_queue_and_connects_to_nothing()
         'sh.updateZoneKeyRange("app.events", {pt: MinKey, _id: MinKey}, {pt: 2, _id: MinKey}, "app.events-z0")',
         'sh.updateZoneKeyRange("app.events", {pt: 2, _id: MinKey}, {pt: MaxKey, _id: MaxKey}, "app.events-z1")']
     assert "// app.events.dead: unsharded" in result.output and "app.events.groups: unsharded" in result.output
-    other = CliRunner().invoke(cli, ["shard", "events", "--db", "other"], env={"BUCKETQ_MONGODB_URI": ""})
-    assert 'sh.shardCollection("other.events", {pt: 1, _id: 1})' in other.output
+    other = CliRunner().invoke(cli, ["shard", "events"])
+    assert 'sh.shardCollection("bucketq.events", {pt: 1, _id: 1})' in other.output
     assert other.output.count("sh.updateZoneKeyRange") == 1
     bad = CliRunner().invoke(cli, ["shard", "events", "--partitions", "0"])
     assert bad.exit_code == 2 and "--partitions" in bad.output
+    assert CliRunner().invoke(cli, ["shard", "bad$name"]).exit_code == 2
     assert "sh.shardCollection" in CliRunner().invoke(cli, ["shard", "--help"]).output

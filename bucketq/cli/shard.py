@@ -4,9 +4,8 @@ connects to nothing: sharding is a cluster administrator's step, run once on a m
 from __future__ import annotations
 
 import click
-from pymongo.uri_parser import parse_uri
 
-from bucketq.cli.common import BadUsage, Target, connection_options
+from bucketq.cli.common import BadUsage
 from bucketq.core.sharding import MAX_PARTITIONS, QUEUE_UNSHARDED, shard_commands
 from bucketq.errors import InvalidOption
 from bucketq.options import check_names
@@ -20,8 +19,8 @@ DEFAULT_DB = "bucketq"
               help="The queue's `partitions` option (every client of the queue uses the same).")
 @click.option("--shards", type=click.IntRange(1, MAX_PARTITIONS), default=None, metavar="N",
               help="Zones to split the partitions into, one per shard [default: one zone per partition].")
-@connection_options
-def shard(target: Target, queue: str, partitions: int, shards: int | None) -> None:
+@click.option("--db", default=DEFAULT_DB, show_default=True, metavar="NAME", help="Database of the queue.")
+def shard(queue: str, partitions: int, shards: int | None, db: str) -> None:
     """Print the mongosh commands that shard QUEUE on a sharded cluster; run them on a mongos.
 
     The buckets collection is sharded (sh.shardCollection) on {pt: 1, _id: 1}: every claim names one
@@ -31,14 +30,13 @@ def shard(target: Target, queue: str, partitions: int, shards: int | None) -> No
     ranges, each range a zone (sh.updateZoneKeyRange), so that a partition's chunks stay on one shard; give
     each zone a shard with the commented sh.addShardToZone line (shard names are your cluster's). The side
     collections stay unsharded (listed at the end, with why); the inbox's line is commented out: shard it only
-    when it outgrows a shard. Nothing is connected to or changed.
+    when it outgrows a shard. Connects to nothing (no --uri): it only prints.
 
     \b
     Examples:
       bucketq shard events --partitions 8 --shards 4
       bucketq shard events --partitions 8 --db app | mongosh "mongodb://mongos:27017"
     """
-    db = target.db or (parse_uri(target.uri).get("database") if target.uri else None) or DEFAULT_DB
     try:
         check_names(queue, db)
     except InvalidOption as exc:
