@@ -46,7 +46,7 @@ def cli() -> None:
     """Inspect and operate bucketq queues on MongoDB.
 
     Every command takes --uri (default: $BUCKETQ_MONGODB_URI) and --db (default: the URI's database, else
-    'bucketq'). Run `bucketq COMMAND --help` for its options and examples.
+    'bucketq'); `shard`, which only prints, takes --db. Run `bucketq COMMAND --help` for its options and examples.
 
     \b
     Examples:
