@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from bench.contenders import ALL, SCENARIOS
 
-MAIN_SCENARIOS = ("push", "consume", "consume_batch", "end_to_end", "stream_push")
+MAIN_SCENARIOS = ("push", "push_many", "consume", "consume_batch", "end_to_end", "stream_push")
 ALL_SCENARIOS = (*MAIN_SCENARIOS, "latency", "codec", "majority", "spark")
 LATENCY_MESSAGES = 1000  # sequential awaited pushes of the latency scenario
 JSON_OVERHEAD = 45  # bytes of {"ts":1763837000.123456,"i":123456,"pad":""} around the padding
@@ -38,7 +38,7 @@ class Settings:
 @dataclass(frozen=True)
 class Job:
     contender: str
-    scenario: str  # push | consume | consume_batch | end_to_end | stream_push | latency | encode | decode
+    scenario: str  # push | push_many | consume | consume_batch | end_to_end | stream_push | latency | encode | decode
     payload_bytes: int
     processes: int
     messages: int

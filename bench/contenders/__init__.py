@@ -10,8 +10,9 @@ from bench.contenders import keuss
 ALL = ("bucketq", "keuss", "naive", "floor")
 QUEUE_SCENARIOS = frozenset({"push", "consume", "end_to_end", "latency"})
 SCENARIOS = {
-    # consume_batch: reserve_many, for batch handlers; stream_push: push to a bucketq.Stream (issue 14)
-    "bucketq": QUEUE_SCENARIOS | {"consume_batch", "stream_push"},
+    # consume_batch: reserve_many, for batch handlers; stream_push: push to a bucketq.Stream (issue 14); push_many:
+    # the same pushes as push, by push_many calls of ``window`` messages (issue 25)
+    "bucketq": QUEUE_SCENARIOS | {"consume_batch", "stream_push", "push_many"},
     "keuss": QUEUE_SCENARIOS,
     "naive": QUEUE_SCENARIOS,
     "floor": frozenset({"push", "consume", "latency", "encode", "decode"}),  # latency: one insert's round trip
