@@ -158,11 +158,14 @@ class Accumulator:
         the open bucket of such messages if there is one that it leaves short of full. False when it did nothing:
         the caller then goes through ``add``, which opens and seals buckets (once a bucket, not once a message)."""
         bucket = self._open.get(NOW)
-        if bucket is None or len(bucket.slots) + 1 >= self.max_size or bucket.size_bytes + slot_size >= self.max_bytes:
+        if bucket is None:
             return False
-        bucket.slots.append(slot)
+        slots, size = bucket.slots, bucket.size_bytes + slot_size
+        if len(slots) + 1 >= self.max_size or size >= self.max_bytes:
+            return False
+        slots.append(slot)
         bucket.waiters.append(waiter)
-        bucket.size_bytes += slot_size
+        bucket.size_bytes = size
         self.buffered_bytes += slot_size
         return True
 
