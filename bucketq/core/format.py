@@ -95,8 +95,6 @@ def encode_slot(codec: Any, payload: Any, headers: Mapping[str, Any] | None,
     except Exception as exc:
         raise EncodeError(f"cannot encode {type(payload).__name__} payload with the {codec.name} codec: {exc}") \
             from exc
-    if headers is None and key is None:  # most pushes: the payload alone
-        return tuple.__new__(Slot, (stored, None, None, *_SLOT_DEFAULTS_AFTER_KEY)), slot_bytes(stored)
     snapshot = None
     if headers is not None:
         if not isinstance(headers, Mapping):
