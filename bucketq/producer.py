@@ -242,7 +242,7 @@ class Producer:
         loop = self._loop = asyncio.get_running_loop()
         self._space = asyncio.Condition()
         # asyncio's own loops make a future with a Python-level method; the C class, bound to the loop by a C
-        # partial, makes the same future in a third of the time. Other loops (uvloop) keep their own.
+        # partial, makes the same future without that call (one a push). Other loops (uvloop) keep their own.
         plain = type(loop).create_future is asyncio.BaseEventLoop.create_future
         self._new_future = functools.partial(asyncio.Future, loop=loop) if plain else loop.create_future
 
