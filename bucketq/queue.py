@@ -103,7 +103,8 @@ class Queue:
             from bucketq.outbox import push_in_transaction  # the outbox builds on Queue: imported when used
 
             return await push_in_transaction(self, session, payload, delay=delay, at=at, headers=headers, key=key)
-        await self._ready()
+        if self._closed or self._setup.pending():
+            await self._ready()
         return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group)
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
