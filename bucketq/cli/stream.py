@@ -67,7 +67,7 @@ async def _list(target: Target, name: str, as_json: bool) -> None:
         groups = await handle.groups()
     if as_json:
         for group in groups:
-            click.echo(to_json({"group": group.name, "position": str(group.committed), "resets": group.epoch,
+            click.echo(to_json({"group": group.name, "position": str(group), "resets": group.epoch,
                                 "expired": group.expired}))
         return
     if not groups:
@@ -77,7 +77,7 @@ async def _list(target: Target, name: str, as_json: bool) -> None:
     for column in ("group", "position", "resets", "expired"):
         out.add_column(column, justify="left" if column == "group" else "right")
     for group in groups:
-        out.add_row(group.name, str(group.committed), str(group.epoch), f"{group.expired:,}")
+        out.add_row(group.name, str(group), str(group.epoch), f"{group.expired:,}")
     print_table(out)
 
 
