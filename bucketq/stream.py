@@ -192,7 +192,7 @@ class Stream:
                 claims = await self.store.group_claims(group, part, committed.seq, None, {"s": 1, "fin": 1, "done": 1})
                 lag.add(part, committed, buckets,
                         {c["s"]: (MAX_BUCKET_SIZE if c.get("fin") else len(c.get("done", []))) for c in claims})
-            groups[group.name] = lag.report(group, now)
+            groups[group.name] = lag.report(group, self.store.parts, now)
         lasts, floors = [c[0] for c in counters.values()], [c[1] for c in counters.values()]
         single = len(lasts) == 1
         return {"last_sequence": lasts[0] if single else lasts, "floor": floors[0] if single else floors,

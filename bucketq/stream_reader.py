@@ -134,6 +134,9 @@ class StreamReader:
         while (group := await self._store.group(self.group)) is None:  # deleted meanwhile: join it again
             self._joined = False
             await self._ready()
+        if len(group.positions) == 1 < len(self._store.parts):  # joined before the stream was created partitioned
+            await self._store.move_group(*core.spread_group(group, self._store.parts))
+            return await self._group()
         if group.epoch != self._epoch:  # reset: what this reader holds belongs to the old epoch
             self._held.clear()
             self._epoch = group.epoch

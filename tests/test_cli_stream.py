@@ -64,6 +64,7 @@ def test_help() -> None:
 async def test_a_partitioned_stream_shows_and_takes_positions_by_partition(bq: Run, mongo_uri: str,
                                                                           db_name: str) -> None:
     async with bucketq.Stream(mongo_uri, name="parts", db=db_name, partitions=2) as stream:
+        await stream.ready()  # opened: the stream's partitions known
         stream.store._next_part = 0
         await stream.push_many(["a", "b"])  # partition 0
         await stream.push("c")  # partition 1

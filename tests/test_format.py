@@ -206,6 +206,7 @@ async def test_stream_documents_match_the_format(queue_target, db_name, sync_db,
     counter_id = f"{COUNTER_ID}.0" if v2 else COUNTER_ID
     async with bucketq.Stream(queue_target, name="log", db=db_name, gap_wait=0.1, poll_interval=0.01,
                               partitions=partitions) as stream:
+        await stream.ready()  # opened: the stream's partitions known
         stream.store._next_part = 0  # the writes below go to partitions 0, 1, then 0 again
         await stream.push_many([{"i": 1}, "two"])
         await stream.push({"h": True}, headers={"trace": "x"}, key="k-1")

@@ -162,3 +162,16 @@ async def test_a_reset_moves_every_partition_or_only_those_named(make_stream):
     assert [m.position for m in await read_all(reader)] == [one]
     with pytest.raises(bucketq.InvalidOption, match="partition 7"):
         await stream.reset("g", Position(1, 0, 7))
+
+
+async def test_a_reader_started_before_the_stream_exists_learns_its_partitions(make_stream):
+    early = make_stream(partitions=None)
+    reader = early.reader("g", start="beginning")
+    assert await reader.read(timeout=0.05) is None  # no stream yet: the group is one position, 1:0
+    await early.reset("other", "end")  # so is this one
+    stream = make_stream()
+    positions = await push_writes(stream, 4, per_write=1)
+    assert (await stream.stats())["groups"]["other"]["position"] == "1:0 1/1:0 2/1:0 3/1:0"
+    got = await read_all(reader)  # its group spreads over the partitions
+    assert sorted(m.position for m in got) == sorted(positions) and len(early.store.parts) == 4
+    assert (await stream.store.group("g")).positions == tuple(Position(2, 0, pt) for pt in range(4))

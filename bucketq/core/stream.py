@@ -220,6 +220,15 @@ def reset_update(start: list[Position], now: dt.datetime) -> dict:
             "$setOnInsert": {"created": now, "expired": 0}}
 
 
+def spread_group(group: GroupState, parts: list[Partition]) -> tuple[dict, dict]:
+    """(filter, update): a group of one position, created (by a reader or a reset) before its stream existed,
+    moved to the stream's partitions, each at that position (a new stream's "beginning" and "end" are both
+    sequence 1). Applied once: the filter matches only the group's single-position shape and epoch."""
+    start = group.committed
+    return ({"_id": group.name, "e": group.epoch, "v": {"$exists": False}},
+            {"$set": _positions_fields([Position(start.seq, start.slot, p.number) for p in parts])})
+
+
 def check_group_name(name: object) -> str:
     if not isinstance(name, str) or not name or "\0" in name or len(name.encode()) > 200:
         raise InvalidOption(f"a group name is a non-empty string of at most 200 bytes without NUL, got {name!r}")
@@ -241,6 +250,10 @@ class GroupState:
         return self.positions[0]
 
     def at(self, part: Partition) -> Position:
+        """The committed position in ``part``; a group of one position not spread yet (``spread_group``) is at
+        that position in every partition."""
+        if len(self.positions) == 1:
+            return self.committed._replace(partition=part.number)
         return self.positions[part.number]
 
     def __str__(self) -> str:
@@ -475,9 +488,9 @@ class Lag:
                 created = as_utc(doc["created"])
                 self.oldest = created if self.oldest is None or created < self.oldest else self.oldest
 
-    def report(self, group: GroupState, now: dt.datetime) -> dict[str, Any]:
-        """``position`` (the committed positions as text), ``lag_messages``, ``lag_s`` (0 when caught up) and
-        ``expired``."""
-        return {"position": str(group), "lag_messages": self.messages,
+    def report(self, group: GroupState, parts: list[Partition], now: dt.datetime) -> dict[str, Any]:
+        """``position`` (the committed positions in ``parts`` as text), ``lag_messages``, ``lag_s`` (0 when caught
+        up) and ``expired``."""
+        return {"position": " ".join(str(group.at(p)) for p in parts), "lag_messages": self.messages,
                 "lag_s": max(0.0, (now - self.oldest).total_seconds()) if self.oldest else 0.0,
                 "expired": group.expired}

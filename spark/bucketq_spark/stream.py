@@ -138,6 +138,9 @@ def uncommitted_ranges(database: Any, stream: str, group: str, *, start: str = "
         while True:
             while (state := store.group(group)) is None:  # missing, or deleted meanwhile: join it
                 store.upsert_group(*core.join_group(group, first, clock.now()))
+            if len(state.positions) == 1 < len(parts):  # joined before the stream was created partitioned
+                store.move_group(*core.spread_group(state, parts))
+                continue
             begin = max(state.at(part).seq, floor)
             present = [part.seq_of(d) for d in store.window(part, begin, max_buckets)]
             end = core.advance(begin, present, present)

@@ -46,20 +46,25 @@ class AsyncStreamStore:
         self.op_timeout_s = op_timeout_s
         self.wanted = partitions
         self.parts: list[Partition] = []  # the stream's partitions, once ``open``
+        self._settled = False  # the stream exists: its partitions cannot change
         self._next_part = 0
         self._allocating = asyncio.Lock()
 
     async def open(self) -> list[Partition]:
-        """The stream's partitions (``core.stored_partitions``); a new partitioned stream's layout is written."""
-        if not self.parts:
+        """The stream's partitions (``core.stored_partitions``); a new partitioned stream's layout is written.
+        Until the stream exists (a layout, or a version-1 counter) this looks again at each call: a reader
+        started before the stream's first producer learns its partitions once there are any."""
+        if not self._settled:
             layout = await self.counter.find_one({"_id": core.LAYOUT_ID})
             has_counter = layout is None and await self.counter.find_one({"_id": core.COUNTER_ID}) is not None
             if layout is None and not has_counter and (self.wanted or 1) > 1:  # a new partitioned stream
                 await self.counter.update_one(*core.layout_doc(self.wanted or 1), upsert=True)
                 layout = await self.counter.find_one({"_id": core.LAYOUT_ID})
             count = core.stored_partitions(layout, has_counter, self.wanted)
-            self._next_part = random.randrange(count)
-            self.parts = core.partitions_of(count)
+            if len(self.parts) != count:
+                self._next_part = random.randrange(count)
+                self.parts = core.partitions_of(count)
+            self._settled = layout is not None or has_counter
         return self.parts
 
     async def ensure_indexes(self) -> None:
