@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import threading
+import time
 from typing import Any
 
 from pymongo import ReturnDocument
@@ -28,6 +29,7 @@ from bucketq.core.stream import GroupState, Partition
 from bucketq.store.sync.base import collections, insert_new, retrying
 
 ALLOCATION_ATTEMPTS = 5
+RECHECK_S = 1.0  # between looks for the layout of a stream that does not exist yet
 
 
 class StreamStore:
@@ -47,25 +49,36 @@ class StreamStore:
         self.wanted = partitions
         self.parts: list[Partition] = []  # the stream's partitions, once ``open``
         self._settled = False  # the stream exists: its partitions cannot change
+        self._checked_at = -RECHECK_S  # monotonic time of the last look for the stream's layout
         self._next_part = 0
         self._allocating = threading.Lock()
+        self._opening = threading.Lock()
 
     def open(self) -> list[Partition]:
         """The stream's partitions (``core.stored_partitions``); a new partitioned stream's layout is written.
-        Until the stream exists (a layout, or a version-1 counter) this looks again at each call: a reader
-        started before the stream's first producer learns its partitions once there are any."""
-        if not self._settled:
-            layout = self.counter.find_one({"_id": core.LAYOUT_ID})
-            has_counter = layout is None and self.counter.find_one({"_id": core.COUNTER_ID}) is not None
-            if layout is None and not has_counter and (self.wanted or 1) > 1:  # a new partitioned stream
-                self.counter.update_one(*core.layout_doc(self.wanted or 1), upsert=True)
-                layout = self.counter.find_one({"_id": core.LAYOUT_ID})
-            count = core.stored_partitions(layout, has_counter, self.wanted)
-            if len(self.parts) != count:
-                self._next_part = random.randrange(count)
-                self.parts = core.partitions_of(count)
-            self._settled = layout is not None or has_counter
+        Until the stream exists (a layout, or a version-1 counter) this looks again, at most every
+        ``RECHECK_S``: a reader started before the stream's first producer learns its partitions once there are
+        any."""
+        if self._settled or self.parts and time.monotonic() - self._checked_at < RECHECK_S:
+            return self.parts
+        with self._opening:
+            if not self._settled and (not self.parts or time.monotonic() - self._checked_at >= RECHECK_S):
+                self._look()
         return self.parts
+
+    def _look(self) -> None:
+        """``open``'s look at ``S.seq``."""
+        layout = self.counter.find_one({"_id": core.LAYOUT_ID})
+        has_counter = layout is None and self.counter.find_one({"_id": core.COUNTER_ID}) is not None
+        if layout is None and not has_counter and (self.wanted or 1) > 1:  # a new partitioned stream
+            self.counter.update_one(*core.layout_doc(self.wanted or 1), upsert=True)
+            layout = self.counter.find_one({"_id": core.LAYOUT_ID})
+        count = core.stored_partitions(layout, has_counter, self.wanted)
+        if len(self.parts) != count:
+            self._next_part = random.randrange(count)
+            self.parts = core.partitions_of(count)
+        self._settled = layout is not None or has_counter
+        self._checked_at = time.monotonic()
 
     def ensure_indexes(self) -> None:
         parts = self.open()
@@ -126,6 +139,7 @@ class StreamStore:
             query, update = core.allocate(part, len(fresh))
             counter = self.counter.find_one_and_update(query, update, upsert=True,
                                                              return_document=ReturnDocument.AFTER)
+            self._settled = True  # the counter exists now: the stream does
         first = counter["last"] - len(fresh) + 1
         for offset, doc in enumerate(fresh):
             doc["pt"], doc["s"] = part.number, first + offset
