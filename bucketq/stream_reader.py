@@ -15,20 +15,39 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from bucketq.codecs import codec_for
+from bucketq.clock import ServerClock
+from bucketq.codecs import Codec, codec_for
 from bucketq.core import stream as core
 from bucketq.core.claims import new_token, owner_name
 from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Partition, Position
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
-from bucketq.options import check_timeout
+from bucketq.options import StreamOptions, check_timeout
 from bucketq.store.aio.base import raise_if_cancelled
+from bucketq.store.aio.stream import AsyncStreamStore
 
-if TYPE_CHECKING:
-    from bucketq.stream import Stream
+
+class Stream(Protocol):
+    """What a reader uses of its ``bucketq.Stream`` (a protocol, so that this module does not import the stream,
+    which makes readers)."""
+
+    store: AsyncStreamStore
+    options: StreamOptions
+    codec: Codec
+    clock: ServerClock
+
+    async def ready(self, *, write: bool = True) -> None: ...
+
+    async def start_positions(self, start: str | Position | Iterable[Position] | dt.datetime,
+                              current: GroupState | None = None) -> list[Position]: ...
+
+    async def expire_group(self, group: GroupState, part: Partition, floor: int) -> None: ...
+
+    def forget(self, reader: StreamReader) -> None: ...
 
 
 class StreamMessage:
