@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from bench.contenders import ALL, SCENARIOS
 
-MAIN_SCENARIOS = ("push", "consume", "consume_batch", "end_to_end", "stream_push")
+MAIN_SCENARIOS = ("push", "push_many", "consume", "consume_batch", "end_to_end", "stream_push")
 ALL_SCENARIOS = (*MAIN_SCENARIOS, "latency", "idle", "codec", "majority", "spark")
 LATENCY_MESSAGES = 1000  # sequential awaited pushes of the latency scenario
 IDLE_BACKLOG = 20_000  # messages the idle consumers consume before their idle window (as in issue 21)
@@ -41,7 +41,8 @@ class Settings:
 @dataclass(frozen=True)
 class Job:
     contender: str
-    scenario: str  # push | consume | consume_batch | end_to_end | stream_push | latency | idle | encode | decode
+    # push | push_many | consume | consume_batch | end_to_end | stream_push | latency | idle | encode | decode
+    scenario: str
     payload_bytes: int
     processes: int
     messages: int

@@ -62,7 +62,7 @@ def _ceiling_note(row: dict, needed: float) -> str:
 
 
 def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
-    """(PASS | MISS | n/a, goal, detail) per goal of issues 5 and 11, judged on the worst w:1 cell."""
+    """(PASS | MISS | n/a | info, goal, detail) per goal of issues 5, 11 and 25, judged on the worst w:1 cell."""
     mine = [r for r in rows if r["contender"] == "bucketq" and r.get("write_concern", "1") == "1"]
     index = {(r["contender"], *_key(r)): r for r in rows}
     out = []
@@ -152,6 +152,22 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
         out.append(("PASS" if all(b < o for b, o, _ in pairs) else "MISS", text,
                     f"worst {ours:,.0f} vs {theirs:,.0f} ms at {cell}"))
 
+    def cpu(scenario: str, factor: float | None, floor_scenario: str = "push") -> None:
+        """Issue 25: bucketq's client CPU per message over the floor's (its ``floor_scenario`` row, same cell), at
+        1 KiB, judged in the worst cell; without a ``factor``, reported only ("info")."""
+        text = (f"bucketq {scenario} client CPU/msg" + (f" <= {factor:g}x" if factor else " vs")
+                + f" floor {floor_scenario} (1 KiB)")
+        pairs = [(b["cpu_s_per_1000"] / f["cpu_s_per_1000"], b, f) for b in mine
+                 if b["scenario"] == scenario and b["payload_bytes"] == 1024 and b.get("cpu_s_per_1000")
+                 and (f := index.get(("floor", floor_scenario, *_key(b)[1:]))) and f.get("cpu_s_per_1000")]
+        if not pairs:
+            out.append(("n/a", text, "nothing to compare"))
+            return
+        worst, b, f = max(pairs, key=lambda pair: pair[0])
+        status = "info" if factor is None else "PASS" if worst <= factor else "MISS"
+        out.append((status, text, f"worst {worst:.2f}x at {_cell(b)} ({1000 * b['cpu_s_per_1000']:.2f} vs "
+                                  f"{1000 * f['cpu_s_per_1000']:.2f} us)"))
+
     for scenario in ("push", "consume"):
         versus(scenario, "keuss", 2.0)
     versus("consume_batch", "keuss", 2.0, other_scenario="consume")  # a batch handler's API vs keuss's only one
@@ -165,6 +181,9 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
     commands("consume", 5.0)
     latency()
     idle()
+    cpu("push", 2.0)  # push_nowait
+    cpu("push_many", 2.0)
+    cpu("latency", None, "latency")  # await push one by one, beside one insert_one a message
     return out
 
 

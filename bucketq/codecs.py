@@ -39,9 +39,18 @@ class JsonCodec:
     def dump(self, payload: Any) -> str:
         encoded = orjson.dumps(payload, option=_JSON_OPTIONS)
         # UUIDs and enums cannot be kept from orjson; they, NaN (as null) and tuples (as lists) decode to
-        # something unequal. A small flat dict of plain values (most events) is told apart at a glance; else
-        # the decode and compare run in C, and only then is the payload walked, to tell.
-        if not _small_flat_plain(payload) and orjson.loads(encoded) != payload:
+        # something unequal. A small flat dict of plain values (most events) is told apart at a glance, here
+        # rather than in a function of its own (a call a push); else the decode and compare run in C, and only
+        # then is the payload walked, to tell. Plain: exactly a str, int, bool, None or finite float (orjson
+        # already refused non-str keys and ints beyond 64 bits).
+        if type(payload) is dict and len(payload) <= 16:
+            for value in payload.values():
+                kind = type(value)
+                if kind not in _PLAIN and (kind is not float or value - value != 0.0):
+                    break
+            else:
+                return encoded.decode()
+        if orjson.loads(encoded) != payload:
             _check_json_native(payload)
         return encoded.decode()
 
@@ -81,18 +90,6 @@ _JSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLA
 
 
 _PLAIN = frozenset({str, int, bool, type(None)})
-
-
-def _small_flat_plain(payload: Any) -> bool:
-    """A dict of at most 16 values, each exactly a str, int, bool, None or finite float: what JSON gives back as
-    it was (orjson already refused non-str keys and ints beyond 64 bits). Cheaper to tell than decoding."""
-    if type(payload) is not dict or len(payload) > 16:
-        return False
-    for value in payload.values():
-        kind = type(value)
-        if kind not in _PLAIN and (kind is not float or value - value != 0.0):
-            return False
-    return True
 
 
 def _check_json_native(value: Any) -> None:

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from bucketq.consumer import Consumer, Holding
+from bucketq.core.held import HeldBucket
+
+
+class Holding(Protocol):
+    """What a message reads of the claimed bucket it came in (``bucketq.consumer.Holding``)."""
+
+    held: HeldBucket
+
+
+class Consumer(Protocol):
+    """What a message asks of the consumer that holds its bucket (``bucketq.consumer.Consumer``): protocols, so
+    that this module does not import the consumer, which makes messages."""
+
+    async def resolve(self, holding: Any, slot: int, outcome: tuple[str, float | None, str], *,
+                      wait: bool) -> float | None: ...
 
 
 class Message:

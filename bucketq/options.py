@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
-from bucketq.core.sharding import MAX_PARTITIONS, check_partitions
+from bucketq.core.sharding import MAX_PARTITIONS, check_partitions  # the streams' bound too (core.stream's)
 from bucketq.errors import InvalidOption
 
 
@@ -196,13 +196,17 @@ class StreamOptions:
     retention_age, retention_messages, retention_bytes: housekeeping (every minute, and ``apply_retention()``)
         deletes the oldest buckets once older than ``retention_age``, or past ``retention_messages`` messages or
         ``retention_bytes`` payload bytes counted from the newest. None: no limit. All None (the default): keep
-        everything.
+        everything. In a partitioned stream the limits apply to each partition.
+    partitions: how many independent sequences the stream has (1 to 1024; docs/FORMAT.md, Partitions), fixed
+        when the stream is created. None (the default): the stream's own, 1 for a new stream. A count that
+        differs from the stream's raises ``InvalidOption``.
     """
 
     gap_wait: float = 35.0
     retention_age: float | None = None
     retention_messages: int | None = None
     retention_bytes: int | None = None
+    partitions: int | None = None
     queue: QueueOptions = field(default_factory=QueueOptions)
 
     @classmethod
@@ -225,6 +229,9 @@ class StreamOptions:
             value = getattr(self, name)
             _check(value is None or _type_ok(value, _INT, False) and value > 0, name,
                    "None (no limit) or a positive int")
+        parts = self.partitions
+        _check(parts is None or _type_ok(parts, _INT, False) and 1 <= parts <= MAX_PARTITIONS, "partitions",
+               f"an int from 1 to {MAX_PARTITIONS} (or None: the stream's own, 1 for a new one)")
 
     @property
     def retains(self) -> bool:

@@ -1,13 +1,14 @@
 """The outbox: a message is enqueued if and only if the application's own write happens.
 
-Two ways, both writing each message as a bucket of its own (``single_bucket``):
+Two ways, both writing each message as a bucket of its own (``transaction.single_bucket``):
 
 * **In a transaction** (replica sets): ``await queue.push(payload, session=s)`` inside the application's
-  transaction writes the message in that transaction, unbuffered (``push_in_transaction``). It exists if and
+  transaction writes the message in that transaction, unbuffered (``bucketq.transaction``). It exists if and
   only if the transaction commits.
 
-* **Embedded outbox** (any MongoDB, no transaction): the application adds events made by ``event()`` to its own
-  document, in the same single-document update as its business change, which MongoDB applies atomically::
+* **Embedded outbox** (any MongoDB, no transaction), this module: the application adds events made by
+  ``event()`` to its own document, in the same single-document update as its business change, which MongoDB
+  applies atomically::
 
       await orders.update_one({"_id": order_id}, {"$set": {"status": "paid"},
                                                   "$push": {"_outbox": bucketq.outbox.event({"paid": order_id})}})
@@ -62,12 +63,11 @@ from typing import Any, NamedTuple
 import bson
 from bson import ObjectId
 from pymongo import UpdateOne
-from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import InvalidName, PyMongoError
 
 from bucketq.codecs import Codec, codec_option
-from bucketq.core.format import MAX_BUCKET_BYTES, Slot, bucket_document, encode_slot, message_id, slot_bytes
+from bucketq.core.format import MAX_BUCKET_BYTES, Slot, encode_slot, slot_bytes
 from bucketq.core.retry import is_transient
 from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
@@ -76,6 +76,7 @@ from bucketq.queue import Queue
 from bucketq.redaction import redact
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.outbox import OutboxStore
+from bucketq.transaction import single_bucket
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq.outbox")
@@ -84,46 +85,6 @@ FIELD = "_outbox"
 REJECTED_SUFFIX = "_rejected"
 # A document's events due at once get due times this far apart, in their order: BSON dates count milliseconds.
 ORDER_STEP = dt.timedelta(milliseconds=1)
-
-
-# -- both ways ---------------------------------------------------------------------------------------------------
-
-def single_bucket(bucket_id: ObjectId, slot: Slot, *, codec: str, now: dt.datetime,
-                  due: dt.datetime | None) -> dict[str, Any]:
-    """A bucket holding one message, due at ``due`` (None: now)."""
-    return bucket_document(bucket_id, [slot], codec=codec, created=now, due=due or now)
-
-
-# -- in the application's transaction ----------------------------------------------------------------------------
-
-def check_session(session: Any, client: Any) -> None:
-    """Refuse, with ``InvalidOption``, a ``session`` that ``push(session=...)`` cannot write in: not a session of
-    ``client`` (the queue's), ended, or with no transaction running."""
-    if not isinstance(session, AsyncClientSession) and not is_motor(session):
-        raise InvalidOption("session must be a session of the queue's client, in a transaction "
-                            f"(session = client.start_session()), got {type(session).__name__}")
-    if session.client is not client:
-        raise InvalidOption("session belongs to another client than the queue's: build the Queue on the client "
-                            "that runs the transaction (bucketq.Queue(client, name=...))")
-    if session.has_ended:
-        raise InvalidOption("session has ended")
-    if not session.in_transaction:
-        raise InvalidOption("push(session=...) writes in the session's transaction, and none is running: push "
-                            "inside `async with await session.start_transaction():` or session.with_transaction()")
-
-
-async def push_in_transaction(queue: Queue, session: Any, payload: Any, *, delay: float | dt.timedelta | None,
-                              at: dt.datetime | None, headers: Mapping[str, Any] | None, key: str | None) -> str:
-    """``queue.push(..., session=session)``: the message, checked as any push is, written at once as a bucket of
-    its own with ``session``, in its transaction. Open the queue before the transaction (``async with queue``
-    or a first push): its first write creates the collection and its indexes, outside any transaction."""
-    check_session(session, queue.database.client)
-    await queue._ready()
-    slot, _, due = queue._producer._prepare(payload, delay, at, headers, key)
-    now = queue._clock.now()
-    doc = single_bucket(ObjectId(), slot, codec=queue.codec.name, now=now, due=due)
-    await queue._store.insert_buckets([doc], session=session)
-    return message_id(doc["_id"], 0)
 
 
 # -- the embedded outbox: events ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -53,7 +54,7 @@ class Outgoing:
 
 
 class _Many:
-    """What one ``push_many`` call awaits: one future for all its messages, not one each."""
+    """What one ``push_many`` call awaits: one future for all its messages, not one each (``_Run``)."""
 
     __slots__ = ("ids", "left", "future")
 
@@ -63,21 +64,24 @@ class _Many:
         self.future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
 
 
-class _Part:
-    """The waiter of message ``index`` of a ``push_many`` call: settles its share of the call's future."""
+class _Run:
+    """The waiter of a run of a ``push_many`` call's messages that went one after another into one bucket (messages
+    ``first``, ``first + 1``, ... of the call): one object a bucket, not one a message. A bucket settles its slots
+    in order, so each id it gives goes to the next message of the run."""
 
-    __slots__ = ("many", "index")
+    __slots__ = ("many", "next")
 
-    def __init__(self, many: _Many, index: int) -> None:
+    def __init__(self, many: _Many, first: int) -> None:
         self.many = many
-        self.index = index
+        self.next = first
 
     def done(self) -> bool:
         return self.many.future.done()
 
     def set_result(self, message_id: str) -> None:
         many = self.many
-        many.ids[self.index] = message_id
+        many.ids[self.next] = message_id
+        self.next += 1
         many.left -= 1
         if not many.left:
             many.future.set_result(many.ids)
@@ -106,6 +110,8 @@ class Producer:
         self._commit_soon = False  # a _commit is scheduled for the end of the current burst of pushes
         self._linger: asyncio.TimerHandle | None = None  # _commit at the bucket_max_wait deadline
         self._linger_at: float | None = None
+        # A push's future, made on the running loop: the first push sets the producer up there (_start).
+        self._new_future: Callable[[], asyncio.Future[str]] = self._first_future
         self._closed = False
         self._metrics = metrics.for_queue(store.name, store.database.name)
 
@@ -121,18 +127,21 @@ class Producer:
         """Buffer a message now; the future resolves to its id once stored. Raises ``BufferFull`` instead of
         waiting when ``max_buffered_bytes`` is reached."""
         slot, size, due = self._prepare(payload, delay, at, headers, key, group)
-        if self._acc.buffered_bytes and self._acc.buffered_bytes + size > self._options.max_buffered_bytes:
-            raise BufferFull(f"{self._acc.buffered_bytes} bytes buffered (max_buffered_bytes); await push() instead")
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._add(slot, size, due, future, self._clock.now(), group)
+        buffered = self._acc.buffered_bytes
+        if buffered and buffered + size > self._options.max_buffered_bytes:
+            raise BufferFull(f"{buffered} bytes buffered (max_buffered_bytes); await push() instead")
+        future: asyncio.Future[str] = self._new_future()
+        self._add(slot, size, due, future, group)
         return future
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                    headers: Mapping[str, Any] | None = None, key: str | None = None, group: str | None = None) -> str:
         slot, size, due = self._prepare(payload, delay, at, headers, key, group)
-        await self._wait_for_space(size)
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._add(slot, size, due, future, self._clock.now(), group)
+        buffered = self._acc.buffered_bytes
+        if buffered and buffered + size > self._options.max_buffered_bytes:
+            await self._wait_for_space(size)
+        future: asyncio.Future[str] = self._new_future()
+        self._add(slot, size, due, future, group)
         return await future
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
@@ -159,12 +168,17 @@ class Producer:
             return []
         many = _Many(len(prepared))
         limit = self._options.max_buffered_bytes
-        now = self._clock.now()
+        run: _Run | None = None  # the waiter of the messages just added to the open bucket of messages due now
         for index, (slot, size, due) in enumerate(prepared):
+            group = groups[index]
             if self._acc.buffered_bytes + size > limit:
                 await self._wait_for_space(size)
-                now = self._clock.now()
-            self._add(slot, size, due, _Part(many, index), now, groups[index])
+                run = None  # other pushes may have come in between
+            if run is not None and due is None and group is None and self._acc.append(slot, size, run):
+                continue  # the next message of the run, in the same bucket
+            waiter = _Run(many, index)
+            self._add(slot, size, due, waiter, group)
+            run = waiter if due is None and group is None else None
         return await many.future
 
     def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
@@ -177,7 +191,7 @@ class Producer:
             if delay is not None or at is not None:
                 raise InvalidOption("a grouped message takes no delay or at: it would hold back its whole group")
         slot, size = encode_slot(self._codec, payload, headers, key)
-        if not self._acc.fits(size):
+        if size > self._acc.max_slot_bytes:
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
         return slot, size, None if delay is None and at is None else self._due(delay, at)
@@ -194,9 +208,17 @@ class Producer:
         seconds = check_delay(delay)
         return self._clock.now() + dt.timedelta(seconds=seconds) if seconds else None
 
-    def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, now: dt.datetime,
-             group: str | None = None) -> None:
-        sealed = self._acc.add(slot, size, waiter, due=due, now_wall=now, now_mono=time.monotonic(), group=group)
+    def _first_future(self) -> asyncio.Future[str]:
+        """``_new_future`` until the first push has set the producer up on its loop (``_start``)."""
+        self._start()
+        return self._new_future()
+
+    def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, group: str | None = None) -> None:
+        # Most pushes join the open bucket of messages due now: no clock read, nothing sealed.
+        sealed = None
+        if due is not None or group is not None or not self._acc.append(slot, size, waiter):
+            sealed = self._acc.add(slot, size, waiter, due=due, now_wall=self._clock.now(), now_mono=time.monotonic(),
+                                   group=group)
         if not self._commit_soon:
             # Not now: after the pushes already queued on the loop, so that a burst shares one bucket.
             self._commit_soon = True
@@ -219,8 +241,12 @@ class Producer:
     # -- writing -------------------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._space = asyncio.Condition()
+        # asyncio's own loops make a future with a Python-level method; the C class, bound to the loop by a C
+        # partial, makes the same future without that call (one a push). Other loops (uvloop) keep their own.
+        plain = type(loop).create_future is asyncio.BaseEventLoop.create_future
+        self._new_future = functools.partial(asyncio.Future, loop=loop) if plain else loop.create_future
 
     def _commit(self) -> None:
         """Write what the accumulator says is due now, and keep the linger timer on its next deadline."""

@@ -37,6 +37,7 @@ from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
 from bucketq.setup import SetUp, every, stop
 from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.transaction import check_session, push_in_transaction
 from bucketq.wakeup import Wakeup
 
 HOUSEKEEPING_EVERY_S = 60.0
@@ -100,10 +101,14 @@ class Queue:
         if session is not None:
             if group is not None:
                 raise InvalidOption("group cannot be combined with session (a transaction's bucket is not ordered)")
-            from bucketq.outbox import push_in_transaction  # the outbox builds on Queue: imported when used
-
-            return await push_in_transaction(self, session, payload, delay=delay, at=at, headers=headers, key=key)
-        await self._ready()
+            # open before the transaction: the first write creates the collection and indexes, outside any
+            check_session(session, self.database.client)
+            await self._ready()
+            slot, _, due = self._producer._prepare(payload, delay, at, headers, key)
+            return await push_in_transaction(self._store, session, slot, codec=self.codec.name,
+                                             now=self._clock.now(), due=due)
+        if self._closed or self._setup.pending():
+            await self._ready()
         return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group)
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,

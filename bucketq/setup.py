@@ -30,8 +30,12 @@ class SetUp:
         self.indexed = False
         self._running: asyncio.Future[None] | None = None
 
+    def pending(self, *, write: bool = True) -> bool:
+        """Whether ``ready`` has anything to do: a push awaits it only then (a coroutine a push costs a microsecond)."""
+        return self._clock.stale or (write and not self.indexed)
+
     async def ready(self, *, write: bool = True) -> None:
-        while self._clock.stale or (write and not self.indexed):
+        while self.pending(write=write):
             if self._running is None or self._running.done():
                 self._running = asyncio.ensure_future(self._set_up(write))
             await asyncio.shield(self._running)

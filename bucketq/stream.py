@@ -8,6 +8,10 @@
 
 Pushes go through the queue's producer (group commit, backpressure, retries); the stream's ``AsyncStreamStore``
 gives each written bucket its sequence. Nothing is deleted on ack: retention deletes the oldest buckets.
+
+With ``partitions=N`` (N > 1) the stream is N independent sequences (docs/FORMAT.md, Partitions): each write's
+buckets go to the next partition in turn, a group commits one position per partition, retention applies to each
+partition, and order holds within a partition only.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from bucketq.codecs import Codec, codec_option
 from bucketq.connection import connect
 from bucketq.core import stream as core
 from bucketq.core.format import MAX_BUCKET_SIZE
-from bucketq.core.stream import GroupState, Position, RetentionCut
+from bucketq.core.stream import GroupState, Lag, Partition, Position, RetentionCut
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import StreamOptions, check_database, check_names
 from bucketq.producer import Outgoing, Producer
@@ -52,7 +56,7 @@ class Stream:
         shared = self.options.queue
         check_database(self._connection.database, name, shared.write_concern)
         self.store = AsyncStreamStore(self._connection.database, name, write_concern=shared.write_concern,
-                                 op_timeout_s=shared.write_timeout)
+                                      op_timeout_s=shared.write_timeout, partitions=self.options.partitions)
         self.clock = ServerClock()
         self._producer = Producer(self.store, self.codec, shared, self.clock,
                                   before_write=self.ready)
@@ -71,6 +75,7 @@ class Stream:
         if self._closed:
             raise QueueClosed("the stream is closed")
         await self._setup.ready(write=write)
+        await self.store.open()
         if write and self._housekeeping is None:
             self._housekeeping = asyncio.get_running_loop().create_task(
                 every(HOUSEKEEPING_EVERY_S, self.apply_retention, "stream retention"), name="bucketq-retention")
@@ -116,33 +121,48 @@ class Stream:
         self._readers.add(reader)
         return reader
 
-    async def start_position(self, start: str | Position | dt.datetime) -> Position:
-        """The position that ``start`` names: see ``reader``."""
-        last, floor = await self.store.counter_state()
+    async def start_positions(self, start: str | Position | Iterable[Position] | dt.datetime,
+                              current: GroupState | None = None) -> list[Position]:
+        """The positions, one per partition, that ``start`` names (see ``reader``): positions name their own
+        partitions; the others stay at ``current``'s, or at the end for a new group."""
+        counters = await self.store.counters()
+        parts = await self.store.open()
         if isinstance(start, dt.datetime):
             if start.tzinfo is None:
                 raise InvalidOption("at must be a timezone-aware datetime")
-            first = await self.store.first_pushed_at(start)
-            return Position(max(floor, first if first is not None else last + 1))
-        if start == "beginning":
-            return Position(floor)
-        if start == "end":
-            return Position(last + 1)
+            firsts = [await self.store.first_pushed_at(part, start) for part in parts]
+            return [Position(max(counters[p.number][1], first if first is not None else counters[p.number][0] + 1),
+                             0, p.number) for p, first in zip(parts, firsts, strict=True)]
+        if start in ("beginning", "end"):
+            return [Position(floor if start == "beginning" else last + 1, 0, pt)
+                    for pt, (last, floor) in counters.items()]
         if isinstance(start, str) and ":" not in start:
             raise InvalidOption(f"start must be 'beginning', 'end', a position or a datetime, got {start!r}")
-        position = Position.parse(start)
-        return position if position.seq >= floor else Position(floor)
+        named = [Position.parse(start)] if isinstance(start, (str, Position)) else [Position.parse(p) for p in start]
+        out = list(current.positions) if current is not None else await self.start_positions("end")
+        for position in named:
+            if position.partition >= len(parts):
+                raise InvalidOption(f"position {position} names partition {position.partition}; the stream has "
+                                    f"{len(parts)}")
+            out[position.partition] = max(position, Position(counters[position.partition][1], 0, position.partition))
+        return out
 
-    async def reset(self, group: str, to: str | Position | None = None, *, at: dt.datetime | None = None) -> Position:
-        """Move ``group`` (created if missing) to ``to`` ("beginning", "end" or a position) or to the first
-        message pushed at or after ``at``; return its new committed position. Its readers drop what they hold
-        and read on from there: messages before it are skipped, messages after it read again (replay)."""
+    async def reset(self, group: str, to: str | Position | Iterable[Position] | None = None, *,
+                    at: dt.datetime | None = None) -> Position | list[Position]:
+        """Move ``group`` (created if missing) to ``to`` ("beginning", "end", a position, or in a partitioned
+        stream positions of some partitions: the others stay) or to the first message pushed at or after ``at``;
+        return its new committed position (one per partition, a list, in a partitioned stream). Its readers drop
+        what they hold and read on from there: messages before it are skipped, messages after it read again
+        (replay). A reset is a new epoch of the whole group: what its readers held in any partition is read
+        again from their written acks."""
         if (to is None) == (at is None):
             raise InvalidOption("reset takes a position ('beginning', 'end', a Position) or at=, one of them")
         await self.ready()
-        start = await self.start_position(at if at is not None else to)  # type: ignore[arg-type]
-        await self.store.upsert_group({"_id": core.check_group_name(group)}, core.reset_update(start, self.clock.now()))
-        return start
+        name = core.check_group_name(group)
+        start = await self.start_positions(at if at is not None else to,  # type: ignore[arg-type]
+                                           await self.store.group(name))
+        await self.store.upsert_group({"_id": name}, core.reset_update(start, self.clock.now()))
+        return start[0] if len(start) == 1 else start
 
     async def groups(self) -> list[GroupState]:
         """Every reader group of the stream, by name."""
@@ -156,20 +176,27 @@ class Stream:
 
     async def stats(self) -> dict[str, Any]:
         """``last_sequence`` (sequence of the last bucket allocated), ``floor`` (the oldest sequence retention
-        keeps), ``buckets``, and per group in ``groups``: ``position`` (committed), ``lag_messages``, ``lag_s``
-        (age of the oldest message it has not read and acked) and ``expired`` (messages retention deleted
-        before the group read them). Writes nothing."""
+        keeps) (in a partitioned stream: lists, by partition), ``buckets``, and per group in ``groups``:
+        ``position`` (committed; in a partitioned stream one per partition, separated by spaces),
+        ``lag_messages``, ``lag_s`` (age of the oldest message it has not read and acked) and ``expired``
+        (messages retention deleted before the group read them). Writes nothing."""
         await self.ready(write=False)
         now = self.clock.now()
-        last, floor = await self.store.counter_state()
+        counters = await self.store.counters()
         groups = {}
         for group in await self.groups():
-            buckets = await self.store.buckets_from(group.committed.seq)
-            claims = await self.store.group_claims(group, group.committed.seq, None, {"s": 1, "fin": 1, "done": 1})
-            settled = {c["s"]: (MAX_BUCKET_SIZE if c.get("fin") else len(c.get("done", []))) for c in claims}
-            groups[group.name] = core.lag(group, buckets, settled, now)
-        return {"last_sequence": last, "floor": floor, "buckets": await self.store.count_buckets(),
-                "groups": groups}
+            lag = Lag()
+            for part in self.store.parts:
+                committed = group.at(part)
+                buckets = await self.store.buckets_from(part, committed.seq)
+                claims = await self.store.group_claims(group, part, committed.seq, None, {"s": 1, "fin": 1, "done": 1})
+                lag.add(part, committed, buckets,
+                        {c["s"]: (MAX_BUCKET_SIZE if c.get("fin") else len(c.get("done", []))) for c in claims})
+            groups[group.name] = lag.report(group, self.store.parts, now)
+        lasts, floors = [c[0] for c in counters.values()], [c[1] for c in counters.values()]
+        single = len(lasts) == 1
+        return {"last_sequence": lasts[0] if single else lasts, "floor": floors[0] if single else floors,
+                "buckets": await self.store.count_buckets(), "groups": groups}
 
     # -- retention -----------------------------------------------------------------------------------------
 
@@ -177,32 +204,42 @@ class Stream:
         """Delete the buckets beyond the retention options now: ``{"floor": ..., "deleted": ...}`` (documents
         deleted: buckets, and gap markers once ``tombstone_retention`` old). A group whose committed position is
         below the new floor jumps to it and counts the messages it lost in ``expired``. Also deletes the claims
-        behind each group's committed position."""
+        behind each group's committed position. In a partitioned stream the limits apply to each partition,
+        and ``floor`` is a list, by partition."""
         await self.ready()
+        floors, deleted = [], 0
+        for part in self.store.parts:
+            floor, gone = await self._retain(part)
+            floors.append(floor)
+            deleted += gone
+        for group in await self.groups():
+            await self.store.delete_claims(core.claims_behind(group))
+        return {"floor": floors[0] if len(floors) == 1 else floors, "deleted": deleted}  # type: ignore[dict-item]
+
+    async def _retain(self, part: Partition) -> tuple[int, int]:
+        """Retention in one partition: its floor and the documents deleted."""
         o = self.options
         cut = RetentionCut(self.clock.now(), o.retention_age, o.retention_messages, o.retention_bytes)
         if o.retains:
-            async for doc in self.store.newest_first():
-                if not cut.take(doc["_id"], doc["created"], doc.get("n", 0), doc.get("bytes", 0)):
+            async for doc in self.store.newest_first(part):
+                if not cut.take(part.seq_of(doc), doc["created"], doc.get("n", 0), doc.get("bytes", 0)):
                     break
         if cut.floor is not None:
-            await self.store.raise_floor(cut.floor)
+            await self.store.raise_floor(part, cut.floor)
             for group in await self.groups():
-                await self.expire_group(group, cut.floor)
-        floor = (await self.store.counter_state())[1]
-        gone = core.retired(floor, self.clock.now(), self.options.queue.tombstone_retention)
-        deleted = await self.store.delete_retired(gone)
-        for group in await self.groups():
-            await self.store.delete_claims(core.claims_behind(group))
-        return {"floor": floor, "deleted": deleted}
+                await self.expire_group(group, part, cut.floor)
+        floor = (await self.store.counter_state(part))[1]
+        gone = core.retired(part, floor, self.clock.now(), self.options.queue.tombstone_retention)
+        return floor, await self.store.delete_retired(gone)
 
-    async def expire_group(self, group: GroupState, floor: int) -> None:
-        """Move a group left below the retention floor up to it, counting what it lost (read before deletion:
-        once deleted, it would count as 0)."""
-        if group.committed.seq >= floor:
+    async def expire_group(self, group: GroupState, part: Partition, floor: int) -> None:
+        """Move a group left below the retention floor of ``part`` up to it, counting what it lost (read before
+        deletion: once deleted, it would count as 0)."""
+        committed = group.at(part)
+        if committed.seq >= floor:
             return
-        lost = await self.store.unread_messages(group.committed.seq, floor) - group.committed.slot
-        await self.store.move_group(*core.expire_update(group, floor, max(0, lost), self.clock.now()))
+        lost = await self.store.unread_messages(part, committed.seq, floor) - committed.slot
+        await self.store.move_group(*core.expire_update(group, part, floor, max(0, lost), self.clock.now()))
 
     # -- shutting down -------------------------------------------------------------------------------------
 

@@ -5,6 +5,9 @@ Delivery is at-least-once: a message is read twice by a group only when the read
 lease lost, group reset) before its ack was written. Acks are written every ``state_flush_period`` and at once
 when a bucket's last message is acked; a bucket held by a reader that died is read again, from its unwritten
 acks on, once its ``lease`` expires.
+
+In a partitioned stream a reader looks at the partitions in turn, from the one after where it last claimed, so
+that the readers of a group spread over them; each partition is read as a stream of its own.
 """
 
 from __future__ import annotations
@@ -12,20 +15,39 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from bucketq.codecs import codec_for
+from bucketq.clock import ServerClock
+from bucketq.codecs import Codec, codec_for
 from bucketq.core import stream as core
 from bucketq.core.claims import new_token, owner_name
-from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Position
+from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Partition, Position
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
-from bucketq.options import check_timeout
+from bucketq.options import StreamOptions, check_timeout
 from bucketq.store.aio.base import raise_if_cancelled
+from bucketq.store.aio.stream import AsyncStreamStore
 
-if TYPE_CHECKING:
-    from bucketq.stream import Stream
+
+class Stream(Protocol):
+    """What a reader uses of its ``bucketq.Stream`` (a protocol, so that this module does not import the stream,
+    which makes readers)."""
+
+    store: AsyncStreamStore
+    options: StreamOptions
+    codec: Codec
+    clock: ServerClock
+
+    async def ready(self, *, write: bool = True) -> None: ...
+
+    async def start_positions(self, start: str | Position | Iterable[Position] | dt.datetime,
+                              current: GroupState | None = None) -> list[Position]: ...
+
+    async def expire_group(self, group: GroupState, part: Partition, floor: int) -> None: ...
+
+    def forget(self, reader: StreamReader) -> None: ...
 
 
 class StreamMessage:
@@ -61,9 +83,10 @@ class StreamReader:
         self._start = start
         self._token = new_token()
         self._owner = owner_name()
-        self._held: dict[int, HeldBucket] = {}
-        self._lost: list[int] = []  # buckets dropped since the last flush() call: their leases were lost
-        self._holes = HoleWatch(self._options.gap_wait)
+        self._held: dict[tuple[int, int], HeldBucket] = {}  # by (partition, sequence)
+        self._lost: list[Position] = []  # buckets dropped since the last flush() call: their leases were lost
+        self._holes: dict[int, HoleWatch] = {}  # by partition
+        self._next_part = 0  # where the next look for a bucket to claim starts
         self._joined = False  # the group exists (created with ``start`` if it did not)
         self._epoch: int | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -90,7 +113,7 @@ class StreamReader:
                 return messages
             claimed = await self._claim_next()
             # a reset (the claim's look at the group) or a lost lease drops buckets: their messages are read again
-            messages = [m for m in messages if self._held.get(m.position.seq) is m._held]
+            messages = [m for m in messages if self._held.get(m._held.key) is m._held]
             if claimed:
                 continue
             if messages:
@@ -106,7 +129,7 @@ class StreamReader:
             raise QueueClosed("the reader is closed")
         await self._stream.ready()
         if not self._joined:
-            start = await self._stream.start_position(self._start)
+            start = await self._stream.start_positions(self._start)
             now = self._stream.clock.now()
             await self._store.upsert_group(*core.join_group(self.group, start, now))
             self._joined = True
@@ -118,7 +141,7 @@ class StreamReader:
         for held in self._held.values():
             codec = codec_for(held.codec, self._stream.codec)
             for slot in held.take(n - len(out)):
-                out.append(StreamMessage(Position(held.seq, slot), codec.load(held.payloads[slot]),
+                out.append(StreamMessage(Position(held.seq, slot, held.partition), codec.load(held.payloads[slot]),
                                          held.headers[slot] or {}, held.created, self, held))
             if len(out) >= n:
                 break
@@ -130,47 +153,63 @@ class StreamReader:
         while (group := await self._store.group(self.group)) is None:  # deleted meanwhile: join it again
             self._joined = False
             await self._ready()
+        if len(group.positions) == 1 < len(self._store.parts):  # joined before the stream was created partitioned
+            await self._store.move_group(*core.spread_group(group, self._store.parts))
+            return await self._group()
         if group.epoch != self._epoch:  # reset: what this reader holds belongs to the old epoch
             self._held.clear()
             self._epoch = group.epoch
         return group
 
     async def _claim_next(self) -> bool:
-        """Commit what the group has settled, then claim its next unclaimed bucket; mark holes that waited
-        ``gap_wait`` as gaps. True when this reader got a bucket or marked a gap (look again at once)."""
+        """In each partition in turn: commit what the group has settled, then claim its next unclaimed bucket;
+        mark holes that waited ``gap_wait`` as gaps. True when this reader got a bucket, marked a gap or moved
+        the group (look again at once)."""
         group = await self._group()
-        last, floor = await self._store.counter_state()
-        if group.committed.seq < floor:
-            await self._stream.expire_group(group, floor)
+        counters = await self._store.counters()
+        parts = self._store.parts
+        for turn in range(len(parts)):
+            part = parts[(self._next_part + turn) % len(parts)]
+            if await self._claim_in(group, part, *counters[part.number]):
+                self._next_part = (part.number + 1) % len(parts)  # the next look starts at the next partition
+                return True
+        return False
+
+    async def _claim_in(self, group: GroupState, part: Partition, last: int, floor: int) -> bool:
+        """``_claim_next`` in one partition."""
+        if group.at(part).seq < floor:
+            await self._stream.expire_group(group, part, floor)
             return True
-        present, settled, claims = await self._commit(group)
+        present, settled, claims = await self._commit(group, part)
         now = self._stream.clock.earliest()  # another reader's lease is over only when no reading says otherwise
-        busy = settled | set(self._held) | {c["s"] for c in claims if c.get("lease") and c["lease"]["until"] > now}
+        busy = settled | {seq for pt, seq in self._held if pt == part.number} | {
+            c["s"] for c in claims if c.get("lease") and c["lease"]["until"] > now}
         for seq in present:
-            if seq not in busy and await self._claim(group, seq, now):
+            if seq not in busy and await self._claim(group, part, seq, now):
                 return True
         filled = False
-        missing = core.missing_sequences(group.committed.seq, present, last)
-        for seq in self._holes.due(missing, time.monotonic()):
-            await self._store.mark_gap(seq, now, self._owner)  # or the producer's bucket landed after all
+        missing = core.missing_sequences(group.at(part).seq, present, last)
+        holes = self._holes.setdefault(part.number, HoleWatch(self._options.gap_wait))
+        for seq in holes.due(missing, time.monotonic()):
+            await self._store.mark_gap(part, seq, now, self._owner)  # or the producer's bucket landed after all
             filled = True
         return filled
 
-    async def _commit(self, group: GroupState) -> tuple[list[int], set[int], list[dict[str, Any]]]:
-        """Move the group's committed position past what is settled from it on (``core.advance``); return the
-        sequences present in the scanned window, those settled, and the group's claims there."""
-        start = group.committed.seq
-        docs = await self._store.window(start, core.SCAN_BUCKETS)
-        claims = await self._store.group_claims(group, start, core.SCAN_BUCKETS, {"s": 1, "fin": 1, "lease": 1})
-        present = [d["_id"] for d in docs]
-        settled = {d["_id"] for d in docs if d.get("gap")} | {c["s"] for c in claims if c.get("fin")}
+    async def _commit(self, group: GroupState, part: Partition) -> tuple[list[int], set[int], list[dict[str, Any]]]:
+        """Move the group's committed position in ``part`` past what is settled from it on (``core.advance``);
+        return the sequences present in the scanned window, those settled, and the group's claims there."""
+        start = group.at(part).seq
+        docs = await self._store.window(part, start, core.SCAN_BUCKETS)
+        claims = await self._store.group_claims(group, part, start, core.SCAN_BUCKETS, {"s": 1, "fin": 1, "lease": 1})
+        present = [part.seq_of(d) for d in docs]
+        settled = {part.seq_of(d) for d in docs if d.get("gap")} | {c["s"] for c in claims if c.get("fin")}
         committed = core.advance(start, present, settled)
         if committed > start:
-            await self._store.move_group(*core.commit(group, committed, self._stream.clock.now()))
+            await self._store.move_group(*core.commit(group, part, committed, self._stream.clock.now()))
         return present, settled, claims
 
-    async def _claim(self, group: GroupState, seq: int, now: dt.datetime) -> bool:
-        query, update = core.claim(group, seq, now, self._options.queue.lease, self._token, self._owner)
+    async def _claim(self, group: GroupState, part: Partition, seq: int, now: dt.datetime) -> bool:
+        query, update = core.claim(group, part, seq, now, self._options.queue.lease, self._token, self._owner)
         claim = await self._store.claim(query, update)
         if claim is None:  # another reader holds it, or finished it meanwhile
             return False
@@ -180,23 +219,23 @@ class StreamReader:
         # its claim is final, and such claims are deleted only after that, so the position read now tells. A
         # claim dropped here is behind the position: no reader looks at it, and retention deletes it.
         current = await self._group()
-        if current.epoch != group.epoch or current.committed.seq > seq:
+        if current.epoch != group.epoch or current.at(part).seq > seq:
             return True
-        doc = await self._store.bucket(seq)
+        doc = await self._store.bucket(part, seq)
         if doc is None:  # deleted by retention since the scan: the next scan moves the group past it
             return True
-        held = HeldBucket.parse(doc, claim, group.epoch, self._token)
+        held = HeldBucket.parse(doc, part, claim, group.epoch, self._token)
         if held.complete:  # every slot skipped (a reset into this bucket's last slot): nothing to read
             await self._finish(held)
             return True
-        self._held[seq] = held
+        self._held[held.key] = held
         return True
 
     # -- acks ----------------------------------------------------------------------------------------------
 
     async def ack(self, held: HeldBucket, slot: int) -> None:
-        if self._held.get(held.seq) is not held:
-            raise LeaseLost(f"this reader no longer holds bucket {held.seq} of group {self.group!r}; "
+        if self._held.get(held.key) is not held:
+            raise LeaseLost(f"this reader no longer holds bucket {held.position} of group {self.group!r}; "
                             "the message will be read again")
         held.acked.add(slot)
         if held.complete:
@@ -204,21 +243,22 @@ class StreamReader:
 
     async def _finish(self, held: HeldBucket) -> None:
         """Write the bucket's claim as finished (fenced by this reader's token), then commit what it settles."""
-        self._held.pop(held.seq, None)
+        self._held.pop(held.key, None)
         applied = await self._store.update_claim(core.claimed_by(held.cid, held.token),
                                                  core.finish_claim(held.token, sorted(held.done | held.acked)),
                                                  mine=core.finished_by(held.cid, held.token))
         if not applied:
-            raise LeaseLost(f"the lease on bucket {held.seq} of group {self.group!r} expired before its last ack "
+            raise LeaseLost(f"the lease on bucket {held.position} of group {self.group!r} expired before its last ack "
                             "was written; its unacked messages will be read again")
         group = await self._group()
-        if group.epoch == held.epoch and group.committed.seq == held.seq:  # this bucket held the group back
-            await self._commit(group)
+        part = self._store.parts[held.partition]
+        if group.epoch == held.epoch and group.at(part).seq == held.seq:  # this bucket held the group back
+            await self._commit(group, part)
 
-    async def flush(self, *, release: bool = False) -> list[int]:
+    async def flush(self, *, release: bool = False) -> list[Position]:
         """Write the acks not written yet and extend this reader's leases (``release``: end them, so that another
-        reader of the group takes the unacked messages at once). Returns the sequences of the buckets whose
-        lease was lost since the last call (by this flush or a background one): they were dropped, and their
+        reader of the group takes the unacked messages at once). Returns the positions (slot 0) of the buckets
+        whose lease was lost since the last call (by this flush or a background one): they were dropped, and their
         messages whose acks were not written yet will be read again."""
         until = core.NEVER if release else self._stream.clock.now() + dt.timedelta(seconds=self._options.queue.lease)
         for held in list(self._held.values()):
@@ -227,9 +267,9 @@ class StreamReader:
                                                      core.extend_claim(until, unwritten))
             if applied:
                 held.written(unwritten)
-            elif self._held.get(held.seq) is held:
-                del self._held[held.seq]
-                self._lost.append(held.seq)
+            elif self._held.get(held.key) is held:
+                del self._held[held.key]
+                self._lost.append(held.position)
         lost, self._lost = self._lost, []
         return lost
 

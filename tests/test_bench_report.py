@@ -92,3 +92,24 @@ def test_the_idle_goal_counts_commands_per_consumer_minute_besides_change_stream
 def test_a_window_shorter_than_the_safety_poll_counts_the_polls_rate_instead_of_what_it_saw() -> None:
     status, detail = _idle_goal({"claims": 0, "pause_reads": 0, "next_due": 0, "getmores": 120, "other": 4}, 30.0)
     assert status == "PASS" and detail.startswith("5.60 (")  # 2 other + 3 commands every 50 s on average
+
+
+def test_client_cpu_goals_judge_the_worst_1_kib_cell_against_the_floor_push_of_the_same_cell() -> None:
+    rows = [_row("floor", 200_000, client=0.002), _row("floor", 300_000, client=0.002, processes=2),
+            _row("bucketq", 90_000, client=0.0038), _row("bucketq", 90_000, client=0.0042, processes=2),
+            {**_row("bucketq", 80_000, client=0.0030), "scenario": "push_many"},
+            {**_row("bucketq", 5_000, client=0.0200), "payload_bytes": 100},  # not a 1 KiB cell: not judged
+            {**_row("bucketq", 900, client=1.4), "scenario": "latency"},
+            {**_row("floor", 1_000, client=0.7), "scenario": "latency"}]
+    verdicts = {goal: (status, detail) for status, goal, detail in goals(rows)}
+    assert verdicts["bucketq push client CPU/msg <= 2x floor push (1 KiB)"] == (
+        "MISS", "worst 2.10x at 1 KiB x2 (4.20 vs 2.00 us)")
+    assert verdicts["bucketq push_many client CPU/msg <= 2x floor push (1 KiB)"] == (
+        "PASS", "worst 1.50x at 1 KiB x1 (3.00 vs 2.00 us)")
+    assert verdicts["bucketq latency client CPU/msg vs floor latency (1 KiB)"] == (
+        "info", "worst 2.00x at 1 KiB x1 (1400.00 vs 700.00 us)")
+    rows[3]["cpu_s_per_1000"] = 0.0039
+    push_goal = "bucketq push client CPU/msg <= 2x floor push (1 KiB)"
+    assert ("PASS", push_goal, "worst 1.95x at 1 KiB x2 (3.90 vs 2.00 us)") in goals(rows)
+    without_floor = [r for r in rows if r["contender"] != "floor"]
+    assert ("n/a", push_goal, "nothing to compare") in goals(without_floor)

@@ -59,3 +59,20 @@ def test_help() -> None:
     for command in ("list", "lag", "reset"):
         result = runner.invoke(cli, ["stream", command, "--help"])
         assert result.exit_code == 0 and "--uri" in result.output and "BUCKETQ_MONGODB_URI" in result.output
+
+
+async def test_a_partitioned_stream_shows_and_takes_positions_by_partition(bq: Run, mongo_uri: str,
+                                                                          db_name: str) -> None:
+    async with bucketq.Stream(mongo_uri, name="parts", db=db_name, partitions=2) as stream:
+        await stream.ready()  # opened: the stream's partitions known
+        stream.store._next_part = 0
+        await stream.push_many(["a", "b"])  # partition 0
+        await stream.push("c")  # partition 1
+        await stream.reset("audit", "beginning")
+    groups = {g["group"]: g for g in jsonl(ok(bq("stream", "list", "parts", "--json")).stdout)}
+    assert groups["audit"]["position"] == "1:0 1/1:0"
+    assert "last sequence 1 1" in ok(bq("stream", "lag", "parts")).stdout
+    moved = ok(bq("stream", "reset", "parts", "audit", "--position", "1/2:0")).stdout
+    assert "now reads from position 1:0 1/2:0" in moved
+    lags = {g["group"]: g for g in jsonl(ok(bq("stream", "lag", "parts", "--json")).stdout)}
+    assert lags["audit"]["lag_messages"] == 2 and lags["audit"]["position"] == "1:0 1/2:0"

@@ -41,8 +41,12 @@ def matches(value: object, expression: str) -> bool:
     return False
 
 
-def check(doc: dict, table_name: str) -> None:
+def check(doc: dict, table_name: str, *overrides: str) -> None:
+    """``doc`` against a table, with the rows of ``overrides`` (tables of what a later version changes) in place
+    of the table's."""
     fields = table(table_name)
+    for override in overrides:
+        fields.update(table(override))
     unknown = set(doc) - set(fields)
     assert not unknown, f"{table_name}: fields not in docs/FORMAT.md: {unknown}"
     for field, (expression, required) in fields.items():
@@ -193,14 +197,22 @@ def test_the_type_checker_itself(value, expression, ok):
     assert matches(value, expression) is ok
 
 
-async def test_stream_documents_match_the_format(queue_target, db_name, sync_db):
+@pytest.mark.parametrize("partitions", [1, 2])
+async def test_stream_documents_match_the_format(queue_target, db_name, sync_db, partitions):
     import bucketq
-    from bucketq.core.stream import COUNTER_ID
+    from bucketq.core.stream import COUNTER_ID, LAYOUT_ID
 
-    async with bucketq.Stream(queue_target, name="log", db=db_name, gap_wait=0.1, poll_interval=0.01) as stream:
+    v2 = partitions > 1  # version 2: each table with what docs/FORMAT.md's Partitions changes
+    counter_id = f"{COUNTER_ID}.0" if v2 else COUNTER_ID
+    async with bucketq.Stream(queue_target, name="log", db=db_name, gap_wait=0.1, poll_interval=0.01,
+                              partitions=partitions) as stream:
+        await stream.ready()  # opened: the stream's partitions known
+        stream.store._next_part = 0  # the writes below go to partitions 0, 1, then 0 again
         await stream.push_many([{"i": 1}, "two"])
         await stream.push({"h": True}, headers={"trace": "x"}, key="k-1")
-        sync_db["log.seq"].update_one({"_id": COUNTER_ID}, {"$inc": {"last": 1}})  # a producer killed: a hole
+        sync_db["log.seq"].update_one({"_id": counter_id}, {"$inc": {"last": 1}})  # a producer killed: a hole
+        if v2:
+            stream.store._next_part = 0
         await stream.push(b"\x00".decode())
         reader = stream.reader("audit", start="beginning")
         first = await reader.read_many(2, timeout=2)
@@ -214,23 +226,30 @@ async def test_stream_documents_match_the_format(queue_target, db_name, sync_db)
         await reader.flush()
         await stream.reset("replay", at=dt.datetime.now(dt.timezone.utc))
         await stream.apply_retention()
+    partitioned = ("stream-partitioned-bucket-fields",) if v2 else ()
     buckets = list(sync_db["log"].find({"gap": {"$exists": False}}))
     assert len(buckets) == 3
     for doc in buckets:
-        check(doc, "stream-bucket-fields")
+        check(doc, "stream-bucket-fields", *partitioned)
         assert doc["n"] == len(doc["p"]) and all(len(doc[f]) == doc["n"] for f in "hk" if f in doc)
+        assert doc["v"] == (2 if v2 else 1) and (not v2 or doc["_id"] == f"{doc['pt']}/{doc['s']}")
     (gap,) = list(sync_db["log"].find({"gap": {"$exists": True}}))
-    check(gap, "stream-gap-fields")
-    assert gap["_id"] == 3
-    (counter,) = list(sync_db["log.seq"].find())
-    check(counter, "stream-seq-fields")
+    check(gap, "stream-gap-fields", *partitioned)
+    assert gap["_id"] == ("0/2" if v2 else 3)
+    counters = list(sync_db["log.seq"].find({"_id": {"$ne": LAYOUT_ID}}))
+    assert len(counters) == partitions
+    for counter in counters:
+        check(counter, "stream-seq-fields")
+    if v2:
+        check(sync_db["log.seq"].find_one({"_id": LAYOUT_ID}), "stream-layout-fields")
     groups = list(sync_db["log.positions"].find())
     assert {g["_id"] for g in groups} == {"audit", "replay"}
     for doc in groups:
-        check(doc, "stream-group-fields")
+        check(doc, "stream-group-fields", *(("stream-partitioned-group-fields",) if v2 else ()))
     claims = list(sync_db["log.claims"].find())
     assert claims and any(not c["fin"] for c in claims)  # the last bucket: its last message unacked
     for doc in claims:
-        check(doc, "stream-claim-fields")
+        check(doc, "stream-claim-fields", *(("stream-partitioned-claim-fields",) if v2 else ()))
         check(doc["lease"], "lease-fields")
-        assert doc["_id"] == {"g": doc["g"], "e": doc["e"], "s": doc["s"]}
+        key = {"g": doc["g"], "e": doc["e"], **({"pt": doc["pt"]} if v2 else {}), "s": doc["s"]}
+        assert doc["_id"] == key

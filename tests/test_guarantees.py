@@ -345,7 +345,9 @@ async def test_a_failing_close_stops_every_background_task(mongo_uri, db_name, s
         assert await q.reserve(timeout=5) is not None
     finally:
         proxy.stop()  # the server is unreachable from now on
-    with pytest.raises(PyMongoError):
+    # the driver's error, or the drain's WriteFailed when the release was still unanswered at its cut-off (which
+    # of the two comes first depends on the machine's load)
+    with pytest.raises((PyMongoError, bucketq.WriteFailed)):
         await q.close()
     consumer = q._consumer
     assert consumer._flusher is None and not consumer._background

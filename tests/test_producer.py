@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
 from collections.abc import AsyncIterator
@@ -153,6 +154,30 @@ async def test_full_bucket_is_written_at_once(make_queue, sync_db):
     await q.push_many(range(10))
     assert time.monotonic() - started < 5
     assert sync_db.events.count_documents({}) == 1
+
+
+async def test_push_many_gives_each_message_the_id_of_its_own_slot(make_queue, sync_db):
+    """Messages due now share one waiter a bucket (a run): each id must still name the slot holding its message,
+    across full buckets, with delayed and grouped items in between, and beside other calls that wait for room."""
+    q = make_queue(bucket_max_size=7, bucket_max_wait=30, bucket_max_bytes=64 * 1024, max_buffered_bytes=64 * 1024)
+    items: list = []
+    for i in range(60):
+        items.append(bucketq.Outgoing(i, delay=3600) if i % 9 == 4 else bucketq.Outgoing(i, group="g")
+                     if i % 11 == 5 else i)
+    # Two calls of more than max_buffered_bytes each: both wait for room.
+    big = [[f"{k}{i}" + "x" * 3000 for i in range(40)] for k in "ab"]
+    ids, other, a_ids, b_ids = await asyncio.gather(q.push_many(items), q.push("other"), q.push_many(big[0]),
+                                                    q.push_many(big[1]))
+    payloads = {str(d["_id"]): d["p"] for d in sync_db.events.find()}
+
+    def stored(message_id: str) -> object:
+        bucket, slot = message_id.rsplit(":", 1)
+        return json.loads(payloads[bucket][int(slot)])
+
+    assert [stored(i) for i in ids] == list(range(60))
+    assert [stored(i) for i in a_ids] == big[0] and [stored(i) for i in b_ids] == big[1]
+    assert stored(other) == "other"
+    assert len(set(ids + a_ids + b_ids + [other])) == 141
 
 
 async def test_buckets_split_by_bytes_below_the_limit(make_queue, sync_db):

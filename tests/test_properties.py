@@ -58,6 +58,28 @@ def test_accumulator_places_every_message_once_within_limits(items, max_size, ma
     assert acc.buffered_bytes == 0 and acc.in_flight == 0
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=200), st.integers(1, 50), st.integers(4096, 40_000))
+def test_append_is_add_without_the_clock_for_messages_due_now(lengths, max_size, max_bytes):
+    """The producer's fast path (``append``, falling back to ``add`` when it declines) makes the same buckets, with
+    the same slots, sizes and waiters, as ``add`` alone; a declined ``append`` changes nothing."""
+    def run(fast: bool) -> tuple[list[tuple[list, list, int]], int]:
+        acc = Accumulator(max_size=max_size, max_bytes=max_bytes, max_wait=0.5, granularity=1.0, codec="json")
+        sealed = []
+        for n, length in enumerate(lengths):
+            payload = f"{n:06d}" + "x" * length
+            size = slot_bytes(payload)
+            before = acc.buffered_bytes, [(b.slots[:], b.size_bytes) for b in acc._open.values()]
+            if fast and acc.append(Slot(payload), size, n):
+                continue
+            assert before == (acc.buffered_bytes, [(b.slots[:], b.size_bytes) for b in acc._open.values()])
+            sealed += acc.add(Slot(payload), size, n, due=None, now_wall=T0, now_mono=0.0)
+        sealed += acc.seal_all(T0)
+        return [(b.document["p"], b.waiters, b.size_bytes) for b in sealed], acc.buffered_bytes
+
+    assert run(fast=True) == run(fast=False)
+
+
 class GroupCommitMachine(RuleBasedStateMachine):
     """A shell that obeys the accumulator (asks ``ready`` after each burst of pushes, when a write ends and
     at ``next_deadline``), with writes ending in any order: an open bucket is written at once when no write is

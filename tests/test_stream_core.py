@@ -10,18 +10,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bucketq import InvalidOption
-from bucketq.core.stream import HeldBucket, HoleWatch, Position, RetentionCut, advance
+from bucketq.core.stream import HeldBucket, HoleWatch, Partition, Position, RetentionCut, advance
 
-positions = st.builds(Position, st.integers(0, 2**62), st.integers(0, 65535))
+positions = st.builds(Position, st.integers(0, 2**62), st.integers(0, 65535), st.integers(0, 1023))
 
 
 @given(positions, positions)
 def test_positions_order_like_the_stream_and_survive_their_text_form(a: Position, b: Position) -> None:
-    assert Position.parse(str(a)) == a and Position.parse((a.seq, a.slot)) == a
-    assert (a < b) == ((a.seq, a.slot) < (b.seq, b.slot))
+    assert Position.parse(str(a)) == a and Position.parse((a.seq, a.slot, a.partition)) == a
+    assert Position.parse((a.seq, a.slot)) == a._replace(partition=0) == Position(a.seq, a.slot)
+    assert ("/" in str(a)) == (a.partition > 0)  # a stream of one partition keeps its text form
+    b = b._replace(partition=a.partition)
+    assert (a < b) == ((a.seq, a.slot) < (b.seq, b.slot))  # ordered within a partition
 
 
-@pytest.mark.parametrize("bad", ["", "x:1", "1:x", "-1:0", "1:65536", (1,), (True, 0), 1.5])
+@pytest.mark.parametrize("bad", ["", "x:1", "1:x", "-1:0", "1:65536", (1,), (True, 0), 1.5, "1024/1:0", "x/1:0",
+                                 (1, 0, -1), (1, 2, 3, 4)])
 def test_bad_positions_are_refused(bad: object) -> None:
     with pytest.raises(InvalidOption):
         Position.parse(bad)  # type: ignore[arg-type]
@@ -43,7 +47,7 @@ def test_a_held_bucket_delivers_each_slot_once_in_order_and_completes_when_all_a
     done = {d for d in done if d < size}
     claim = {"_id": {"g": "g", "e": 0, "s": 1}, "done": sorted(done)}
     doc = {"_id": 1, "v": 1, "enc": "json", "created": dt.datetime(2026, 1, 1), "n": size, "p": ["x"] * size}
-    held = HeldBucket.parse(doc, claim, 0, "token")
+    held = HeldBucket.parse(doc, Partition(), claim, 0, "token")
     delivered: list[int] = []
     for n in [*takes, size]:
         delivered += held.take(n)

@@ -10,9 +10,10 @@ from bench.contenders import keuss
 ALL = ("bucketq", "keuss", "naive", "floor")
 QUEUE_SCENARIOS = frozenset({"push", "consume", "end_to_end", "latency"})
 SCENARIOS = {
-    # consume_batch: reserve_many, for batch handlers; stream_push: push to a bucketq.Stream (issue 14); idle:
-    # what consumers waiting on an empty queue cost (issue 21)
-    "bucketq": QUEUE_SCENARIOS | {"consume_batch", "stream_push", "idle"},
+    # consume_batch: reserve_many, for batch handlers; stream_push: push to a bucketq.Stream (issue 14); push_many:
+    # the same pushes as push, by push_many calls of ``window`` messages (issue 25); idle: what consumers waiting
+    # on an empty queue cost (issue 21)
+    "bucketq": QUEUE_SCENARIOS | {"consume_batch", "stream_push", "push_many", "idle"},
     "keuss": QUEUE_SCENARIOS,
     "naive": QUEUE_SCENARIOS,
     "floor": frozenset({"push", "consume", "latency", "encode", "decode"}),  # latency: one insert's round trip

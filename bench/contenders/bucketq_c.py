@@ -1,7 +1,8 @@
 """bucketq contender: the library under test, through its public async API.
 
 push: push_nowait per message with at most ``window`` un-acknowledged pushes, done when every push is
-durable. stream_push: the same into a ``bucketq.Stream``. consume: ``concurrency`` tasks doing reserve + ack;
+durable. push_many (and fill, untimed, before a consume): push_many calls of ``FILL_CHUNK`` messages.
+stream_push: the same as push, into a ``bucketq.Stream``. consume: ``concurrency`` tasks doing reserve + ack;
 consume_batch: the same with ``reserve_many`` (batches of ``BATCH``, each message acked on its own), as a batch
 handler would. end_to_end: both at once in
 one process.
@@ -265,4 +266,4 @@ def _sync(role: Role) -> Callable[[Ctx], None]:
 if __name__ == "__main__":
     main({"fill": _sync(fill), "push": _sync(push), "consume": _sync(consume), "end_to_end": _sync(end_to_end),
           "latency": _sync(latency), "consume_batch": _sync(lambda ctx, q: consume(ctx, q, BATCH)),
-          "stream_push": _sync(push), "idle": _sync(idle)})
+          "stream_push": _sync(push), "push_many": _sync(fill), "idle": _sync(idle)})

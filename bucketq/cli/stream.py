@@ -67,7 +67,7 @@ async def _list(target: Target, name: str, as_json: bool) -> None:
         groups = await handle.groups()
     if as_json:
         for group in groups:
-            click.echo(to_json({"group": group.name, "position": str(group.committed), "resets": group.epoch,
+            click.echo(to_json({"group": group.name, "position": str(group), "resets": group.epoch,
                                 "expired": group.expired}))
         return
     if not groups:
@@ -77,7 +77,7 @@ async def _list(target: Target, name: str, as_json: bool) -> None:
     for column in ("group", "position", "resets", "expired"):
         out.add_column(column, justify="left" if column == "group" else "right")
     for group in groups:
-        out.add_row(group.name, str(group.committed), str(group.epoch), f"{group.expired:,}")
+        out.add_row(group.name, str(group), str(group.epoch), f"{group.expired:,}")
     print_table(out)
 
 
@@ -108,7 +108,8 @@ async def _lag(target: Target, name: str, as_json: bool) -> None:
     if not groups:
         click.echo(f"stream {name!r} has no reader groups")
         return
-    out = table(title=f"stream {name}: last sequence {stats['last_sequence']}, oldest kept {stats['floor']}")
+    out = table(title=f"stream {name}: last sequence {_by_partition(stats['last_sequence'])}, "
+                      f"oldest kept {_by_partition(stats['floor'])}")
     for column in ("group", "position", "lag", "behind by", "expired"):
         out.add_column(column, justify="left" if column == "group" else "right")
     for group, row in groups.items():
@@ -119,7 +120,8 @@ async def _lag(target: Target, name: str, as_json: bool) -> None:
 @stream.command()
 @click.argument("name", metavar="STREAM")
 @click.argument("group")
-@click.option("--position", metavar="SEQ:SLOT", help="Read on from this position (as `push` returned it).")
+@click.option("--position", metavar="[PT/]SEQ:SLOT",
+              help="Read on from this position (as `push` returned it; in a partitioned stream, of its partition).")
 @click.option("--at", "at", metavar="TIME",
               help="Read on from the first message pushed at or after TIME: ISO 8601 with a time zone "
                    "(2026-11-23T10:00:00Z), or a duration ago (90s, 2h, 1d).")
@@ -165,4 +167,9 @@ def _time(text: str) -> dt.datetime:
 async def _reset(target: Target, name: str, group: str, to: str | Position | None, at: dt.datetime | None) -> None:
     async with open_stream(target, name) as handle:
         start = await handle.reset(group, to, at=at)
-    click.echo(f"group {group!r} of stream {name!r} now reads from position {start}")
+    click.echo(f"group {group!r} of stream {name!r} now reads from position {_by_partition(start)}")
+
+
+def _by_partition(value: Any) -> str:
+    """A value of a stream, or of each of its partitions (a list), as text."""
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)

@@ -103,6 +103,7 @@ class Accumulator:
                  min_wait: float = 0.0) -> None:
         self.max_size = max_size
         self.max_bytes = max_bytes
+        self.max_slot_bytes = max_bytes - BUCKET_OVERHEAD  # the largest message an empty bucket takes
         self.max_wait = max_wait
         self.min_wait = min_wait
         self.granularity = granularity
@@ -112,10 +113,6 @@ class Accumulator:
         self.in_flight = 0  # buckets handed out to write and not yet reported ``written``
         # Groups with a bucket being written, each with its later sealed buckets waiting for that write to end.
         self._writing: dict[str, deque[SealedBucket]] = {}
-
-    def fits(self, slot_size: int) -> bool:
-        """Whether a message of ``slot_size`` bytes fits in an empty bucket."""
-        return BUCKET_OVERHEAD + slot_size <= self.max_bytes
 
     def add(
         self,
@@ -155,6 +152,22 @@ class Accumulator:
         if len(bucket.slots) >= self.max_size or bucket.size_bytes >= self.max_bytes:
             sealed += self._seal(key, now_wall)
         return sealed
+
+    def append(self, slot: Slot, slot_size: int, waiter: Waiter) -> bool:
+        """The common push, kept cheap (no clock read, nothing to seal): add a message due at once and ungrouped to
+        the open bucket of such messages if there is one that it leaves short of full. False when it did nothing:
+        the caller then goes through ``add``, which opens and seals buckets (once a bucket, not once a message)."""
+        bucket = self._open.get(NOW)
+        if bucket is None:
+            return False
+        slots, size = bucket.slots, bucket.size_bytes + slot_size
+        if len(slots) + 1 >= self.max_size or size >= self.max_bytes:
+            return False
+        slots.append(slot)
+        bucket.waiters.append(waiter)
+        bucket.size_bytes = size
+        self.buffered_bytes += slot_size
+        return True
 
     def ready(self, now_wall: dt.datetime, now_mono: float) -> list[SealedBucket]:
         """Seal the open buckets to write now: when no write is in flight, those open for ``min_wait`` or

@@ -4,11 +4,14 @@
 A stream ``S`` keeps its buckets in the collection ``S`` with ``_id`` = *sequence*, an int allocated by ``$inc`` on
 the counter document in ``S.seq`` (one round trip per write of up to 8 buckets, no lock held while writing), so
 buckets of concurrent writes may land out of order, or never (a producer killed between allocation and insert).
-A message's *position* is ``(sequence, slot)``. A reader never commits past a sequence whose document is missing:
-once a sequence is allocated (counter past it) and still missing ``gap_wait`` seconds after a reader first saw it
-so, the reader inserts a *gap marker* under that ``_id``. ``_id`` is unique, so exactly one of the producer's
-bucket and the gap marker is ever stored: a producer insert arriving later fails as a duplicate whose ``b`` is
-not its own, and its pushes fail with ``WriteFailed``; never is a message stored behind a committed position.
+A stream of ``partitions > 1`` (format version 2) has one such sequence per partition: its buckets carry ``pt``
+and ``s`` (unique together, the shard key) and every rule below holds per partition (``Partition`` says where a
+partition's documents are). A message's *position* is ``(sequence, slot)`` in its partition.
+A reader never commits past a sequence whose document is missing: once a sequence is allocated (counter past
+it) and still missing ``gap_wait`` seconds after a reader first saw it so, the reader inserts a *gap marker*
+under that ``_id``. ``_id`` is unique, so exactly one of the producer's bucket and the gap marker is ever
+stored: a producer insert arriving later fails as a duplicate whose ``b`` is not its own, and its pushes fail
+with ``WriteFailed``; never is a message stored behind a committed position.
 """
 
 from __future__ import annotations
@@ -24,52 +27,134 @@ from bucketq.core.format import FORMAT_VERSION, MAX_COUNT, as_utc
 from bucketq.errors import InvalidOption, MalformedBucket
 
 COUNTER_ID = "seq"
+LAYOUT_ID = "layout"  # in ``S.seq``: a partitioned stream's version and partition count
+PARTITIONED_VERSION = 2  # the format version of a partitioned stream's documents
+MAX_PARTITIONS = 1024
+STREAM_SHARD_KEYS = {"": {"pt": 1, "s": 1}}  # by collection suffix; the side collections stay unsharded
 FIRST_SEQUENCE = 1
 SCAN_BUCKETS = 64  # buckets a reader looks at past its group's committed position per scan
 NEVER = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)  # an expired lease's ``until``
 
 
 class Position(NamedTuple):
-    """Where a message sits in a stream: its bucket's sequence and its slot. Ordered like the stream; its
-    text form is ``"<sequence>:<slot>"``. A group's committed position is the first one it has not read."""
+    """Where a message sits in a stream: its bucket's sequence and its slot, in its ``partition`` (0 in a stream
+    of one partition). Within a partition ordered like the stream; its text form is ``"<sequence>:<slot>"``, or
+    ``"<partition>/<sequence>:<slot>"`` in a partition other than 0. A group's committed position (one per
+    partition) is the first one it has not read."""
 
     seq: int
     slot: int = 0
+    partition: int = 0
 
     def __str__(self) -> str:
-        return f"{self.seq}:{self.slot}"
+        return f"{self.partition}/{self.seq}:{self.slot}" if self.partition else f"{self.seq}:{self.slot}"
 
     @classmethod
-    def parse(cls, value: Position | str | tuple[int, int]) -> Position:
-        """A Position from itself, ``"<sequence>:<slot>"``, ``"<sequence>"`` or a pair; ``InvalidOption`` else."""
+    def parse(cls, value: Position | str | tuple[int, ...]) -> Position:
+        """A Position from itself, ``"[<partition>/]<sequence>[:<slot>]"``, a pair (sequence, slot) or a triple
+        (sequence, slot, partition); ``InvalidOption`` else."""
         if isinstance(value, str):
-            seq, _, slot = value.partition(":")
+            partition, _, rest = value.rpartition("/")
+            seq, _, slot = rest.partition(":")
             try:
-                value = (int(seq), int(slot or 0))
+                value = (int(seq), int(slot or 0), int(partition or 0))
             except ValueError:
-                raise InvalidOption(f"a position is '<sequence>:<slot>', got {value!r}") from None
-        if (not isinstance(value, tuple) or len(value) != 2
+                raise InvalidOption(f"a position is '[<partition>/]<sequence>:<slot>', got {value!r}") from None
+        if (not isinstance(value, tuple) or len(value) not in (2, 3)
                 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-                or not (0 <= value[0] <= 2**62 and 0 <= value[1] < 65536)):
-            raise InvalidOption(f"a position is a pair of a sequence (0 to 2**62) and a slot (0 to 65535), "
-                                f"got {value!r}")
+                or not (0 <= value[0] <= 2**62 and 0 <= value[1] < 65536)
+                or len(value) == 3 and not 0 <= value[2] < MAX_PARTITIONS):
+            raise InvalidOption(f"a position is a sequence (0 to 2**62), a slot (0 to 65535) and a partition "
+                                f"(0 to {MAX_PARTITIONS - 1}, 0 when left out), got {value!r}")
         return cls(*value)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Where the documents of one partition of a stream of ``of`` partitions are, in each collection. A stream
+    of one partition keeps format version 1: bucket ``_id`` = sequence, one counter ``"seq"``, a group's ``s``
+    and ``i`` are ints. Of more: version 2, buckets ``{pt, s}`` (the shard key; ``_id`` ``"<pt>/<s>"``), counters
+    ``"seq.<pt>"``, a group's ``s`` and ``i`` are arrays indexed by partition, claims keyed by ``pt`` too."""
+
+    number: int = 0
+    of: int = 1
+
+    @property
+    def partitioned(self) -> bool:
+        return self.of > 1
+
+    @property
+    def version(self) -> int:
+        return PARTITIONED_VERSION if self.partitioned else FORMAT_VERSION
+
+    @property
+    def seq_field(self) -> str:
+        """The field of ``S`` holding a document's sequence."""
+        return "s" if self.partitioned else "_id"
+
+    def seqs(self, condition: Any) -> dict[str, Any]:
+        """A filter on ``S``: this partition's documents whose sequence matches ``condition``."""
+        return {"pt": self.number, "s": condition} if self.partitioned else {"_id": condition}
+
+    def seq_of(self, doc: Mapping[str, Any]) -> int:
+        return int(doc[self.seq_field])
+
+    def doc_fields(self, seq: int) -> dict[str, Any]:
+        """Where a document of ``S`` at ``seq`` is: version 1, ``_id`` = sequence; version 2, ``pt`` and ``s``,
+        and ``_id`` = ``"<pt>/<s>"``. Either way ``_id`` is unique for a sequence of the partition (on a sharded
+        cluster ``_id`` is unique per shard, and every ``{pt, s}`` lives on one shard, its chunk's)."""
+        if self.partitioned:
+            return {"_id": f"{self.number}/{seq}", "pt": self.number, "s": seq}
+        return {"_id": seq}
+
+    @property
+    def counter_id(self) -> str:
+        return f"{COUNTER_ID}.{self.number}" if self.partitioned else COUNTER_ID
+
+    def group_field(self, name: str) -> str:
+        """A group document's ``s`` or ``i`` of this partition."""
+        return f"{name}.{self.number}" if self.partitioned else name
+
+    def label(self, seq: int) -> str | int:
+        """What a pushed message's position starts with (``"<label>:<slot>"``)."""
+        return f"{self.number}/{seq}" if self.number else seq
+
+
+def partitions_of(count: int) -> list[Partition]:
+    return [Partition(number, count) for number in range(count)]
+
+
+def layout_doc(partitions: int) -> tuple[dict, dict]:
+    """(filter, update) for an upsert in ``S.seq``: a partitioned stream's layout, written once."""
+    return {"_id": LAYOUT_ID}, {"$setOnInsert": {"v": PARTITIONED_VERSION, "partitions": partitions}}
+
+
+def stored_partitions(layout: Mapping[str, Any] | None, has_counter: bool, wanted: int | None) -> int:
+    """The stream's partition count: its layout's, 1 for a version-1 stream (a counter but no layout), else
+    ``wanted`` (a new stream; default 1). ``InvalidOption`` when ``wanted`` differs from what is stored."""
+    stored = int(layout["partitions"]) if layout else 1 if has_counter else None
+    if stored is not None and wanted is not None and wanted != stored:
+        what = "a version-1 stream (one sequence)" if not layout else f"partitioned in {stored}"
+        raise InvalidOption(f"the stream is {what}: partitions={wanted} cannot apply; a stream's partitions are "
+                            f"fixed when it is created (push to a new stream to change them)")
+    return stored if stored is not None else wanted or 1
 
 
 # -- producer ------------------------------------------------------------------------------------------------
 
-def allocate(count: int) -> tuple[dict, dict]:
-    """(filter, update) for findOneAndUpdate(upsert, return after): reserve ``count`` sequences. The last one
-    reserved is the counter's new ``last``; the first is ``last - count + 1``."""
-    return {"_id": COUNTER_ID}, {"$inc": {"last": count}}
+def allocate(part: Partition, count: int) -> tuple[dict, dict]:
+    """(filter, update) for findOneAndUpdate(upsert, return after): reserve ``count`` sequences of ``part``. The
+    last one reserved is the counter's new ``last``; the first is ``last - count + 1``."""
+    return {"_id": part.counter_id}, {"$inc": {"last": count}}
 
 
-def stream_bucket(sealed: Mapping[str, Any]) -> dict[str, Any]:
+def stream_bucket(sealed: Mapping[str, Any], part: Partition) -> dict[str, Any]:
     """The stream bucket holding the slots of a bucket the producer's accumulator sealed, once its sequence is
-    its ``_id`` and its own ObjectId moved to ``b`` (so that a retried insert can tell its document from a gap
-    marker). The queue-only fields (due, done, c, lease) go; ``bytes`` (payload bytes) serves size retention."""
+    ``s`` and its own ObjectId moved to ``b`` (so that a retried insert can tell its document from a gap
+    marker). The queue-only fields (due, done, c, lease) go; ``bytes`` (payload bytes) serves size retention.
+    Where it is: ``Partition.doc_fields``."""
     payloads = sealed["p"]
-    doc: dict[str, Any] = {"_id": sealed["_id"], "v": FORMAT_VERSION, "b": sealed["b"], "enc": sealed["enc"],
+    doc: dict[str, Any] = {**part.doc_fields(sealed["s"]), "v": part.version, "b": sealed["b"], "enc": sealed["enc"],
                            "created": sealed["created"], "n": sealed["n"], "p": payloads,
                            "bytes": sum(len(p) for p in payloads)}
     for per_slot in ("h", "k"):
@@ -78,14 +163,14 @@ def stream_bucket(sealed: Mapping[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def own_bucket(seq: int, bucket_id: ObjectId) -> dict:
+def own_bucket(part: Partition, seq: int, bucket_id: ObjectId) -> dict:
     """Matches the bucket at ``seq`` only if this producer's insert stored it (not a gap marker)."""
-    return {"_id": seq, "b": bucket_id}
+    return {**part.seqs(seq), "b": bucket_id}
 
 
-def gap_marker(seq: int, now: dt.datetime, owner: str) -> dict[str, Any]:
+def gap_marker(part: Partition, seq: int, now: dt.datetime, owner: str) -> dict[str, Any]:
     """What a reader stores at a sequence that was allocated but never written in time: no message ever will be."""
-    return {"_id": seq, "v": FORMAT_VERSION, "gap": True, "created": now, "by": owner}
+    return {**part.doc_fields(seq), "v": part.version, "gap": True, "created": now, "by": owner}
 
 
 @dataclass
@@ -114,17 +199,34 @@ def missing_sequences(start: int, present: Iterable[int], last_allocated: int, l
 
 # -- reader groups ------------------------------------------------------------------------------------------
 
-def join_group(name: str, start: Position, now: dt.datetime) -> tuple[dict, dict]:
-    """(filter, update) for an upsert: the group, created reading from ``start`` if it does not exist. ``e``
-    (epoch) counts resets: claims of an older epoch are ignored."""
-    return {"_id": name}, {"$setOnInsert": {"e": 0, "s": start.seq, "i": start.slot, "at": now, "created": now,
+def _positions_fields(start: list[Position]) -> dict[str, Any]:
+    """A group's ``s`` and ``i``: ints for one partition (version 1), arrays by partition for more."""
+    if len(start) == 1:
+        return {"s": start[0].seq, "i": start[0].slot}
+    return {"v": PARTITIONED_VERSION, "s": [p.seq for p in start], "i": [p.slot for p in start]}
+
+
+def join_group(name: str, start: list[Position], now: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update) for an upsert: the group, created reading from ``start`` (one position per partition)
+    if it does not exist. ``e`` (epoch) counts resets: claims of an older epoch are ignored."""
+    return {"_id": name}, {"$setOnInsert": {"e": 0, **_positions_fields(start), "at": now, "created": now,
                                             "expired": 0}}
 
 
-def reset_update(start: Position, now: dt.datetime) -> dict:
-    """Move a group to ``start``: a new epoch, so that every claim made before counts for nothing."""
-    return {"$set": {"s": start.seq, "i": start.slot, "at": now}, "$inc": {"e": 1},
+def reset_update(start: list[Position], now: dt.datetime) -> dict:
+    """Move a group to ``start`` (one position per partition): a new epoch, so that every claim made before
+    counts for nothing."""
+    return {"$set": {**_positions_fields(start), "at": now}, "$inc": {"e": 1},
             "$setOnInsert": {"created": now, "expired": 0}}
+
+
+def spread_group(group: GroupState, parts: list[Partition]) -> tuple[dict, dict]:
+    """(filter, update): a group of one position, created (by a reader or a reset) before its stream existed,
+    moved to the stream's partitions, each at that position (a new stream's "beginning" and "end" are both
+    sequence 1). Applied once: the filter matches only the group's single-position shape and epoch."""
+    start = group.committed
+    return ({"_id": group.name, "e": group.epoch, "v": {"$exists": False}},
+            {"$set": _positions_fields([Position(start.seq, start.slot, p.number) for p in parts])})
 
 
 def check_group_name(name: object) -> str:
@@ -135,35 +237,62 @@ def check_group_name(name: object) -> str:
 
 @dataclass(frozen=True)
 class GroupState:
-    """A group as stored: its epoch and committed position (the first position it has not read)."""
+    """A group as stored: its epoch and committed positions (per partition, the first position it has not read)."""
 
     name: str
     epoch: int
-    committed: Position
+    positions: tuple[Position, ...]
     expired: int
+
+    @property
+    def committed(self) -> Position:
+        """The committed position of a stream of one partition (of partition 0 otherwise)."""
+        return self.positions[0]
+
+    def at(self, part: Partition) -> Position:
+        """The committed position in ``part``; a group of one position not spread yet (``spread_group``) is at
+        that position in every partition."""
+        if len(self.positions) == 1:
+            return self.committed._replace(partition=part.number)
+        return self.positions[part.number]
+
+    def __str__(self) -> str:
+        """The committed positions as text, separated by spaces."""
+        return " ".join(str(p) for p in self.positions)
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any]) -> GroupState:
         try:
-            return cls(doc["_id"], int(doc["e"]), Position(int(doc["s"]), int(doc["i"])), int(doc.get("expired", 0)))
+            seqs, slots = doc["s"], doc["i"]
+            if isinstance(seqs, list) and isinstance(slots, list) and len(seqs) == len(slots):
+                pairs = enumerate(zip(seqs, slots, strict=True))
+                positions = tuple(Position(int(s), int(i), pt) for pt, (s, i) in pairs)
+            else:
+                positions = (Position(int(seqs), int(slots)),)
+            return cls(doc["_id"], int(doc["e"]), positions, int(doc.get("expired", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedBucket(f"group document {doc.get('_id')!r} is malformed: {exc}") from None
 
 
-def claim_id(group: GroupState, seq: int) -> dict[str, Any]:
+def claim_id(group: GroupState, part: Partition, seq: int) -> dict[str, Any]:
+    if part.partitioned:
+        return {"g": group.name, "e": group.epoch, "pt": part.number, "s": seq}
     return {"g": group.name, "e": group.epoch, "s": seq}
 
 
-def claim(group: GroupState, seq: int, now: dt.datetime, lease_s: float, token: str,
+def claim(group: GroupState, part: Partition, seq: int, now: dt.datetime, lease_s: float, token: str,
           owner: str) -> tuple[dict, dict]:
-    """(filter, update) for findOneAndUpdate(upsert, return after): the group's claim on bucket ``seq``, unless it
-    is finished or another reader's lease on it is live. Two readers upserting at once: one gets a duplicate key
-    error and takes nothing. A bucket at the committed position starts with the slots before it done."""
+    """(filter, update) for findOneAndUpdate(upsert, return after): the group's claim on bucket ``seq`` of
+    ``part``, unless it is finished or another reader's lease on it is live. Two readers upserting at once: one
+    gets a duplicate key error and takes nothing. A bucket at the committed position starts with the slots
+    before it done."""
     until = now + dt.timedelta(seconds=lease_s)
-    skipped = list(range(group.committed.slot)) if seq == group.committed.seq else []
-    return ({"_id": claim_id(group, seq), "fin": False, "lease.until": {"$lt": now}},
+    committed = group.at(part)
+    skipped = list(range(committed.slot)) if seq == committed.seq else []
+    cid = claim_id(group, part, seq)
+    return ({"_id": cid, "fin": False, "lease.until": {"$lt": now}},
             {"$set": {"lease": {"token": token, "owner": owner, "until": until}},
-             "$setOnInsert": {"g": group.name, "e": group.epoch, "s": seq, "done": skipped}})
+             "$setOnInsert": {**cid, "done": skipped}})
 
 
 def claimed_by(cid: Mapping[str, Any], token: str) -> dict:
@@ -198,10 +327,11 @@ def advance(start: int, present: Iterable[int], settled: Iterable[int]) -> int:
     return seq
 
 
-def commit(group: GroupState, seq: int, now: dt.datetime) -> tuple[dict, dict]:
-    """(filter, update): move the group's committed position forward to ``(seq, 0)``, within its epoch only and
-    never backwards (concurrent readers may commit from older snapshots)."""
-    return ({"_id": group.name, "e": group.epoch, "s": {"$lt": seq}}, {"$set": {"s": seq, "i": 0, "at": now}})
+def commit(group: GroupState, part: Partition, seq: int, now: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update): move the group's committed position in ``part`` forward to ``(seq, 0)``, within its
+    epoch only and never backwards (concurrent readers may commit from older snapshots)."""
+    s, i = part.group_field("s"), part.group_field("i")
+    return ({"_id": group.name, "e": group.epoch, s: {"$lt": seq}}, {"$set": {s: seq, i: 0, "at": now}})
 
 
 @dataclass
@@ -209,6 +339,7 @@ class HeldBucket:
     """A bucket a reader holds under its group's claim: which slots were delivered, acked, and written."""
 
     seq: int
+    partition: int
     epoch: int
     cid: dict[str, Any]
     token: str
@@ -221,13 +352,16 @@ class HeldBucket:
     acked: set[int] = field(default_factory=set)  # acked, not yet written
 
     @classmethod
-    def parse(cls, doc: Mapping[str, Any], claim_doc: Mapping[str, Any], epoch: int, token: str) -> HeldBucket:
+    def parse(cls, doc: Mapping[str, Any], part: Partition, claim_doc: Mapping[str, Any], epoch: int,
+              token: str) -> HeldBucket:
         payloads = doc.get("p")
-        if doc.get("v") != FORMAT_VERSION or not isinstance(payloads, list) or doc.get("n") != len(payloads) \
-                or not payloads or not isinstance(doc.get("enc"), str):
-            raise MalformedBucket(f"stream bucket {doc.get('_id')!r} does not match format version {FORMAT_VERSION}")
+        if (doc.get("v") != part.version or not isinstance(payloads, list) or doc.get("n") != len(payloads)
+                or not payloads or not isinstance(doc.get("enc"), str)
+                or part.partitioned and doc.get("pt") != part.number):
+            raise MalformedBucket(f"stream bucket {doc.get('_id')!r} does not match format version {part.version}")
         headers = doc.get("h") or [None] * len(payloads)
-        held = cls(seq=doc["_id"], epoch=epoch, cid=dict(claim_doc["_id"]), token=token, codec=doc["enc"],
+        held = cls(seq=part.seq_of(doc), partition=part.number, epoch=epoch, cid=dict(claim_doc["_id"]),
+                   token=token, codec=doc["enc"],
                    payloads=payloads, headers=headers, created=as_utc(doc["created"]),
                    done={i for i in claim_doc.get("done", []) if isinstance(i, int)})
         held.next_slot = 0
@@ -236,6 +370,16 @@ class HeldBucket:
     @property
     def size(self) -> int:
         return len(self.payloads)
+
+    @property
+    def position(self) -> Position:
+        """Its first slot's position: what names the bucket."""
+        return Position(self.seq, 0, self.partition)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(partition, sequence): what a reader holds it under."""
+        return self.partition, self.seq
 
     def take(self, n: int) -> list[int]:
         """Up to ``n`` slots not yet delivered nor done, in order."""
@@ -288,50 +432,65 @@ class RetentionCut:
         return True
 
 
-def raise_floor(floor: int) -> tuple[dict, dict]:
-    """(filter, update): the counter's retention ``floor`` moves up to ``floor``, never down."""
-    return ({"_id": COUNTER_ID, "$or": [{"floor": {"$lt": floor}}, {"floor": {"$exists": False}}]},
+def raise_floor(part: Partition, floor: int) -> tuple[dict, dict]:
+    """(filter, update): the partition's counter's retention ``floor`` moves up to ``floor``, never down."""
+    return ({"_id": part.counter_id, "$or": [{"floor": {"$lt": floor}}, {"floor": {"$exists": False}}]},
             {"$set": {"floor": floor}})
 
 
-def retired(floor: int, now: dt.datetime, keep_gaps_s: float) -> dict:
+def retired(part: Partition, floor: int, now: dt.datetime, keep_gaps_s: float) -> dict:
     """The documents retention deletes: every bucket below the floor, and the gap markers below it made more than
     ``keep_gaps_s`` ago. A gap marker is the proof that its sequence holds no message: kept as long as a
     producer's insert of that sequence may still arrive (``tombstone_retention``, more than any
     ``write_timeout``), it keeps such a late insert from landing, below the floor, where no group reads it."""
-    return {"_id": {"$lt": floor},
+    return {**part.seqs({"$lt": floor}),
             "$or": [{"gap": {"$ne": True}}, {"created": {"$lt": now - dt.timedelta(seconds=keep_gaps_s)}}]}
 
 
 def claims_behind(group: GroupState) -> dict:
-    """The group's claims that count for nothing any more: of another epoch, or behind its committed sequence."""
-    return {"g": group.name, "$or": [{"e": {"$ne": group.epoch}}, {"s": {"$lt": group.committed.seq}}]}
+    """The group's claims that count for nothing any more: of another epoch, or behind its committed sequence
+    (in their partition)."""
+    if len(group.positions) == 1:
+        return {"g": group.name, "$or": [{"e": {"$ne": group.epoch}}, {"s": {"$lt": group.committed.seq}}]}
+    return {"g": group.name, "$or": [{"e": {"$ne": group.epoch}},
+                                     *({"e": group.epoch, "pt": p.partition, "s": {"$lt": p.seq}}
+                                       for p in group.positions)]}
 
 
-def expire_update(group: GroupState, floor: int, lost: int, now: dt.datetime) -> tuple[dict, dict]:
-    """(filter, update): a group whose committed position fell below the retention floor jumps to it, and
-    counts the messages it never read in ``expired``."""
-    return ({"_id": group.name, "e": group.epoch, "s": group.committed.seq},
-            {"$set": {"s": floor, "i": 0, "at": now}, "$inc": {"expired": min(lost, MAX_COUNT)}})
+def expire_update(group: GroupState, part: Partition, floor: int, lost: int, now: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update): a group whose committed position in ``part`` fell below the retention floor jumps to
+    it, and counts the messages it never read in ``expired``."""
+    s, i = part.group_field("s"), part.group_field("i")
+    return ({"_id": group.name, "e": group.epoch, s: group.at(part).seq},
+            {"$set": {s: floor, i: 0, "at": now}, "$inc": {"expired": min(lost, MAX_COUNT)}})
 
 
-def lag(group: GroupState, buckets: Iterable[Mapping[str, Any]], settled_slots: Mapping[int, int],
-        now: dt.datetime) -> dict[str, Any]:
-    """A group's lag: messages at or past its committed position not yet read and acked (``lag_messages``) and
-    the age of the oldest of them (``lag_s``, 0 when caught up). ``buckets`` are the stream's buckets (``_id``,
-    ``n``, ``created``) from the committed sequence on; ``settled_slots`` the slots the group's claims record
-    as done, by sequence."""
-    messages = 0
+@dataclass
+class Lag:
+    """A group's lag summed over its partitions (``add`` each): messages at or past its committed positions not
+    yet read and acked, and when the oldest of them was pushed."""
+
+    messages: int = 0
     oldest: dt.datetime | None = None
-    for doc in buckets:
-        if doc.get("gap"):
-            continue
-        seq, n = doc["_id"], doc["n"]
-        skipped = group.committed.slot if seq == group.committed.seq else 0
-        unread = n - max(skipped, settled_slots.get(seq, 0))
-        if unread > 0:
-            messages += unread
-            created = as_utc(doc["created"])
-            oldest = created if oldest is None or created < oldest else oldest
-    return {"position": str(group.committed), "lag_messages": messages,
-            "lag_s": max(0.0, (now - oldest).total_seconds()) if oldest else 0.0, "expired": group.expired}
+
+    def add(self, part: Partition, committed: Position, buckets: Iterable[Mapping[str, Any]],
+            settled_slots: Mapping[int, int]) -> None:
+        """``buckets``: the partition's documents (sequence, ``n``, ``created``, ``gap``) from the committed
+        sequence on; ``settled_slots``: the slots the group's claims there record as done, by sequence."""
+        for doc in buckets:
+            if doc.get("gap"):
+                continue
+            seq, n = part.seq_of(doc), doc["n"]
+            skipped = committed.slot if seq == committed.seq else 0
+            unread = n - max(skipped, settled_slots.get(seq, 0))
+            if unread > 0:
+                self.messages += unread
+                created = as_utc(doc["created"])
+                self.oldest = created if self.oldest is None or created < self.oldest else self.oldest
+
+    def report(self, group: GroupState, parts: list[Partition], now: dt.datetime) -> dict[str, Any]:
+        """``position`` (the committed positions in ``parts`` as text), ``lag_messages``, ``lag_s`` (0 when caught
+        up) and ``expired``."""
+        return {"position": " ".join(str(group.at(p)) for p in parts), "lag_messages": self.messages,
+                "lag_s": max(0.0, (now - self.oldest).total_seconds()) if self.oldest else 0.0,
+                "expired": group.expired}

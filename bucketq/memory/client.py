@@ -102,8 +102,9 @@ class MemoryCollection:
     ``operations`` and goes through its ``faults``; between its request and its reply the event loop runs
     (``latency`` seconds, at least one turn), as over a network."""
 
-    def __init__(self, sync: SyncCollection) -> None:
+    def __init__(self, sync: SyncCollection, client: MemoryClient) -> None:
         self.sync = sync
+        self.client = client  # the same as ``sync``'s: the operation log, the faults, the change streams
 
     name = property(lambda self: self.sync.name)
     full_name = property(lambda self: self.sync.full_name)
@@ -112,23 +113,23 @@ class MemoryCollection:
 
     @property
     def database(self) -> MemoryDatabase:
-        return MemoryDatabase(self.sync.database.name, client=self.sync.database.client)
+        return MemoryDatabase(self.sync.database.name, client=self.client)
 
     def __getitem__(self, name: str) -> MemoryCollection:
-        return MemoryCollection(self.sync[name])
+        return MemoryCollection(self.sync[name], self.client)
 
     def with_options(self, **kwargs: Any) -> MemoryCollection:
-        return MemoryCollection(self.sync.with_options(**kwargs))
+        return MemoryCollection(self.sync.with_options(**kwargs), self.client)
 
     def _op(self, command: str, method: str, filter: Any = None, update: Any = None,
             ids: tuple[Any, ...] = ()) -> Operation:
         return Operation(command, method, self.sync.database.name, self.sync.name, filter, update, ids)
 
     async def _run(self, op: Operation, apply: Callable[[], T]) -> T:
-        return await self.sync.database.client.run(op, apply)
+        return await self.client.run(op, apply)
 
     def _runner(self, op: Operation) -> Runner:
-        return functools.partial(self.sync.database.client.run, op)
+        return functools.partial(self.client.run, op)
 
     async def insert_many(self, documents: Iterable[MutableMapping[str, Any]], ordered: bool = True,
                           **kwargs: Any) -> InsertManyResult:
@@ -212,7 +213,7 @@ class MemoryCollection:
     async def watch(self, pipeline: list[Mapping[str, Any]] | None = None, *,
                     start_at_operation_time: Timestamp | None = None, max_await_time_ms: int | None = None,
                     full_document: str | None = None, **kwargs: Any) -> ChangeStream:
-        client = self.sync.database.client
+        client = self.client
 
         def open_stream() -> ChangeStream:
             if not client.change_streams:
@@ -245,7 +246,7 @@ class MemoryDatabase:
     faults = property(lambda self: self.client.faults)
 
     def __getitem__(self, name: str) -> MemoryCollection:
-        return MemoryCollection(self.sync[name])
+        return MemoryCollection(self.sync[name], self.client)
 
     def __getattr__(self, name: str) -> MemoryCollection:
         if name.startswith("_"):
@@ -253,7 +254,7 @@ class MemoryDatabase:
         return self[name]
 
     def get_collection(self, name: str, **kwargs: Any) -> MemoryCollection:
-        return MemoryCollection(self.sync.get_collection(name, **kwargs))
+        return MemoryCollection(self.sync.get_collection(name, **kwargs), self.client)
 
     def with_options(self, codec_options: CodecOptions | None = None, write_concern: WriteConcern | None = None,
                      **ignored: Any) -> MemoryDatabase:

@@ -9,7 +9,7 @@ import datetime as dt
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import bson
 from bson import ObjectId
@@ -60,7 +60,7 @@ from bucketq.memory.engine import (
 from bucketq.memory.planner import describe, served
 
 if TYPE_CHECKING:
-    from bucketq.memory.client import MemoryClient
+    from bucketq.memory.streams import Streams
 
 MAX_BSON_SIZE = 16 * 1024 * 1024
 Change = Callable[..., dict[str, Any]]  # (document, inserting=False) -> the document as it becomes
@@ -480,11 +480,21 @@ def ensure_id(doc: MutableMapping[str, Any]) -> Any:
     return doc["_id"]
 
 
+class Backing(Protocol):
+    """What a synchronous view reads of the ``MemoryClient`` that holds its data (a protocol, so that this module
+    does not import the client, which builds on it)."""
+
+    namespaces: dict[tuple[str, str], Namespace]
+    streams: Streams
+    notablescan: bool  # refuse queries no index serves ...
+    receiving: bool  # ... while the client runs an operation it received (not the view's own reads)
+
+
 class SyncDatabase:
     """A database with PyMongo's synchronous ``Database`` methods, over the same data as its
     ``MemoryDatabase`` (``MemoryDatabase.sync``): no operations recorded, no faults."""
 
-    def __init__(self, client: MemoryClient, name: str, codec_options: CodecOptions,
+    def __init__(self, client: Backing, name: str, codec_options: CodecOptions,
                  write_concern: WriteConcern) -> None:
         self.client = client
         self.name = name

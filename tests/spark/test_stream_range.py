@@ -11,7 +11,7 @@ import pytest
 
 import bucketq
 from bucketq.core.stream import COUNTER_ID
-from bucketq_spark.stream import commit_range, uncommitted_range
+from bucketq_spark.stream import commit_range, uncommitted_range, uncommitted_ranges
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -66,3 +66,22 @@ async def test_a_group_created_at_the_end_has_nothing_to_read_until_a_push(queue
     assert uncommitted_range(sync_db, "events", "late", start="end").empty
     await _push(queue_target, db_name, 4)
     assert _bounds(uncommitted_range(sync_db, "events", "late", start="end")) == ("2:0", "3:0")
+
+
+async def test_a_partitioned_stream_has_one_range_per_partition_each_committed_on_its_own(queue_target, db_name,
+                                                                                         sync_db) -> None:
+    async with bucketq.Stream(queue_target, name="events", db=db_name, bucket_max_size=4, partitions=3) as stream:
+        for i in range(0, 20, 4):  # five writes of one bucket: two partitions get two, one gets one
+            await stream.push_many(list(range(i, i + 4)))
+    with pytest.raises(bucketq.InvalidOption, match="uncommitted_ranges"):
+        uncommitted_range(sync_db, "events", "g")
+    ranges = uncommitted_ranges(sync_db, "events", "g")
+    assert [r.part.number for r in ranges] == [0, 1, 2]
+    assert sorted(r.end.seq for r in ranges) == [2, 3, 3] and all(r.start.seq == 1 for r in ranges)
+    assert [str(r.start) for r in ranges] == ["1:0", "1/1:0", "2/1:0"]
+    assert commit_range(sync_db, "events", ranges[1])
+    assert not commit_range(sync_db, "events", ranges[1]), "a second commit of one range moved the group again"
+    again = uncommitted_ranges(sync_db, "events", "g")
+    assert again[1].empty and again[1].start == ranges[1].end
+    assert [r.start for r in again[::2]] == [r.start for r in ranges[::2]]  # the others stay
+    assert sync_db["events.positions"].find_one({"_id": "g"})["s"] == [1, ranges[1].end.seq, 1]

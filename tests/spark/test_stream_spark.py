@@ -91,3 +91,29 @@ async def test_a_hole_at_the_start_of_the_range_becomes_a_gap_after_gap_wait(spa
     assert second == {"start": "2:0", "end": "4:0", "rows": 4, "committed": True}
     assert sync_db["events"].find_one({"_id": 2})["gap"] is True
     assert sorted(d["i"] for d in sync_db["sink"].find()) == list(range(8))
+
+
+async def test_a_partitioned_stream_is_read_one_targeted_read_per_partition_and_committed_per_partition(
+        spark, mongo_uri, db_name, sync_db) -> None:
+    from bucketq_spark.sinks import MongoSink
+    from bucketq_spark.stream import read_stream_range, run_group_batch
+
+    async with bucketq.Stream(mongo_uri, name="events", db=db_name, bucket_max_size=4, partitions=3) as stream:
+        positions = []
+        for i in range(0, 24, 4):  # six writes: two buckets in each partition
+            positions += await stream.push_many([{"i": j} for j in range(i, i + 4)])
+    one = [p for p in positions if p.partition == 2]
+    frame = read_stream_range(spark, mongo_uri, db_name, "events", SCHEMA, start=one[1], end=Position(3, 0, 2),
+                              partitions=3)
+    rows = sorted(frame.collect(), key=lambda r: (r.seq, r.slot))
+    assert [r.position for r in rows] == [str(p) for p in one[1:]] and {r.partition for r in rows} == {2}
+    assert [r.payload.i for r in rows] == [positions.index(p) for p in one[1:]]
+
+    sink = MongoSink(mongo_uri, db_name, "sink", id_columns=("position",))
+    batch = run_group_batch(spark, mongo_uri, db_name, "events", "spark", SCHEMA,
+                            lambda f: f.select("position", "partition", "payload.i"), sink)
+    assert batch == {"start": "1:0 1/1:0 2/1:0", "end": "3:0 1/3:0 2/3:0", "rows": 24, "committed": True}
+    stored = list(sync_db["sink"].find())
+    assert sorted(d["i"] for d in stored) == list(range(24)) and {d["_id"] for d in stored} == set(map(str, positions))
+    assert sync_db["events.positions"].find_one({"_id": "spark"})["s"] == [3, 3, 3]
+    assert run_group_batch(spark, mongo_uri, db_name, "events", "spark", SCHEMA, lambda f: f, sink)["rows"] == 0

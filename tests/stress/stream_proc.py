@@ -59,7 +59,7 @@ async def read(args: argparse.Namespace, log: LineLog) -> None:
                     continue
                 log.write(f"a {message.payload['id']} {message.position}")
             lost = await reader.flush()
-            log.write(f"f lost {','.join(map(str, lost))}" if lost else "f")
+            log.write(f"f lost {','.join(str(p.seq) for p in lost)}" if lost else "f")  # one partition here
         await reader.close()
     log.write("done")
 

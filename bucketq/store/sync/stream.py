@@ -5,12 +5,18 @@
 counter and retention floor). The filters and updates come from ``bucketq.core.stream``; this class runs them,
 and every command on the buckets collection is a method here. Written async once; ``bucketq.store.sync``'s
 ``StreamStore`` is generated from it (``devtools/unasync.py``) for the Spark shells' range reads.
+
+Every command on ``S`` names one partition (``core.Partition``): in a partitioned stream its filter pins ``pt``,
+the shard key's first field (``core.STREAM_SHARD_KEYS``), so that a mongos targets that partition's shard; the
+one exception is ``count_buckets``, an operator's count marked as a scan.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import random
 import threading
+import time
 from typing import Any
 
 from pymongo import ReturnDocument
@@ -19,31 +25,81 @@ from pymongo.errors import DuplicateKeyError
 from bucketq.core import stream as core
 from bucketq.core.format import CLAIMS_SUFFIX, POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.scans import SCAN
-from bucketq.core.stream import GroupState
+from bucketq.core.stream import GroupState, Partition
 from bucketq.store.sync.base import collections, insert_new, retrying
 
 ALLOCATION_ATTEMPTS = 5
+RECHECK_S = 1.0  # between looks for the layout of a stream that does not exist yet
 
 
 class StreamStore:
-    """As the producer's store it gives each bucket the producer writes its sequence (``write_buckets``)."""
+    """As the producer's store it gives each bucket the producer writes its sequence (``write_buckets``), in
+    one partition per write, taking the partitions in turn from a random one.
+
+    ``partitions``: what the caller asks for (None: what the stream has, 1 for a new one); ``open`` reads the
+    stream's own and refuses a different count."""
 
     def __init__(self, database: Any, name: str, *, write_concern: int | str | None = None,
-                 op_timeout_s: float = 30.0) -> None:
+                 op_timeout_s: float = 30.0, partitions: int | None = None) -> None:
         self.database = database
         self.name = name
         self.buckets, self.positions, self.claims, self.counter = collections(
             database, name, write_concern, "", POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX)
         self.op_timeout_s = op_timeout_s
+        self.wanted = partitions
+        self.parts: list[Partition] = []  # the stream's partitions, once ``open``
+        self._settled = False  # the stream exists: its partitions cannot change
+        self._checked_at = -RECHECK_S  # monotonic time of the last look for the stream's layout
+        self._next_part = 0
         self._allocating = threading.Lock()
+        self._opening = threading.Lock()
+
+    def open(self) -> list[Partition]:
+        """The stream's partitions (``core.stored_partitions``); a new partitioned stream's layout is written.
+        Until the stream exists (a layout, or a version-1 counter) this looks again, at most every
+        ``RECHECK_S``: a reader started before the stream's first producer learns its partitions once there are
+        any."""
+        if self._settled or self.parts and time.monotonic() - self._checked_at < RECHECK_S:
+            return self.parts
+        with self._opening:
+            if not self._settled and (not self.parts or time.monotonic() - self._checked_at >= RECHECK_S):
+                self._look()
+        return self.parts
+
+    def _look(self) -> None:
+        """``open``'s look at ``S.seq``."""
+        layout = self.counter.find_one({"_id": core.LAYOUT_ID})
+        has_counter = layout is None and self.counter.find_one({"_id": core.COUNTER_ID}) is not None
+        if layout is None and not has_counter and (self.wanted or 1) > 1:  # a new partitioned stream
+            self.counter.update_one(*core.layout_doc(self.wanted or 1), upsert=True)
+            layout = self.counter.find_one({"_id": core.LAYOUT_ID})
+        count = core.stored_partitions(layout, has_counter, self.wanted)
+        if len(self.parts) != count:
+            self._next_part = random.randrange(count)
+            self.parts = core.partitions_of(count)
+        self._settled = layout is not None or has_counter
+        self._checked_at = time.monotonic()
 
     def ensure_indexes(self) -> None:
-        self.buckets.create_index("created")  # reset(at=...)
-        self.claims.create_index([("g", 1), ("e", 1), ("s", 1)])
+        parts = self.open()
+        if parts[0].partitioned:
+            self.buckets.create_index([("pt", 1), ("s", 1)])  # the shard key; ``_id`` makes it unique
+            self.buckets.create_index([("pt", 1), ("created", 1)])  # reset(at=...)
+            self.claims.create_index([("g", 1), ("e", 1), ("pt", 1), ("s", 1)])
+        else:
+            self.buckets.create_index("created")  # reset(at=...)
+            self.claims.create_index([("g", 1), ("e", 1), ("s", 1)])
 
-    def counter_state(self) -> tuple[int, int]:
-        """(last sequence allocated, retention floor): 0 and the first sequence before any write."""
-        doc = self.counter.find_one({"_id": core.COUNTER_ID}) or {}
+    def counters(self) -> dict[int, tuple[int, int]]:
+        """By partition: (last sequence allocated, retention floor), 0 and the first sequence before any write."""
+        parts = self.open()
+        docs = {d["_id"]: d for d in self.counter.find({"_id": {"$in": [p.counter_id for p in parts]}})}
+        return {p.number: (int(docs.get(p.counter_id, {}).get("last", 0)),
+                           int(docs.get(p.counter_id, {}).get("floor", core.FIRST_SEQUENCE))) for p in parts}
+
+    def counter_state(self, part: Partition) -> tuple[int, int]:
+        """(last sequence allocated, retention floor) of ``part``."""
+        doc = self.counter.find_one({"_id": part.counter_id}) or {}
         return int(doc.get("last", 0)), int(doc.get("floor", core.FIRST_SEQUENCE))
 
     # -- producer ------------------------------------------------------------------------------------------
@@ -55,13 +111,16 @@ class StreamStore:
         if it is this producer's own bucket (``b``); a gap marker there fails the bucket for good. Another
         producer's bucket there means the counter handed one sequence out twice, which MongoDB's atomic ``$inc``
         never does (mongo-java-server's findAndModify does, under concurrent requests): the bucket gets a new
-        sequence."""
+        sequence. Failures are keyed by the sealed documents' ``_id`` (then ``Partition.label``)."""
+        parts = self.open()
         self._allocate([d for d in docs if "b" not in d])
+        failed: dict[Any, BaseException] = {}
         for _attempt in range(ALLOCATION_ATTEMPTS):
-            failed = insert_new(self.buckets, [core.stream_bucket(d) for d in docs],
-                                      duplicate_is_mine=self._is_mine)
-            taken = [d for d in docs if d["_id"] in failed
-                     and self.buckets.find_one({"_id": d["_id"], "gap": {"$ne": True}}, {"_id": 1})]
+            stored = {id(d): core.stream_bucket(d, parts[d["pt"]]) for d in docs}
+            failures = insert_new(self.buckets, list(stored.values()), duplicate_is_mine=self._is_mine)
+            failed = {d["_id"]: failures[stored[id(d)]["_id"]] for d in docs if stored[id(d)]["_id"] in failures}
+            taken = [d for d in docs if d["_id"] in failed and self.buckets.find_one(
+                {**parts[d["pt"]].seqs(d["s"]), "gap": {"$ne": True}}, {"_id": 1})]
             if not taken:
                 return failed
             for doc in taken:
@@ -70,64 +129,76 @@ class StreamStore:
         return failed
 
     def _allocate(self, fresh: list[dict]) -> None:
-        """Give each sealed bucket its sequence, one write's buckets at once, in the order sealed."""
+        """Give each sealed bucket its sequence, one write's buckets at once, in the order sealed, all in the
+        next partition (``pt``, ``s``; its ``_id`` becomes its label, its ObjectId ``b``)."""
         if not fresh:
             return
-        query, update = core.allocate(len(fresh))
         with self._allocating:  # writers allocate in the order they start: a producer's order is kept
+            part = self.parts[self._next_part]
+            self._next_part = (self._next_part + 1) % len(self.parts)
+            query, update = core.allocate(part, len(fresh))
             counter = self.counter.find_one_and_update(query, update, upsert=True,
                                                              return_document=ReturnDocument.AFTER)
+            self._settled = True  # the counter exists now: the stream does
         first = counter["last"] - len(fresh) + 1
         for offset, doc in enumerate(fresh):
-            doc["b"], doc["_id"] = doc["_id"], first + offset
+            doc["pt"], doc["s"] = part.number, first + offset
+            doc["b"], doc["_id"] = doc["_id"], part.label(first + offset)
 
     def _is_mine(self, doc: dict) -> bool:
-        return self.buckets.find_one(core.own_bucket(doc["_id"], doc["b"]), {"_id": 1}) is not None
+        part = self.parts[doc.get("pt", 0)]
+        own = core.own_bucket(part, part.seq_of(doc), doc["b"])
+        return self.buckets.find_one(own, {"_id": 1}) is not None
 
     # -- buckets -------------------------------------------------------------------------------------------
 
-    def first_pushed_at(self, at: dt.datetime) -> int | None:
-        """The sequence of the first bucket opened at or after ``at``; None when there is none."""
-        first = self.buckets.find_one({"created": {"$gte": at}, "gap": {"$ne": True}}, {"_id": 1},
-                                            sort=[("_id", 1)])
-        return None if first is None else int(first["_id"])
+    def first_pushed_at(self, part: Partition, at: dt.datetime) -> int | None:
+        """The sequence of the first bucket of ``part`` opened at or after ``at``; None when there is none."""
+        query = {"pt": part.number, "created": {"$gte": at}} if part.partitioned else {"created": {"$gte": at}}
+        first = self.buckets.find_one({**query, "gap": {"$ne": True}}, {part.seq_field: 1},
+                                            sort=[(part.seq_field, 1)])
+        return None if first is None else part.seq_of(first)
 
-    def bucket(self, seq: int) -> dict | None:
-        return self.buckets.find_one({"_id": seq})
+    def bucket(self, part: Partition, seq: int) -> dict | None:
+        return self.buckets.find_one(part.seqs(seq))
 
-    def window(self, start: int, size: int) -> list[dict]:
-        """The documents (buckets and gap markers) of sequences ``start`` to ``start + size - 1``, in order, with
-        ``_id`` and ``gap`` only."""
-        cursor = self.buckets.find({"_id": {"$gte": start, "$lt": start + size}}, {"gap": 1}, sort=[("_id", 1)])
+    def window(self, part: Partition, start: int, size: int) -> list[dict]:
+        """The documents (buckets and gap markers) of ``part``'s sequences ``start`` to ``start + size - 1``, in
+        order, with their sequence and ``gap`` only."""
+        cursor = self.buckets.find(part.seqs({"$gte": start, "$lt": start + size}), {part.seq_field: 1, "gap": 1},
+                                   sort=[(part.seq_field, 1)])
         return [d for d in cursor]
 
-    def mark_gap(self, seq: int, now: dt.datetime, owner: str) -> bool:
+    def mark_gap(self, part: Partition, seq: int, now: dt.datetime, owner: str) -> bool:
         """Mark a hole as a gap (docs/FORMAT.md, the hole rule); False when the producer's bucket landed after
         all (a duplicate key)."""
         try:
-            self.buckets.insert_one(core.gap_marker(seq, now, owner))
+            self.buckets.insert_one(core.gap_marker(part, seq, now, owner))
             return True
         except DuplicateKeyError:
             return False
 
-    def unread_messages(self, start: int, floor: int) -> int:
-        """How many messages the buckets from ``start`` up to (not including) ``floor`` hold."""
-        cursor = self.buckets.find({"_id": {"$gte": start, "$lt": floor}, "gap": {"$ne": True}}, {"n": 1})
+    def unread_messages(self, part: Partition, start: int, floor: int) -> int:
+        """How many messages the buckets of ``part`` from ``start`` up to (not including) ``floor`` hold."""
+        cursor = self.buckets.find({**part.seqs({"$gte": start, "$lt": floor}), "gap": {"$ne": True}}, {"n": 1})
         return sum([d.get("n", 0) for d in cursor])
 
-    def buckets_from(self, start: int) -> list[dict]:
-        """The documents from sequence ``start`` on, with what ``core.lag`` needs."""
-        return [d for d in self.buckets.find({"_id": {"$gte": start}}, {"n": 1, "created": 1, "gap": 1})]
+    def buckets_from(self, part: Partition, start: int) -> list[dict]:
+        """The documents of ``part`` from sequence ``start`` on, with what ``core.Lag`` needs."""
+        projection = {part.seq_field: 1, "n": 1, "created": 1, "gap": 1}
+        return [d for d in self.buckets.find(part.seqs({"$gte": start}), projection)]
 
     def count_buckets(self) -> int:
         return self.buckets.count_documents({}, **SCAN)
 
-    def newest_first(self) -> Any:
-        """A cursor over the buckets from the newest back, with what ``core.RetentionCut`` needs."""
-        return self.buckets.find({}, {"created": 1, "n": 1, "bytes": 1}, sort=[("_id", -1)])
+    def newest_first(self, part: Partition) -> Any:
+        """A cursor over the buckets of ``part`` from the newest back, with what ``core.RetentionCut`` needs."""
+        query = {"pt": part.number} if part.partitioned else {}
+        return self.buckets.find(query, {part.seq_field: 1, "created": 1, "n": 1, "bytes": 1},
+                                 sort=[(part.seq_field, -1)])
 
-    def raise_floor(self, floor: int) -> None:
-        self.counter.update_one(*core.raise_floor(floor))
+    def raise_floor(self, part: Partition, floor: int) -> None:
+        self.counter.update_one(*core.raise_floor(part, floor))
 
     def delete_retired(self, query: dict) -> int:
         """Delete the documents ``core.retired`` names; how many."""
@@ -156,10 +227,14 @@ class StreamStore:
         self.claims.delete_many({"g": name})
         return (self.positions.delete_one({"_id": name})).deleted_count == 1
 
-    def group_claims(self, group: GroupState, start: int, size: int | None, projection: dict) -> list[dict]:
-        """The claims of ``group``'s epoch from sequence ``start`` on (``size`` of them at most, when given)."""
+    def group_claims(self, group: GroupState, part: Partition, start: int, size: int | None,
+                           projection: dict) -> list[dict]:
+        """The claims of ``group``'s epoch in ``part`` from sequence ``start`` on (``size`` of them at most, when
+        given)."""
         seqs = {"$gte": start} if size is None else {"$gte": start, "$lt": start + size}
-        return [c for c in self.claims.find({"g": group.name, "e": group.epoch, "s": seqs}, projection)]
+        where = {"pt": part.number} if part.partitioned else {}
+        return [c for c in self.claims.find({"g": group.name, "e": group.epoch, **where, "s": seqs},
+                                                  projection)]
 
     def claim(self, query: dict, update: dict) -> dict | None:
         """Claim a bucket for a reader (``core.claim``); None when another reader holds or finished it. Not
