@@ -786,3 +786,6 @@ def test_shard_prints_the_sharding_commands_of_a_queue_and_connects_to_nothing()
     assert bad.exit_code == 2 and "--partitions" in bad.output
     assert CliRunner().invoke(cli, ["shard", "bad$name"]).exit_code == 2
     assert "sh.shardCollection" in CliRunner().invoke(cli, ["shard", "--help"]).output
+    stream = CliRunner().invoke(cli, ["shard", "ev", "--stream", "--partitions", "2", "--db", "app"]).output
+    assert 'sh.shardCollection("app.ev", {pt: 1, s: 1})' in stream and "inbox" not in stream
+    assert 'sh.updateZoneKeyRange("app.ev", {pt: 1, s: MinKey}, {pt: MaxKey, s: MaxKey}, "app.ev-z1")' in stream

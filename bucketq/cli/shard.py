@@ -6,7 +6,9 @@ from __future__ import annotations
 import click
 
 from bucketq.cli.common import BadUsage
+from bucketq.core.format import STREAM_SUFFIXES  # .positions, .claims, .seq
 from bucketq.core.sharding import MAX_PARTITIONS, QUEUE_UNSHARDED, shard_commands
+from bucketq.core.stream import STREAM_SHARD_KEYS
 from bucketq.errors import InvalidOption
 from bucketq.options import check_names
 
@@ -20,8 +22,11 @@ DEFAULT_DB = "bucketq"
 @click.option("--shards", type=click.IntRange(1, MAX_PARTITIONS), default=None, metavar="N",
               help="Zones to split the partitions into, one per shard [default: one zone per partition].")
 @click.option("--db", default=DEFAULT_DB, show_default=True, metavar="NAME", help="Database of the queue.")
-def shard(queue: str, partitions: int, shards: int | None, db: str) -> None:
-    """Print the mongosh commands that shard QUEUE on a sharded cluster; run them on a mongos.
+@click.option("--stream", is_flag=True, help="QUEUE is a stream: its buckets are sharded on {pt: 1, s: 1} "
+              "(docs/SCALING-streams.md).")
+def shard(queue: str, partitions: int, shards: int | None, db: str, stream: bool) -> None:
+    """Print the mongosh commands that shard QUEUE (or a stream, with --stream) on a sharded cluster; run them
+    on a mongos.
 
     The buckets collection is sharded (sh.shardCollection) on {pt: 1, _id: 1}: every claim names one
     partition (pt) and every later write names pt and _id, so each is routed to one shard (only the operator
@@ -41,7 +46,13 @@ def shard(queue: str, partitions: int, shards: int | None, db: str) -> None:
         check_names(queue, db)
     except InvalidOption as exc:
         raise BadUsage(str(exc)) from None
-    for line in shard_commands(db, queue, partitions, shards=shards):
+    if stream:
+        lines = shard_commands(db, queue, partitions, keys=STREAM_SHARD_KEYS, optional={}, shards=shards)
+        unsharded = dict(zip(STREAM_SUFFIXES, ("a document per reader group", "a document per claim being served",
+                                               "a counter per partition"), strict=True))
+    else:
+        lines, unsharded = shard_commands(db, queue, partitions, shards=shards), QUEUE_UNSHARDED
+    for line in lines:
         click.echo(line)
-    for suffix, why in QUEUE_UNSHARDED.items():
+    for suffix, why in unsharded.items():
         click.echo(f"// {db}.{queue}{suffix}: unsharded ({why})")
