@@ -36,6 +36,7 @@ from bucketq.connection import client_of, reaching
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, as_utc, parse_bucket, quarantined_bucket, quarantined_message
+from bucketq.core.sharding import MAX_PARTITIONS, Rotation, check_partitions, key
 from bucketq.errors import InvalidOption, MalformedBucket
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
 from bucketq.options import check_database, check_delay, check_names, check_write_concern
@@ -61,6 +62,11 @@ class Batch:
         return [doc["_id"] for doc in self.buckets]
 
     @property
+    def refs(self) -> dict[Any, dict[str, Any]]:
+        """The buckets' shard keys (``sharding.key``) by ``_id``."""
+        return {doc["_id"]: key(doc) for doc in self.buckets}
+
+    @property
     def messages(self) -> int:
         return sum(len(doc["p"]) - len(doc.get("done") or []) for doc in self.buckets)
 
@@ -83,7 +89,7 @@ class BatchQueue:
                  name: str, db: str | None = None, lease: float = 300.0, max_attempts: int = 5,
                  backoff: Backoff | None = None, codecs: Iterable[str] = ("json",),
                  write_concern: int | str | None = None, op_timeout_s: float = 30.0,
-                 tombstone_retention: float = 600.0) -> None:
+                 tombstone_retention: float = 600.0, partitions: int = 1) -> None:
         check_names(name, db)
         check_write_concern(write_concern)
         if check_delay(tombstone_retention) <= op_timeout_s:
@@ -92,6 +98,8 @@ class BatchQueue:
             raise InvalidOption("lease must be between 1 and 86400 seconds")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidOption("max_attempts must be an int >= 1")
+        if not check_partitions(partitions):
+            raise InvalidOption(f"partitions must be an int from 1 to {MAX_PARTITIONS} (the queue's)")
         self._owned: MongoClient | None = None
         self._uri = target if isinstance(target, str) else None  # shown only redacted
         database: Any
@@ -113,7 +121,9 @@ class BatchQueue:
         check_database(database, name, write_concern)
         self.name = name
         self.database = database
-        self.store = QueueStore(database, name, write_concern=write_concern, op_timeout_s=op_timeout_s)
+        self.store = QueueStore(database, name, write_concern=write_concern, op_timeout_s=op_timeout_s,
+                                partitions=partitions)
+        self._rotation = Rotation(partitions)
         self.lease = float(lease)
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff()
@@ -176,9 +186,9 @@ class BatchQueue:
                 continue
             last_attempt = attempts(doc) >= self.max_attempts
             if last_attempt and batch.buckets:  # the last attempt runs alone: give it back untouched
-                self._fenced(batch.token, {doc["_id"]: UpdateOne(claims.fenced(doc["_id"], batch.token),
-                                                                 claims.release(self.now(), batch.token))},
-                             claims.released_by)
+                self._fenced(batch.token, {doc["_id"]: key(doc)},
+                             lambda ref: UpdateOne(claims.fenced(ref, batch.token),
+                                                   claims.release(self.now(), batch.token)), claims.released_by)
                 break
             batch.lease_until = min(batch.lease_until, as_utc(doc["lease"]["until"]))
             batch.buckets.append(doc)
@@ -187,12 +197,19 @@ class BatchQueue:
         return batch if batch.buckets or batch.quarantined else None
 
     def _claim_one(self, token: str) -> tuple[dict[str, Any] | None, str | None]:
-        """One claim under ``token`` (``QueueStore.claim``, the consumer's): (the bucket, None), (None, None) when
-        none is due, or (the bucket, why it must go to quarantine)."""
+        """One claim under ``token`` (``QueueStore.claim``, the consumer's), in one partition at a time, in turn
+        (``sharding.Rotation``, as the consumers): (the bucket, None), (None, None) when none is due in any, or
+        (the bucket, why it must go to quarantine)."""
         clock = self._synced()
-        spec = claims.ungrouped(claims.claim(clock.now(), self.lease, token, self.owner, expired_by=clock.earliest()))
-        with self._reaching():
-            return self.store.claim(spec)
+        for partition in self._rotation.round():
+            spec = claims.ungrouped(claims.claim(clock.now(), self.lease, token, self.owner,
+                                                 expired_by=clock.earliest(), partition=partition))
+            with self._reaching():
+                doc, reason = self.store.claim(spec)
+            if doc is not None:
+                self._rotation.claimed(partition)
+                return doc, reason
+        return None, None
 
     def _unreadable(self, doc: dict[str, Any]) -> str | None:
         try:
@@ -208,8 +225,9 @@ class BatchQueue:
     def extend(self, batch: Batch) -> int:
         """Push the lease out by ``lease`` seconds; returns how many buckets are still held."""
         now = self.now()
-        held = self._fenced(batch.token, {i: UpdateOne(claims.fenced(i, batch.token), claims.extend(now, self.lease))
-                                          for i in batch.ids}, claims.fenced)
+        held = self._fenced(batch.token, batch.refs,
+                            lambda ref: UpdateOne(claims.fenced(ref, batch.token), claims.extend(now, self.lease)),
+                            claims.fenced)
         batch.lease_until = now + dt.timedelta(seconds=self.lease)
         return len(held)
 
@@ -219,8 +237,9 @@ class BatchQueue:
         is left alone). Returns how many buckets this batch finished."""
         self._quarantine_messages(batch)
         now = self.now()
-        return len(self._fenced(batch.token, {i: ReplaceOne(claims.fenced(i, batch.token),
-                                                            claims.finish(now, batch.token)) for i in batch.ids},
+        return len(self._fenced(batch.token, batch.refs,
+                                lambda ref: ReplaceOne(claims.fenced(ref, batch.token),
+                                                       claims.finish(now, batch.token, ref["pt"])),
                                 claims.finished_by))
 
     def release(self, batch: Batch, error: BaseException | str) -> dict[str, list[Any]]:
@@ -230,7 +249,7 @@ class BatchQueue:
         reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         now = self.now()
         out: dict[str, list[Any]] = {"released": [], "quarantined": []}
-        ops = {}
+        dues: dict[Any, dt.datetime] = {}
         for doc in batch.buckets:
             tried = attempts(doc)
             if tried >= self.max_attempts:
@@ -238,30 +257,33 @@ class BatchQueue:
                 if self._quarantine(doc, batch.token, why):
                     out["quarantined"].append(doc["_id"])
             else:
-                due = now + dt.timedelta(seconds=max(0.0, self.backoff.delay(tried - 1)))
-                ops[doc["_id"]] = UpdateOne(claims.fenced(doc["_id"], batch.token),
-                                            claims.release(now, batch.token, due=due, count_claim=True))
-        out["released"] = self._fenced(batch.token, ops, claims.released_by)
+                dues[doc["_id"]] = now + dt.timedelta(seconds=max(0.0, self.backoff.delay(tried - 1)))
+        refs = {i: ref for i, ref in batch.refs.items() if i in dues}
+        out["released"] = self._fenced(batch.token, refs, lambda ref: UpdateOne(
+            claims.fenced(ref, batch.token),
+            claims.release(now, batch.token, due=dues[ref["_id"]], count_claim=True)), claims.released_by)
         return out
 
-    def _guard(self, token: str, ids: Iterable[Any]) -> set[Any]:
+    def _guard(self, token: str, refs: dict[Any, dict[str, Any]]) -> set[Any]:
         """The fenced lease extension that comes before copies, as the consumer's (``claims.guard``): returns the
         buckets still held, the only ones whose messages may be copied; a claimant whose lease passed to another
         must not copy what the other now holds."""
         now = self.now()
-        writes = {i: UpdateOne(claims.fenced(i, token), claims.guard(now, self.lease)) for i in ids}
-        return set(self._fenced(token, writes, claims.fenced))
+        return set(self._fenced(token, refs, lambda ref: UpdateOne(claims.fenced(ref, token),
+                                                                   claims.guard(now, self.lease)), claims.fenced))
 
     def _quarantine(self, doc: dict[str, Any], token: str, reason: str) -> bool:
         """The guard, the copy (idempotent by ``_id``), then the fenced finish: as the consumer does. False when
         the lease was lost: nothing is copied."""
-        if not self._guard(token, [doc["_id"]]):
+        ref = key(doc)
+        if not self._guard(token, {doc["_id"]: ref}):
             return False
         entry = quarantined_bucket(doc, reason=reason, at=self.now(), host=self._host, pid=os.getpid())
         with self._reaching():
             self.store.insert_copies(self.store.quarantine, [entry])
-        return bool(self._fenced(token, {doc["_id"]: ReplaceOne(claims.fenced(doc["_id"], token),
-                                                                claims.finish(self.now(), token))},
+        return bool(self._fenced(token, {doc["_id"]: ref},
+                                 lambda ref: ReplaceOne(claims.fenced(ref, token),
+                                                        claims.finish(self.now(), token, ref["pt"])),
                                  claims.finished_by))
 
     def _quarantine_messages(self, batch: Batch) -> None:
@@ -269,7 +291,8 @@ class BatchQueue:
         the buckets still held (``_guard``)."""
         if not batch.malformed:
             return
-        held_ids = self._guard(batch.token, {bucket_id for bucket_id, _ in batch.malformed})
+        refs = batch.refs
+        held_ids = self._guard(batch.token, {bucket_id: refs[bucket_id] for bucket_id, _ in batch.malformed})
         at = self.now()
         parsed: dict[Any, StoredBucket] = {}
         held = {doc["_id"]: doc for doc in batch.buckets}
@@ -284,12 +307,14 @@ class BatchQueue:
         with self._reaching():
             self.store.insert_copies(self.store.quarantine, entries)
 
-    def _fenced(self, token: str, writes: dict[Any, Any], proof: Callable[[Any, str], dict]) -> list[Any]:
-        """Fenced per-bucket writes (``QueueStore.fenced_many``), each proven by ``proof(id, token)``: the mark
-        this token's own write leaves (``claims.finished_by``, ``released_by``; ``fenced`` for a write that
-        keeps the token)."""
+    def _fenced(self, token: str, refs: dict[Any, dict[str, Any]], write: Callable[[dict[str, Any]], Any],
+                proof: Callable[[Any, str], dict]) -> list[Any]:
+        """Fenced per-bucket writes (``QueueStore.fenced_many``): ``write(ref)`` for each bucket of ``refs`` (id ->
+        shard key), each proven by ``proof(ref, token)``: the mark this token's own write leaves
+        (``claims.finished_by``, ``released_by``; ``fenced`` for a write that keeps the token)."""
         with self._reaching():
-            return self.store.fenced_many(writes, {i: proof(i, token) for i in writes})
+            return self.store.fenced_many({i: write(ref) for i, ref in refs.items()},
+                                          {i: proof(ref, token) for i, ref in refs.items()})
 
     def close(self) -> None:
         if self._owned is not None:

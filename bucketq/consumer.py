@@ -12,11 +12,11 @@ import datetime as dt
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bson import ObjectId
 from pymongo.errors import PyMongoError
 
 from bucketq import metrics
@@ -28,6 +28,8 @@ from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
 from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
 from bucketq.core.retry import is_too_large, is_transient
+from bucketq.core.sharding import Rotation
+from bucketq.core.sharding import key as shard_key
 from bucketq.errors import InvalidOption, LeaseLost, MalformedBucket, QueueClosed, WriteFailed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
@@ -107,6 +109,9 @@ class Consumer:
         self._ahead_unstarted = False  # it is spawned and has not run yet
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
+        self._rotation = Rotation(store.partitions)
+        # Claims that took a bucket (True) or found none (False), for the bench's measure of claim conflicts
+        self.claim_counts: Counter[bool] = Counter()
 
     # -- reserving -----------------------------------------------------------------------------------------
 
@@ -263,9 +268,10 @@ class Consumer:
         if self._ahead is not None and not self._ahead.done():
             await asyncio.wait([self._ahead])
 
-    async def _claim(self, only: ObjectId | None = None) -> bool:
-        """Claim one due bucket (``only``: that one, if due). Returns whether a bucket was taken (even one that
-        went to quarantine or had to wait for its group)."""
+    async def _claim(self, only: dict | None = None) -> bool:
+        """Claim one due bucket (``only``: the bucket of that shard key, if due), trying the partitions in turn
+        (``sharding.Rotation``: each at most once). Returns whether a bucket was taken (even one that went to
+        quarantine or had to wait for its group)."""
         if only is None:
             self._wakeup.checking()
         if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
@@ -273,11 +279,18 @@ class Consumer:
             return False
         now, expired_by = self._clock.now(), self._clock.earliest()
         token = claims.new_token()
-        spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner, expired_by=expired_by),
-                           self._held_groups())
-        if only is not None:
-            spec = groups.instead(spec, only)
-        doc, unclaimable = await self._store.claim(spec)
+        held_groups = self._held_groups()
+        doc = unclaimable = None
+        for partition in self._rotation.round() if only is None else [only["pt"]]:
+            spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner, expired_by=expired_by,
+                                            partition=partition), held_groups)
+            if only is not None:
+                spec = groups.instead(spec, only)
+            doc, unclaimable = await self._store.claim(spec)
+            self.claim_counts[doc is not None] += 1
+            if doc is not None:
+                self._rotation.claimed(partition)
+                break
         if doc is not None and unclaimable is not None:
             self._wakeup.hit()
             await self._quarantine_bucket(doc, token, unclaimable)
@@ -321,12 +334,11 @@ class Consumer:
         return [h.held.bucket.group for h in self._holdings if h.held.bucket.group is not None and not h.held.ended]
 
     async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime, expired_by: dt.datetime, *,
-                         waited: bool) -> bool | ObjectId:
+                         waited: bool) -> bool | dict:
         """True when this claim of a group bucket may be served: it took the group's lock, and no earlier bucket
         of the group is live. Else the bucket is released uncounted to wait (``groups.wait_release``; ``waited``:
-        it came back from a wait) and the lock, if taken, is given back; then the result is the ``_id`` of the
-        group's first live bucket when the group was free (a claim of it could serve the group now), else
-        False."""
+        it came back from a wait) and the lock, if taken, is given back; then the result is the shard key of the
+        group's first live bucket when the group was free (a claim of it could serve the group now), else False."""
         group = bucket.group
         assert group is not None
         mine = groups.held_by(group, token)
@@ -335,20 +347,20 @@ class Consumer:
         # An error before the release leaves the lock to expire with the bucket's lease, as a crash would.
         first = None
         if locked:
-            first = await self._store.first_bucket(*groups.earliest_live(group))
+            first = await self._store.first_bucket(*groups.earliest_live(group, bucket.partition))
             if first is None or first["_id"] == bucket.id:
                 return True
         try:
-            await self._store.update_fenced(claims.fenced(bucket.id, token),
+            await self._store.update_fenced(claims.fenced(bucket.ref, token),
                                             groups.wait_release(now, token, again=waited),
-                                            mine=claims.released_by(bucket.id, token))
+                                            mine=claims.released_by(bucket.ref, token))
         finally:
             if locked:
                 await self._store.unlock_group(mine)
         if locked or groups.free(await self._store.group_lock(group), self._clock.earliest()):
             # We gave the lock back, or its holder did meanwhile (its hand-off may have come before our mark).
-            await self._hand_off(group)
-        return first["_id"] if first is not None else False
+            await self._hand_off(group, bucket.partition)
+        return shard_key(first) if first is not None else False
 
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         payloads: list[Any] = [None] * bucket.size
@@ -373,8 +385,9 @@ class Consumer:
     async def _quarantine_bucket(self, doc: dict, token: str, reason: str) -> None:
         now = self._clock.now()
         entry = quarantined_bucket(doc, reason=reason, at=now, host=self._owner.split(":")[0], pid=os.getpid())
-        await self._store.quarantine_bucket(entry, claims.fenced(doc["_id"], token), claims.finish(now, token),
-                                            claims.finished_by(doc["_id"], token))
+        ref = shard_key(doc)
+        await self._store.quarantine_bucket(entry, claims.fenced(ref, token), claims.finish(now, token, ref["pt"]),
+                                            claims.finished_by(ref, token))
         # reported once stored, not before: a copy refused (too large) must not read as quarantined
         log.warning("bucket %s quarantined%s: %s", doc.get("_id"),
                     f" without its fields {', '.join(entry['omitted'])} (over 16 MiB)" if "omitted" in entry else "",
@@ -489,7 +502,7 @@ class Consumer:
         elif plan.retry_docs:
             self._wakeup.due(min(d["due"] for d in plan.retry_docs), self._clock)
         if held.ended and held.bucket.group is not None:  # before the acks return: then the group has moved on
-            await self._end_turn(held.bucket.group, held.token)
+            await self._end_turn(held.bucket.group, held.bucket.partition, held.token)
         for slot in plan.slots if holding.waiters else ():
             future = holding.waiters.pop(slot, None)
             if future is not None and not future.done():
@@ -504,21 +517,21 @@ class Consumer:
                 if not future.done():
                     future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
 
-    async def _end_turn(self, group: str, token: str) -> None:
+    async def _end_turn(self, group: str, partition: int | None, token: str) -> None:
         """Give the group's lock back (fenced by our token) and hand off. On failure the lock expires with the
         lease, and waiting buckets come back at their recheck time."""
         self._wakeup.notify()  # our claims skipped the group's later buckets while we held it: no event says so
         try:
             await self._store.unlock_group(groups.held_by(group, token))
-            await self._hand_off(group)
+            await self._hand_off(group, partition)
         except PyMongoError as exc:
             log.warning("group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
 
-    async def _hand_off(self, group: str) -> None:
+    async def _hand_off(self, group: str, partition: int | None) -> None:
         """After the lock was given back: wake the group's earliest live bucket if it waits for a hand-off."""
-        first = await self._store.first_bucket(*groups.earliest_live(group))
+        first = await self._store.first_bucket(*groups.earliest_live(group, partition))
         if first is not None and groups.waiting(first):
-            await self._store.wake(*groups.wake(first["_id"], self._clock.now()))
+            await self._store.wake(*groups.wake(shard_key(first), self._clock.now()))
             self._wakeup.notify()
 
     async def _execute(self, plan: FlushPlan) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
-from bucketq.core.stream import MAX_PARTITIONS
+from bucketq.core.sharding import MAX_PARTITIONS, check_partitions  # the streams' bound too (core.stream's)
 from bucketq.errors import InvalidOption
 
 
@@ -52,6 +52,9 @@ class QueueOptions:
         drain_timeout: seconds ``drain()`` waits for in-flight handlers.
         tombstone_retention: seconds a finished bucket's tombstone is kept, so that an insert of it retried
             late (its first reply was lost) cannot store it again; must exceed every producer's write_timeout.
+        partitions: the routing unit of a sharded queue (docs/SCALING.md), from 1 to 1024: producers spread
+            buckets over them (an ordered group keeps to one), consumers claim in one at a time, in turn. Every
+            client of a queue must use the same value.
     """
 
     bucket_max_size: int = 1024
@@ -78,6 +81,7 @@ class QueueOptions:
     change_streams: bool | None = None
     drain_timeout: float = 10.0
     tombstone_retention: float = 600.0
+    partitions: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -116,13 +120,14 @@ class QueueOptions:
         _check(self.drain_timeout >= 0, "drain_timeout", "zero or more")
         _check(self.write_timeout < self.tombstone_retention <= MAX_DELAY_S, "tombstone_retention",
                f"more than write_timeout ({self.write_timeout:g} s), at most {MAX_DELAY_S:.0f} seconds")
+        _check(check_partitions(self.partitions), "partitions", f"an int from 1 to {MAX_PARTITIONS}")
 
 
 _INT = (int,)
 _NUM = (int, float)
 _TYPES: dict[str, tuple[type, ...]] = {
     "bucket_max_size": _INT, "bucket_max_bytes": _INT, "max_buffered_bytes": _INT, "max_in_flight_writes": _INT,
-    "max_attempts": _INT, "bucket_max_wait": _NUM, "bucket_min_wait": _NUM, "due_granularity": _NUM,
+    "max_attempts": _INT, "partitions": _INT, "bucket_max_wait": _NUM, "bucket_min_wait": _NUM, "due_granularity": _NUM,
     "write_timeout": _NUM, "lease": _NUM,
     "state_flush_period": _NUM, "retry_base": _NUM, "retry_factor": _NUM, "retry_max": _NUM, "retry_jitter": _NUM,
     "quarantine_retention": _NUM, "inbox_retention": _NUM, "tombstone_retention": _NUM, "poll_interval": _NUM,

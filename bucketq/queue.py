@@ -15,7 +15,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.connection import connect
 from bucketq.consumer import Consumer
-from bucketq.core import claims
+from bucketq.core import claims, sharding
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.control import (
     check_message_id,
@@ -67,7 +67,7 @@ class Queue:
         self._connection = connect(target, db)
         check_database(self._connection.database, name, self.options.write_concern)
         self._store = AsyncQueueStore(self._connection.database, name, write_concern=self.options.write_concern,
-                            op_timeout_s=self.options.write_timeout)
+                                      op_timeout_s=self.options.write_timeout, partitions=self.options.partitions)
         self._clock = ServerClock()
         self._wakeup = Wakeup(self.options.poll_interval)
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
@@ -355,23 +355,23 @@ class Queue:
         await self._store.mark_buckets(LIVE, purge_mark(now, token), scan=True)
         total = 0
         while batch := await self._store.marked_buckets(purged_by(token, late),
-                                                        {"n": 1, "done": 1, "r": 1, "fin.token": 1},
+                                                        {"n": 1, "done": 1, "r": 1, "fin.token": 1, "pt": 1},
                                                         limit=PURGE_CHUNK):
             total += sum(unfinished_messages(doc) for doc in batch if doc["fin"]["token"] == token)
             await self._purge_copies([c for doc in batch for c in copies_on_their_way(doc)], now, late)
-            tombstones = [ReplaceOne({"_id": doc["_id"], "fin.token": doc["fin"]["token"]},
-                                     claims.finish(now, doc["fin"]["token"])) for doc in batch]
+            tombstones = [ReplaceOne(claims.finished_by(sharding.key(doc), doc["fin"]["token"]),
+                                     claims.finish(now, doc["fin"]["token"], doc.get("pt"))) for doc in batch]
             await self._store.replace_buckets(tombstones)
         return total
 
-    async def _purge_copies(self, copies: list[Any], now: dt.datetime, late: str) -> None:
+    async def _purge_copies(self, copies: list[dict[str, Any]], now: dt.datetime, late: str) -> None:
         """End the retry copies that purged buckets' claimants may still be inserting: their tombstones first, so
         that one landing later stores nothing; then one that landed since the purge's mark is marked ``late``, to
         be replaced like the others, uncounted (its message is counted in its original)."""
         if copies:
-            await self._store.insert_copies(self._store.buckets, [{"_id": c, **claims.finish(now, late)}
-                                                                  for c in copies])
-            await self._store.mark_buckets({"_id": {"$in": copies}, **LIVE}, purge_mark(now, late))
+            await self._store.insert_copies(self._store.buckets, [{**ref, **claims.finish(now, late, ref["pt"])}
+                                                                  for ref in copies])
+            await self._store.mark_buckets({"$or": copies, **LIVE}, purge_mark(now, late))
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

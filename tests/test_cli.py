@@ -212,7 +212,8 @@ async def test_read_commands_and_methods_write_nothing(bq: Run, sync_db, adb) ->
     # A queue written by another client, so far without indexes or dead-letter collection: a bucket with one of
     # its two messages done, and a tombstone (a finished bucket), beside an application's own collections.
     sync_db["events"].insert_many([_bucket(['{"n": 1}', '{"n": 2}'], done=[0], age_s=5),
-                                   {"_id": ObjectId(), **claims.finish(dt.datetime.now(dt.timezone.utc), "a-token")}])
+                                   {"_id": ObjectId(),
+                                    **claims.finish(dt.datetime.now(dt.timezone.utc), "a-token", 0)}])
     sync_db["users"].insert_one({"name": "ann"})
     sync_db["users"].create_index("name")
     sync_db.create_collection("empty")
@@ -764,3 +765,27 @@ def test_push_group_stores_an_ordered_group_and_refuses_a_delay_or_a_bad_group(b
     assert refused.returncode != 0 and "--group takes no --delay" in refused.stderr
     refused = bq("push", "orders", "--group", "", "1")
     assert refused.returncode != 0 and "non-empty string" in refused.stderr
+
+
+def test_shard_prints_the_sharding_commands_of_a_queue_and_connects_to_nothing() -> None:
+    """``bucketq shard``: the shard key's index, sh.shardCollection, one zone per range of partitions, and the
+    unsharded side collections with their reasons; the database from --db, else bucketq."""
+    result = CliRunner().invoke(cli, ["shard", "events", "--partitions", "4", "--shards", "2", "--db", "app"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[:2] == ['db.getSiblingDB("app").getCollection("events").createIndex({pt: 1, _id: 1})',
+                         'sh.shardCollection("app.events", {pt: 1, _id: 1})']
+    assert [line for line in lines if line.startswith("sh.updateZoneKeyRange")] == [
+        'sh.updateZoneKeyRange("app.events", {pt: MinKey, _id: MinKey}, {pt: 2, _id: MinKey}, "app.events-z0")',
+        'sh.updateZoneKeyRange("app.events", {pt: 2, _id: MinKey}, {pt: MaxKey, _id: MaxKey}, "app.events-z1")']
+    assert "// app.events.dead: unsharded" in result.output and "app.events.groups: unsharded" in result.output
+    other = CliRunner().invoke(cli, ["shard", "events"])
+    assert 'sh.shardCollection("bucketq.events", {pt: 1, _id: 1})' in other.output
+    assert other.output.count("sh.updateZoneKeyRange") == 1
+    bad = CliRunner().invoke(cli, ["shard", "events", "--partitions", "0"])
+    assert bad.exit_code == 2 and "--partitions" in bad.output
+    assert CliRunner().invoke(cli, ["shard", "bad$name"]).exit_code == 2
+    assert "sh.shardCollection" in CliRunner().invoke(cli, ["shard", "--help"]).output
+    stream = CliRunner().invoke(cli, ["shard", "ev", "--stream", "--partitions", "2", "--db", "app"]).output
+    assert 'sh.shardCollection("app.ev", {pt: 1, s: 1})' in stream and "inbox" not in stream
+    assert 'sh.updateZoneKeyRange("app.ev", {pt: 1, s: MinKey}, {pt: MaxKey, s: MaxKey}, "app.ev-z1")' in stream

@@ -126,7 +126,7 @@ class HeldBucketMachine(RuleBasedStateMachine):
             assert plan.guard is not None and plan.guard["$set"]["lease.until"], "copies need a fenced check"
         assert (plan.kind == "finish") == self.held.finished
         if plan.kind == "finish":
-            assert plan.mine == claims.finished_by(self.held.bucket.id, "token")
+            assert plan.mine == claims.finished_by(self.held.bucket.ref, "token")
             assert plan.final["fin"]["token"] == "token" and plan.final["due"] == claims.TOMBSTONE_DUE
         else:
             assert plan.mine is None, "an extension retried without a match means the lease was lost"
@@ -178,7 +178,7 @@ def test_release_plan_gives_back_the_claim_and_records_the_token():
     assert plan.kind == "release" and plan.final["$inc"] == {"c": -1}
     assert plan.final["$set"]["lease"] is None and plan.final["$set"]["released"] == "token"
     assert plan.final["$addToSet"] == {"done": {"$each": [0]}}
-    assert plan.mine == claims.released_by(held.bucket.id, "token")
+    assert plan.mine == claims.released_by(held.bucket.ref, "token")
 
 
 @pytest.mark.parametrize("release", [False, True])

@@ -115,7 +115,7 @@ async def test_an_idle_consumer_wakes_when_a_lease_ends(make_queue, sync_db, no_
     await q.push("orphan")
     # A consumer that died holding the bucket: its lease ends in 2 s, and nobody extends it or writes again.
     now = dt.datetime.now(dt.timezone.utc)
-    _, update, _ = claim(now, 2.0, "dead-token", "gone:1", expired_by=now)
+    _, update, _ = claim(now, 2.0, "dead-token", "gone:1", expired_by=now, partition=0)
     assert sync_db.events.update_one({}, update).modified_count == 1
     await _idle(q)
     message = await q.reserve(timeout=WAKE_S)  # woken by the lease end read after its claim found nothing

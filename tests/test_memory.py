@@ -27,7 +27,7 @@ from pymongo.errors import (
 )
 
 import bucketq
-from bucketq.core import claims
+from bucketq.core import claims, sharding
 from bucketq.core.stats import stats_pipeline
 from bucketq.memory import MemoryClient, MemoryDatabase, Unsupported
 from bucketq.store.aio.base import insert_new
@@ -195,20 +195,20 @@ def _step(collection: Any, step: tuple, now: dt.datetime) -> Any:
     kind, *args = step
     if kind == "claim":
         token, lease = args
-        query, update, sort = claims.claim(now, lease, token, "host:1", expired_by=now)
+        query, update, sort = claims.claim(now, lease, token, "host:1", expired_by=now, partition=0)
         return collection.find_one_and_update(query, update, sort=sort, return_document=ReturnDocument.AFTER)
     if kind == "reap":
         return collection.delete_many(claims.reap(now + dt.timedelta(seconds=args[0]), 1.0)).deleted_count
     token = args[0]
-    doc = collection.find_one({"lease.token": token}, {"_id": 1})
+    doc = collection.find_one({"lease.token": token}, {"_id": 1, "pt": 1})
     if doc is None:
         return None
-    fence = claims.fenced(doc["_id"], token)
+    fence = claims.fenced(sharding.key(doc), token)
     if kind == "extend":
         return collection.update_one(fence, claims.extend(now, 30, args[1])).matched_count
     if kind == "release":
         return collection.update_one(fence, claims.release(now, token, args[1], count_claim=args[2])).matched_count
-    return collection.replace_one(fence, claims.finish(now, token)).matched_count
+    return collection.replace_one(fence, claims.finish(now, token, doc.get("pt"))).matched_count
 
 
 def _outcome(collection: Any, step: tuple, now: dt.datetime) -> Any:

@@ -133,7 +133,8 @@ async def test_remove_takes_a_bucket_back_from_a_claim_whose_lease_expired(make_
     doc = sync_db["events"].find_one({"_id": bucket_id})
     assert doc["done"] == [1] and doc["lease"] is None
     # The crashed claimant's token no longer matches: its late writes (a retry copy of "drop") are refused.
-    assert sync_db["events"].update_one(claims.fenced(bucket_id, "crashed"), {"$set": {"x": 1}}).matched_count == 0
+    fence = claims.fenced({"_id": bucket_id}, "crashed")
+    assert sync_db["events"].update_one(fence, {"$set": {"x": 1}}).matched_count == 0
     assert await served(make_queue()) == ["keep"]
 
 
@@ -212,7 +213,7 @@ async def test_purge_ends_every_bucket_with_a_count_and_keeps_dead_letters(make_
     row = await producer.stats()
     assert (row["ready"], row["scheduled"], row["in_flight"], row["buckets"], row["dead"]) == (0, 0, 0, 0, 1)
     for doc in sync_db["events"].find({"_id": {"$in": bucket_ids}}):  # tombstones, as finished buckets leave
-        assert set(doc) == {"_id", "v", "due", "lease", "fin"} and doc["lease"] is None
+        assert set(doc) == {"_id", "pt", "v", "due", "lease", "fin"} and doc["lease"] is None
     with pytest.raises(DuplicateKeyError):  # so a producer's late insert retry stores nothing again
         sync_db["events"].insert_one({"_id": bucket_ids[0], "v": 1})
     with pytest.raises(bucketq.LeaseLost):  # the consumer's hold on its bucket ended

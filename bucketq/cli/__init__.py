@@ -3,7 +3,8 @@
 One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``entries`` (dead, quarantine),
 ``worker``, ``relay`` (the outbox relay). Shared pieces: ``common`` (options, connection, finding queues, running,
 one-line redacted errors, signals), ``params`` (durations), ``output`` (JSON and human formats).
-``control`` has the operator controls (pause, resume, remove, purge); ``stream`` a stream's reader groups.
+``control`` has the operator controls (pause, resume, remove, purge); ``stream`` a stream's reader groups;
+``shard`` prints the commands that shard a queue (docs/SCALING.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from bucketq.cli.entries import DEAD, QUARANTINE, group
 from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
 from bucketq.cli.relay import relay
+from bucketq.cli.shard import shard
 from bucketq.cli.stream import stream
 from bucketq.cli.worker import worker
 
@@ -44,7 +46,7 @@ def cli() -> None:
     """Inspect and operate bucketq queues on MongoDB.
 
     Every command takes --uri (default: $BUCKETQ_MONGODB_URI) and --db (default: the URI's database, else
-    'bucketq'). Run `bucketq COMMAND --help` for its options and examples.
+    'bucketq'); `shard`, which only prints, takes --db. Run `bucketq COMMAND --help` for its options and examples.
 
     \b
     Examples:
@@ -56,7 +58,7 @@ def cli() -> None:
     """
 
 
-for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE), stream):
+for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE), stream, shard):
     cli.add_command(command)
 for command in (pause, resume, remove, purge):  # operator controls
     cli.add_command(command)

@@ -12,11 +12,13 @@ import datetime as dt
 import os
 import secrets
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from bson import ObjectId
 
 from bucketq.core.format import MAX_COUNT
+from bucketq.core.sharding import PARTITION, in_partition
 
 
 def new_token() -> str:
@@ -28,9 +30,10 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def claim(now: dt.datetime, lease_s: float, token: str, owner: str, *,
-          expired_by: dt.datetime) -> tuple[dict, dict, list]:
-    """(filter, update, sort) for findOneAndUpdate: the oldest due bucket whose lease, if any, has expired.
+def claim(now: dt.datetime, lease_s: float, token: str, owner: str, *, expired_by: dt.datetime,
+          partition: int | None) -> tuple[dict, dict, list]:
+    """(filter, update, sort) for findOneAndUpdate: the oldest due bucket of ``partition`` whose lease, if any,
+    has expired (a claim targets one partition: ``core.sharding``).
 
     ``expired_by`` is the earliest the server's clock can read (``ServerClock.earliest``): another consumer's lease
     is taken over only once it ended by then, so that a reading ahead of the server's clock cannot take a bucket
@@ -40,7 +43,8 @@ def claim(now: dt.datetime, lease_s: float, token: str, owner: str, *,
     until = now + dt.timedelta(seconds=lease_s)
     return (
         # not "$lte": a lease without a date ``until`` (written by hand) must not make its bucket unclaimable
-        {"due": {"$lte": now}, "$or": [{"lease": None}, {"lease.until": {"$not": {"$gt": expired_by}}}]},
+        {**in_partition(partition), "due": {"$lte": now},
+         "$or": [{"lease": None}, {"lease.until": {"$not": {"$gt": expired_by}}}]},
         {"$set": {"due": until, "lease": {"token": token, "owner": owner, "until": until}}, "$inc": {"c": 1}},
         [("due", 1)],
     )
@@ -63,9 +67,10 @@ def ungrouped(spec: tuple[dict, dict, list]) -> tuple[dict, dict, list]:
     return {**query, "g": {"$exists": False}}, update, sort
 
 
-def fenced(bucket_id: ObjectId, token: str) -> dict:
-    """Matches the bucket only while ``token`` still holds its lease."""
-    return {"_id": bucket_id, "lease.token": token}
+def fenced(ref: Mapping[str, Any], token: str) -> dict:
+    """Matches the bucket whose shard key is ``ref`` (``sharding.key``) only while ``token`` still holds its
+    lease."""
+    return {**ref, "lease.token": token}
 
 
 # A tombstone's ``due``: later than any real due time, so no claim ever matches it (BSON dates reach far
@@ -73,22 +78,23 @@ def fenced(bucket_id: ObjectId, token: str) -> dict:
 TOMBSTONE_DUE = dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)
 
 
-def finish(now: dt.datetime, token: str) -> dict:
-    """The replacement that ends a bucket: a *tombstone* keeping only ``_id``, so that an insert of the same
-    ``_id`` retried late (its first reply was lost) fails as a duplicate instead of storing the bucket again.
+def finish(now: dt.datetime, token: str, partition: int | None) -> dict:
+    """The replacement that ends a bucket: a *tombstone* keeping only its shard key (``_id``, ``pt``), so that
+    an insert of the same ``_id`` retried late (its first reply was lost) fails as a duplicate instead of storing
+    the bucket again.
     ``fin.token`` says whose write finished it, so a retry of this write can tell its own success from
     someone else's. Tombstones are reaped after ``tombstone_retention`` (``reap``)."""
-    return {"v": 1, "due": TOMBSTONE_DUE, "lease": None, "fin": {"token": token, "at": now}}
+    return {PARTITION: partition, "v": 1, "due": TOMBSTONE_DUE, "lease": None, "fin": {"token": token, "at": now}}
 
 
-def finished_by(bucket_id: ObjectId, token: str) -> dict:
+def finished_by(ref: Mapping[str, Any], token: str) -> dict:
     """Matches the tombstone that ``token``'s own ``finish`` left."""
-    return {"_id": bucket_id, "fin.token": token}
+    return {**ref, "fin.token": token}
 
 
-def released_by(bucket_id: ObjectId, token: str) -> dict:
+def released_by(ref: Mapping[str, Any], token: str) -> dict:
     """Matches the bucket while the last release applied to it was ``token``'s."""
-    return {"_id": bucket_id, "released": token}
+    return {**ref, "released": token}
 
 
 def reap(now: dt.datetime, retention_s: float) -> dict:

@@ -19,6 +19,7 @@ from bson import ObjectId
 
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE
 from bucketq.core.format import MAX_BUCKET_SIZE, parse_bucket
+from bucketq.core.sharding import PARTITION
 from bucketq.errors import InvalidOption, MalformedBucket
 
 # -- pause ---------------------------------------------------------------------------------------------------
@@ -100,10 +101,11 @@ def removal(doc: Mapping[str, Any], slots: list[int], now: dt.datetime) -> tuple
     unclaimed, or still under the expired claim that was read (which the update clears)."""
     update: dict[str, Any] = {"$addToSet": {"done": {"$each": sorted(slots)}}}
     lease = doc.get("lease")
+    ref = {PARTITION: doc.get(PARTITION), "_id": doc["_id"]}
     if lease is None:
-        return {"_id": doc["_id"], "lease": None}, update
+        return {**ref, "lease": None}, update
     update["$set"] = {"lease": None}
-    return {"_id": doc["_id"], "lease.token": lease.get("token"), "due": {"$lte": now}}, update
+    return {**ref, "lease.token": lease.get("token"), "due": {"$lte": now}}, update
 
 
 # -- purging ----------------------------------------------------------------------------------------------------
@@ -121,12 +123,15 @@ def purged_by(*tokens: str) -> dict[str, Any]:
     return {"fin.token": {"$in": list(tokens)}, "n": {"$exists": True}}  # a tombstone has no n
 
 
-def copies_on_their_way(doc: Mapping[str, Any]) -> list[ObjectId]:
+def copies_on_their_way(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The retry buckets that a claimant of the purged bucket ``doc`` may still be inserting (``r``, recorded by
     its fenced write before the insert: ``claims.guard``). A purge ends them too: it stores their tombstones
-    first, so that an insert landing later stores nothing, and ends those that landed since its mark."""
+    first, so that an insert landing later stores nothing, and ends those that landed since its mark. Returns
+    their shard keys: a copy is in the partition of its bucket."""
     copies = doc.get("r")
-    return [c for c in copies if isinstance(c, ObjectId)] if isinstance(copies, list) else []
+    if not isinstance(copies, list):
+        return []
+    return [{PARTITION: doc.get(PARTITION), "_id": c} for c in copies if isinstance(c, ObjectId)]
 
 
 def unfinished_messages(doc: Mapping[str, Any]) -> int:

@@ -139,11 +139,13 @@ def copy_bytes(slot: Slot) -> int:
 
 def bucket_documents(slots: Sequence[Slot], *, codec: str, created: dt.datetime, due: dt.datetime,
                      max_size: int = MAX_BUCKET_SIZE, max_bytes: int = MAX_BUCKET_BYTES,
-                     group: str | None = None) -> list[dict[str, Any]]:
+                     group: str | None = None, partition: int | None = None) -> list[dict[str, Any]]:
     """New buckets holding ``slots`` in order, as many as it takes to keep each within ``max_size`` slots
     and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds. Buckets of a
-    ``group`` get their place in it (``s``) when written, in list order (``Store.number_groups``)."""
-    return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due, group=group)
+    ``group`` get their place in it (``s``) when written, in list order (``Store.number_groups``). Without a
+    ``partition`` the store gives them one when it writes them (``sharding.Spread``)."""
+    return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due, group=group,
+                            partition=partition)
             for chunk in _chunks(slots, max_size, max_bytes)]
 
 
@@ -174,9 +176,11 @@ def bucket_document(
     created: dt.datetime,
     due: dt.datetime,
     group: str | None = None,
+    partition: int | None = None,
 ) -> dict[str, Any]:
-    """A new bucket document. Optional per-slot arrays are written only when some slot has the field; a group
-    bucket always has ``t``, so that a nack can add a try to one slot, and gets ``s`` when it is written."""
+    """A new bucket document (``partition``: its ``pt``, else the store's choice when it writes it). Optional
+    per-slot arrays are written only when some slot has the field; a group bucket always has ``t``, so that a nack
+    can add a try to one slot, and gets ``s`` when it is written."""
     n = len(slots)
     # The slots' fields as columns, transposed in C: each optional array is then tested by a C loop instead of
     # a generator (a producer builds one bucket of up to 65,536 slots per write).
@@ -206,6 +210,8 @@ def bucket_document(
         doc["e"] = [e or created for e in column["enqueued_at"]]
     if group is not None:
         doc["v"], doc["g"] = GROUP_FORMAT_VERSION, group
+    if partition is not None:
+        doc["pt"] = partition
     return doc
 
 
@@ -226,6 +232,12 @@ class StoredBucket:
     claims: int
     group: str | None = None
     order: int = 0  # ``s``: the bucket's place in its group
+    partition: int | None = 0  # ``pt``; None: written without one (partition 0, ``sharding.in_partition``)
+
+    @property
+    def ref(self) -> dict[str, Any]:
+        """The bucket's shard key (``pt``, ``_id``): the start of every filter that targets it."""
+        return {"pt": self.partition, "_id": self.id}
 
     @property
     def size(self) -> int:
@@ -291,6 +303,9 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     done = doc.get("done")
     if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < n for i in done):
         raise MalformedBucket("done must be an array of slot indexes")
+    partition = doc.get("pt")
+    if partition is not None and not _count(partition):
+        raise MalformedBucket("pt must be an integer from 0 (the bucket's partition)")
     return StoredBucket(
         id=bucket_id,
         codec=codec,
@@ -305,6 +320,7 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         claims=claims,
         group=group,
         order=doc.get("s", 0),
+        partition=partition,
     )
 
 
@@ -346,6 +362,7 @@ def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: 
         "at": at,
         "enqueued_at": bucket.enqueued_at(slot),
         "origin": {"bucket": bucket.id, "slot": slot},
+        "pt": bucket.partition,  # for information: a requeue spreads its messages anew
     }
     if bucket.group is not None:
         letter["g"] = bucket.group  # a requeue puts it back at the end of its group
@@ -361,7 +378,7 @@ def quarantined_bucket(doc: Mapping[str, Any], *, reason: str, at: dt.datetime, 
     """A quarantine entry for a whole bucket: the original document kept as it was, without its lease."""
     kept = {k: v for k, v in doc.items() if k != "lease"}
     return within_limit({"_id": doc.get("_id", ObjectId()), "kind": "bucket", "reason": reason[:MAX_REASON_CHARS],
-                         "doc": kept, "at": at, "host": host, "pid": pid}, "reason")
+                         "doc": kept, "pt": doc.get("pt"), "at": at, "host": host, "pid": pid}, "reason")
 
 
 def quarantined_message(bucket: StoredBucket, slot: int, *, reason: str, at: dt.datetime, host: str,
@@ -369,8 +386,8 @@ def quarantined_message(bucket: StoredBucket, slot: int, *, reason: str, at: dt.
     """A quarantine entry for one message of an otherwise good bucket (``malformed="skip"``)."""
     return within_limit({"_id": bucket.message_id(slot), "kind": "message", "reason": reason[:MAX_REASON_CHARS],
                          "enc": bucket.codec, "p": bucket.payloads[slot], "h": bucket.headers[slot],
-                         "k": bucket.keys[slot], "origin": {"bucket": bucket.id, "slot": slot}, "at": at,
-                         "host": host, "pid": pid}, "reason")
+                         "k": bucket.keys[slot], "origin": {"bucket": bucket.id, "slot": slot},
+                         "pt": bucket.partition, "at": at, "host": host, "pid": pid}, "reason")
 
 
 def within_limit(entry: dict[str, Any], text: str) -> dict[str, Any]:

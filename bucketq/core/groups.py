@@ -26,6 +26,7 @@ from typing import Any
 from bson import ObjectId
 
 from bucketq.core import claims
+from bucketq.core.sharding import in_partition
 
 # A waiting bucket comes back by itself this long after it yielded: only a crash between the writes of a yield
 # or of a hand-off leaves it to that. Each time it comes back and must wait again costs four round trips (claim,
@@ -39,10 +40,12 @@ RECHECK_AGAIN = dt.timedelta(seconds=30)
 COUNTER_ID = 0
 
 
-def next_places(count: int) -> tuple[dict, dict]:
+def next_places(count: int, partition: int = 0) -> tuple[dict, dict]:
     """(filter, update) of the upsert that takes the next ``count`` places (the last one is ``seq`` after the
-    update). A retry after a lost reply takes others: places may have gaps, never repeats."""
-    return {"_id": COUNTER_ID}, {"$inc": {"seq": count}}
+    update) in ``partition``: each partition has its counter, ``_id`` the partition number (partition 0's is the
+    counter of a queue without partitions), since a group's buckets are all in its partition. A retry after a lost
+    reply takes others: places may have gaps, never repeats."""
+    return {"_id": COUNTER_ID + partition}, {"$inc": {"seq": count}}
 
 
 def acquire(group: str, token: str, until: dt.datetime, bucket_id: ObjectId,
@@ -87,18 +90,19 @@ def skip(spec: tuple[dict, dict, list], held: list[str]) -> tuple[dict, dict, li
     return {**query, "g": {"$nin": held}}, update, sort
 
 
-def instead(spec: tuple[dict, dict, list], bucket_id: ObjectId) -> tuple[dict, dict, list]:
+def instead(spec: tuple[dict, dict, list], ref: Mapping[str, Any]) -> tuple[dict, dict, list]:
     """The claim of ``spec`` for bucket ``bucket_id`` only: the first live bucket of a group that a claim found
     free while taking a later bucket of it. Without it, claims that take buckets in due order can spend all their
     time on buckets that must wait (after a backlog every waiting bucket is due again), while the group's first
     bucket, the only one that can be served, waits its turn in the same order."""
     query, update, sort = spec
-    return {**query, "_id": bucket_id}, update, sort
+    return {**query, **ref}, update, sort
 
 
-def earliest_live(group: str) -> tuple[dict, list]:
-    """(filter, sort) of the group's first unfinished bucket: the only one that may be served."""
-    return {"g": group, **claims.LIVE}, [("s", 1)]
+def earliest_live(group: str, partition: int | None) -> tuple[dict, list]:
+    """(filter, sort) of the group's first unfinished bucket (in the group's ``partition``): the only one that
+    may be served."""
+    return {**in_partition(partition), "g": group, **claims.LIVE}, [("s", 1)]
 
 
 def wait_release(now: dt.datetime, token: str, *, again: bool = False) -> dict:
@@ -131,6 +135,7 @@ def free(lock: dict | None, expired_by: dt.datetime) -> bool:
     return lock is None or lock.get("token") is None or (lock.get("until") is not None and lock["until"] <= expired_by)
 
 
-def wake(bucket_id: ObjectId, now: dt.datetime) -> tuple[dict, dict]:
-    """(filter, update) of the hand-off: the waiting bucket becomes due now, unless claimed meanwhile."""
-    return {"_id": bucket_id, "w": True, "lease": None}, {"$set": {"due": now}, "$unset": {"w": ""}}
+def wake(ref: Mapping[str, Any], now: dt.datetime) -> tuple[dict, dict]:
+    """(filter, update) of the hand-off: the waiting bucket (shard key ``ref``) becomes due now, unless claimed
+    meanwhile."""
+    return {**ref, "w": True, "lease": None}, {"$set": {"due": now}, "$unset": {"w": ""}}

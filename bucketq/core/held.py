@@ -23,8 +23,6 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from bson import ObjectId
-
 from bucketq.core import claims, groups
 from bucketq.core.format import StoredBucket, bucket_documents, dead_letter, quarantined_message
 from bucketq.errors import AlreadyResolved, LeaseLost
@@ -80,7 +78,7 @@ class FlushPlan:
        the lease was lost).
     """
 
-    bucket_id: ObjectId
+    ref: dict  # the bucket's shard key (``StoredBucket.ref``)
     token: str
     slots: dict[int, SlotState]
     kind: str = "extend"  # extend | release | finish
@@ -99,7 +97,7 @@ class FlushPlan:
 
     @property
     def filter(self) -> dict:
-        return claims.fenced(self.bucket_id, self.token)
+        return claims.fenced(self.ref, self.token)
 
     @property
     def ends(self) -> bool:
@@ -271,7 +269,7 @@ class HeldBucket:
                   pid: int) -> FlushPlan:
         taken, self._unflushed = self._unflushed, {}
         group = self.bucket.group
-        plan = FlushPlan(self.bucket.id, self.token, {s: r.state for s, r in taken.items()}, group=group)
+        plan = FlushPlan(self.bucket.ref, self.token, {s: r.state for s, r in taken.items()}, group=group)
         copied = {s: r for s, r in taken.items() if r is not _ACKED}  # one pass over the acks, which copy nothing
         retries = {s: r for s, r in copied.items() if r.state is SlotState.RETRY}
         if group is None:
@@ -291,14 +289,14 @@ class HeldBucket:
             retry_slot = next(iter(retries), None)
             due = retries[retry_slot].retry_at if retry_slot is not None else release_due
             plan.kind, plan.final = "release", groups.release(now, self.token, done, due=due, retry_slot=retry_slot)
-            plan.mine = claims.released_by(self.bucket.id, self.token)
+            plan.mine = claims.released_by(self.bucket.ref, self.token)
         elif release:
             plan.kind = "release"
             plan.final = claims.copies_landed(claims.release(now, self.token, done, due=release_due), copies)
-            plan.mine = claims.released_by(self.bucket.id, self.token)
+            plan.mine = claims.released_by(self.bucket.ref, self.token)
         elif self.finished:
-            plan.kind, plan.final = "finish", claims.finish(now, self.token)
-            plan.mine = claims.finished_by(self.bucket.id, self.token)
+            plan.kind, plan.final = "finish", claims.finish(now, self.token, self.bucket.partition)
+            plan.mine = claims.finished_by(self.bucket.ref, self.token)
         else:
             plan.final = claims.copies_landed(claims.extend(now, self.policy.lease, done), copies)
             plan.lease_until = self.policy.lease_from(now)
@@ -319,7 +317,8 @@ class HeldBucket:
         for slots in windows.values():
             due = max(retry_at[s] for s in slots)
             copies = [self.bucket.slot(s, tries=self.tries(s) + 1) for s in sorted(slots)]
-            docs += bucket_documents(copies, codec=self.bucket.codec, created=now, due=due)
+            docs += bucket_documents(copies, codec=self.bucket.codec, created=now, due=due,
+                                     partition=self.bucket.partition or 0)  # in its bucket's partition
         return docs
 
 

@@ -85,7 +85,7 @@ class BatchJob:
                  max_buckets: int = 100, lease: float = 300.0, max_attempts: int = 5, backoff: Backoff | None = None,
                  read: ReadOptions | None = None, json_options: Mapping[str, str] | None = None,
                  malformed: str = "quarantine", progress: Progress | None = None,
-                 progress_interval: float = 0.5) -> None:
+                 progress_interval: float = 0.5, partitions: int = 1) -> None:
         if malformed not in MALFORMED_CHOICES:
             raise InvalidOption(f"malformed must be one of {', '.join(MALFORMED_CHOICES)}, got {malformed!r}")
         decode_options(json_options)
@@ -100,7 +100,8 @@ class BatchJob:
         self.max_buckets = max_buckets
         self.read_options = read or ReadOptions()
         self.json_options = json_options
-        self.queue = BatchQueue(uri, name=queue, db=database, lease=lease, max_attempts=max_attempts, backoff=backoff)
+        self.queue = BatchQueue(uri, name=queue, db=database, lease=lease, max_attempts=max_attempts, backoff=backoff,
+                                partitions=partitions)  # the queue's: claims go to one partition at a time
         try:
             require_connector(spark)  # after the URI's check, before anything is claimed
         except BaseException:

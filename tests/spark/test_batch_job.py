@@ -318,7 +318,7 @@ def test_reader_flags_exactly_the_payloads_that_do_not_parse(spark, mongo_uri, d
     sync_db.events.insert_many([
         {"_id": ObjectId(), "v": 1, "enc": "json", "created": now, "due": now, "n": len(payloads) + 1,
          "p": [*payloads, "{also bad}"], "done": [len(payloads)], "c": 1, "lease": None},
-        {"_id": ObjectId(), **claims.finish(now, "t")},  # a tombstone: not read
+        {"_id": ObjectId(), **claims.finish(now, "t", 0)},  # a tombstone: not read
     ])
 
     df = read_messages(spark, mongo_uri, db_name, "events", SCHEMA)

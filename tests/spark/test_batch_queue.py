@@ -155,7 +155,7 @@ async def test_commit_retried_after_a_lost_reply_counts_its_own_tombstones(make_
 
     assert bq.commit(batch) == 3  # the retry matches nothing: the tombstones say this token finished them
     assert len(calls) == 2
-    assert all(sync_db.events.find_one(claims.finished_by(i, batch.token)) for i in batch.ids)
+    assert all(sync_db.events.find_one(claims.finished_by(ref, batch.token)) for ref in batch.refs.values())
 
 
 async def test_release_retried_after_a_lost_reply(make_queue, sync_db, bq) -> None:
@@ -171,7 +171,7 @@ async def test_release_retried_after_a_lost_reply(make_queue, sync_db, bq) -> No
 
 
 @pytest.mark.parametrize("step, others_write", [
-    ("commit", lambda coll, i, now: coll.replace_one({"_id": i}, claims.finish(now, "other"))),
+    ("commit", lambda coll, i, now: coll.replace_one({"_id": i}, claims.finish(now, "other", 0))),
     ("release", lambda coll, i, now: coll.update_one({"_id": i}, claims.release(now, "other"))),
 ])
 async def test_retry_after_a_lost_reply_does_not_count_someone_elses_write(make_queue, sync_db, bq, step,

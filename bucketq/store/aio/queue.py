@@ -23,6 +23,7 @@ from bucketq.core.control import PAUSE, initial_pause, is_paused
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
+from bucketq.core.sharding import PARTITION, Spread, every_partition
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES  # async-only
@@ -30,9 +31,11 @@ from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES  # async-on
 
 class AsyncQueueStore:
     def __init__(self, database: Any, name: str, *, write_concern: int | str | None = None,
-                 op_timeout_s: float = 30.0) -> None:
+                 op_timeout_s: float = 30.0, partitions: int = 1) -> None:
         self.database = database
         self.name = name
+        self.partitions = partitions
+        self.spread = Spread(partitions)  # the partitions of the buckets this process writes
         self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
             database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
             GROUPS_SUFFIX)
@@ -43,11 +46,12 @@ class AsyncQueueStore:
         self.op_timeout_s = op_timeout_s
 
     async def ensure_indexes(self) -> None:
-        """Claims sort by ``due``; tombstones, dead letters and quarantine are listed or purged by time.
-        (The test server accepts and ignores non-unique indexes.)"""
-        await self.buckets.create_index("due")
+        """Claims pin a partition and sort by ``due``; tombstones, dead letters and quarantine are listed or
+        purged by time. (The test server accepts and ignores non-unique indexes.)"""
+        await self.buckets.create_index([(PARTITION, 1), ("due", 1)])
         await self.buckets.create_index("fin.at", sparse=True)
-        # live group buckets only (ungrouped ones and tombstones have neither field)
+        # live group buckets only (ungrouped ones and tombstones have neither field); a group's queries also pin
+        # its partition, which the shard key routes by
         await self.buckets.create_index([("g", 1), ("s", 1)], sparse=True)
         await self.dead.create_index("at")
         await self.quarantine.create_index("at")
@@ -66,7 +70,9 @@ class AsyncQueueStore:
 
     async def write_buckets(self, docs: list[dict]) -> dict[Any, BaseException]:
         """One attempt at the producer's write: group buckets numbered, then all inserted (``insert_new``).
-        Returns the ``_id``s that failed for good; raises on transient errors (the producer retries)."""
+        Returns the ``_id``s that failed for good; raises on transient errors (the producer retries). Buckets get
+        their partitions first (``sharding.Spread``)."""
+        self.spread.assign(docs)
         await self.number_groups(docs)
         return await insert_new(self.buckets, docs)
 
@@ -78,7 +84,8 @@ class AsyncQueueStore:
         """Insert buckets made whole outside the producer (``push(session=...)``, the outbox relay, a requeue).
         With a session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the
         whole transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets
-        (a requeue) are numbered first, to go to the end of their groups."""
+        (a requeue) are numbered first, to go to the end of their groups. Buckets without a partition get one."""
+        self.spread.assign(docs)
         if session is not None:
             await self.buckets.insert_many(docs, session=session)
         else:
@@ -158,7 +165,8 @@ class AsyncQueueStore:
         return await self.finish_fenced(query, tombstone, mine)
 
     async def reap_tombstones(self, query: dict) -> int:
-        return (await self.buckets.delete_many(query)).deleted_count
+        """Delete the tombstones ``query`` (``claims.reap``) matches, in every partition."""
+        return (await self.buckets.delete_many(every_partition(query, self.partitions))).deleted_count
 
     async def read_pause(self) -> bool:
         """Whether the queue is paused (``Queue.pause``), read from the server now."""
@@ -181,14 +189,16 @@ class AsyncQueueStore:
     async def number_groups(self, docs: list[dict]) -> None:
         """Give the group buckets of ``docs`` not yet numbered their places (``s``), in list order, with one
         counter update. A retry after an error numbers only those still without a place."""
-        unnumbered = [doc for doc in docs if "g" in doc and "s" not in doc]
-        if not unnumbered:
-            return
-        query, update = groups.next_places(len(unnumbered))
-        counter = await self.groups.find_one_and_update(query, update, upsert=True,
-                                                        return_document=ReturnDocument.AFTER)
-        for place, doc in enumerate(unnumbered, counter["seq"] - len(unnumbered) + 1):
-            doc["s"] = place
+        by_partition: dict[int, list[dict]] = {}
+        for doc in docs:
+            if "g" in doc and "s" not in doc:
+                by_partition.setdefault(doc[PARTITION], []).append(doc)
+        for partition, unnumbered in by_partition.items():
+            query, update = groups.next_places(len(unnumbered), partition)
+            counter = await self.groups.find_one_and_update(query, update, upsert=True,
+                                                            return_document=ReturnDocument.AFTER)
+            for place, doc in enumerate(unnumbered, counter["seq"] - len(unnumbered) + 1):
+                doc["s"] = place
 
     async def lock_group(self, query: dict, update: dict, mine: dict) -> bool:
         """Take a group's lock (``groups.acquire``); False when someone else holds it. A retry after a lost
@@ -221,13 +231,13 @@ class AsyncQueueStore:
 
     async def next_due(self, after: dt.datetime) -> dt.datetime | None:
         """The earliest ``due`` after ``after`` among live buckets (an unclaimed bucket's due time, or a claimed
-        one's lease end), or None: one document read through the ``due`` index."""
-        doc = await self.buckets.find_one({"due": {"$gt": after, "$lt": TOMBSTONE_DUE}}, {"_id": 0, "due": 1},
-                                          sort=[("due", 1)])
+        one's lease end), or None: one document read through the ``pt, due`` index in each partition (merged)."""
+        query = every_partition({"due": {"$gt": after, "$lt": TOMBSTONE_DUE}}, self.partitions)
+        doc = await self.buckets.find_one(query, {"_id": 0, "due": 1}, sort=[("due", 1)])
         return doc["due"] if doc is not None else None
 
     async def first_bucket(self, query: dict, sort: list) -> dict | None:
-        return await self.buckets.find_one(query, {"_id": 1, "w": 1, "lease": 1}, sort=sort)
+        return await self.buckets.find_one(query, {"_id": 1, PARTITION: 1, "w": 1, "lease": 1}, sort=sort)
 
     async def wake(self, query: dict, update: dict) -> None:
         await retrying(lambda _: self.buckets.update_one(query, update), timeout_s=self.op_timeout_s)
@@ -245,7 +255,7 @@ class AsyncQueueStore:
 
     def live_buckets(self) -> Any:
         """A cursor over the unfinished buckets in claim order, a few at a time (``Queue.peek``)."""
-        return self.buckets.find(LIVE, sort=[("due", 1)], batch_size=4)
+        return self.buckets.find(every_partition(LIVE, self.partitions), sort=[("due", 1)], batch_size=4)
 
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
 
