@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
-from bucketq.core.sharding import MAX_PARTITIONS, check_partitions  # the streams' bound too (core.stream's)
+from bucketq.core.sharding import MAX_PARTITIONS, check_partitions
 from bucketq.errors import InvalidOption
 
 

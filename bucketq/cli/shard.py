@@ -23,7 +23,7 @@ DEFAULT_DB = "bucketq"
               help="Zones to split the partitions into, one per shard [default: one zone per partition].")
 @click.option("--db", default=DEFAULT_DB, show_default=True, metavar="NAME", help="Database of the queue.")
 @click.option("--stream", is_flag=True, help="QUEUE is a stream: its buckets are sharded on {pt: 1, s: 1} "
-              "(docs/SCALING-streams.md).")
+              "(docs/SCALING.md, Streams).")
 def shard(queue: str, partitions: int, shards: int | None, db: str, stream: bool) -> None:
     """Print the mongosh commands that shard QUEUE (or a stream, with --stream) on a sharded cluster; run them
     on a mongos.

@@ -24,12 +24,12 @@ from typing import Any, NamedTuple
 from bson import ObjectId
 
 from bucketq.core.format import FORMAT_VERSION, MAX_COUNT, as_utc
+from bucketq.core.sharding import MAX_PARTITIONS
 from bucketq.errors import InvalidOption, MalformedBucket
 
 COUNTER_ID = "seq"
 LAYOUT_ID = "layout"  # in ``S.seq``: a partitioned stream's version and partition count
 PARTITIONED_VERSION = 2  # the format version of a partitioned stream's documents
-MAX_PARTITIONS = 1024
 STREAM_SHARD_KEYS = {"": {"pt": 1, "s": 1}}  # by collection suffix; the side collections stay unsharded
 FIRST_SEQUENCE = 1
 SCAN_BUCKETS = 64  # buckets a reader looks at past its group's committed position per scan
