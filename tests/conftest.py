@@ -177,3 +177,24 @@ async def make_queue(queue_target: Any, db_name: str, sync_db) -> AsyncIterator:
             await queue.close()
         except Exception:  # a test may have left it failing on purpose (cut connection, stopped server)
             pass
+
+
+@pytest.fixture
+async def make_stream(queue_target: Any, db_name: str, sync_db) -> AsyncIterator:
+    """As ``make_queue``, for ``bucketq.Stream``s, with quick polls and flushes."""
+    import bucketq
+
+    made: list[bucketq.Stream] = []
+
+    def make(name: str = "ev", target: object = None, **options: object) -> bucketq.Stream:
+        options = {"poll_interval": 0.01, "state_flush_period": 0.05, **options}
+        stream = bucketq.Stream(target or queue_target, name=name, db=db_name, **options)
+        made.append(stream)
+        return stream
+
+    yield make
+    for stream in made:
+        try:
+            await stream.close()
+        except Exception:  # a test may have left it failing on purpose
+            pass

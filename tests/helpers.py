@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 PATIENCE_S = 20.0  # how long a test waits for what must happen: generous, so a loaded CI machine cannot fail it
 
@@ -24,3 +25,14 @@ async def eventually(condition: Callable[[], bool | Awaitable[bool]], timeout: f
             return
         assert time.monotonic() < deadline, f"{what} did not hold within {timeout:g} s"
         await asyncio.sleep(0.01)
+
+
+async def read_all(reader: Any, *, ack: bool = True, timeout: float = 0.3, n: int = 100) -> list[Any]:
+    """Every message a ``bucketq.StreamReader`` gets until none comes for ``timeout`` seconds, acked."""
+    out = []
+    while batch := await reader.read_many(n, timeout=timeout):
+        for message in batch:
+            if ack:
+                await message.ack()
+        out.extend(batch)
+    return out

@@ -7,46 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 import bucketq
 from bucketq import Position
 from bucketq.core.stream import COUNTER_ID
+from tests.helpers import read_all
 
 pytestmark = pytest.mark.backends("memory", "server")
-
-
-@pytest.fixture
-async def make_stream(queue_target: Any, db_name: str, sync_db) -> AsyncIterator:
-    made: list[bucketq.Stream] = []
-
-    def make(name: str = "ev", target: object = None, **options: object) -> bucketq.Stream:
-        options = {"poll_interval": 0.01, "state_flush_period": 0.05, **options}
-        stream = bucketq.Stream(target or queue_target, name=name, db=db_name, **options)
-        made.append(stream)
-        return stream
-
-    yield make
-    for stream in made:
-        try:
-            await stream.close()
-        except Exception:  # a test may have left it failing on purpose
-            pass
-
-
-async def read_all(reader: bucketq.StreamReader, *, ack: bool = True, timeout: float = 0.3,
-                   n: int = 100) -> list[bucketq.StreamMessage]:
-    """Every message the reader gets until none comes for ``timeout`` seconds, acked."""
-    out = []
-    while batch := await reader.read_many(n, timeout=timeout):
-        for message in batch:
-            if ack:
-                await message.ack()
-        out.extend(batch)
-    return out
 
 
 async def test_positions_increase_and_a_group_reads_everything_in_order(make_stream):

@@ -6,44 +6,24 @@ partition) keeps its format and refuses to become partitioned."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
 import bucketq
 from bucketq import Position
 from bucketq.core.stream import LAYOUT_ID
+from tests.helpers import read_all
 
 pytestmark = pytest.mark.backends("memory", "server")
 
 
 @pytest.fixture
-async def make_stream(queue_target: Any, db_name: str) -> AsyncIterator:
-    made: list[bucketq.Stream] = []
-
-    def make(name: str = "ev", target: object = None, **options: object) -> bucketq.Stream:
-        options = {"poll_interval": 0.01, "state_flush_period": 0.05, "partitions": 4, **options}
-        stream = bucketq.Stream(target or queue_target, name=name, db=db_name, **options)
-        made.append(stream)
-        return stream
-
-    yield make
-    for stream in made:
-        try:
-            await stream.close()
-        except Exception:  # a test may have left it failing on purpose
-            pass
-
-
-async def read_all(reader: bucketq.StreamReader, *, timeout: float = 0.3) -> list[bucketq.StreamMessage]:
-    out = []
-    while batch := await reader.read_many(50, timeout=timeout):
-        for message in batch:
-            await message.ack()
-        out.extend(batch)
-    return out
+def make_stream(make_stream: Callable[..., bucketq.Stream]) -> Callable[..., bucketq.Stream]:
+    """conftest's, with four partitions unless a test asks for another count."""
+    return functools.partial(make_stream, partitions=4)
 
 
 async def push_writes(stream: bucketq.Stream, writes: int, per_write: int = 3) -> list[Position]:

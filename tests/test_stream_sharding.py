@@ -13,6 +13,7 @@ from pymongo import AsyncMongoClient, MongoClient
 import bucketq
 from bucketq.core.stream import STREAM_SHARD_KEYS
 from bucketq_spark.stream import commit_range, uncommitted_ranges
+from tests.helpers import read_all
 from tests.shardkeys import ShardKeyAudit
 
 
@@ -34,9 +35,7 @@ async def test_every_command_of_a_partitioned_stream_on_its_buckets_pins_the_par
             await client[db_name]["ev.seq"].update_one({"_id": "seq.0"}, {"$inc": {"last": 1}})  # a hole
             await stream.push_many([12, 13])
             async with stream.reader("g", start="beginning") as reader:
-                while batch := await reader.read_many(10, timeout=0.5):
-                    for message in batch:
-                        await message.ack()
+                await read_all(reader, timeout=0.5, n=10)
                 await asyncio.sleep(0.3)
                 await reader.read_many(10, timeout=0.3)  # marks the hole a gap and commits past it
             assert await client[db_name]["ev"].count_documents({"gap": True, "pt": 0}) == 1
