@@ -230,7 +230,7 @@ class StreamOptions:
             _check(value is None or _type_ok(value, _INT, False) and value > 0, name,
                    "None (no limit) or a positive int")
         parts = self.partitions
-        _check(parts is None or _type_ok(parts, _INT, False) and 1 <= parts <= MAX_PARTITIONS, "partitions",
+        _check(parts is None or check_partitions(parts), "partitions",
                f"an int from 1 to {MAX_PARTITIONS} (or None: the stream's own, 1 for a new one)")
 
     @property
