@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
@@ -105,10 +105,14 @@ class Rotation:
         self.partitions = partitions
         self._start = random.randrange(partitions)
 
-    def round(self) -> Iterator[int]:
+    def round(self, first: Iterable[int] = ()) -> Iterator[int]:
+        """The partitions of one round; ``first`` (those a wake-up named) before the others."""
+        named = [p for p in dict.fromkeys(first) if 0 <= p < self.partitions]
+        yield from named
         start = self._start
         for i in range(self.partitions):
-            yield (start + i) % self.partitions
+            if (partition := (start + i) % self.partitions) not in named:
+                yield partition
 
     def claimed(self, partition: int) -> None:
         """A claim in ``partition`` took a bucket: the next claim starts at the partition after it."""

@@ -26,7 +26,7 @@ from bucketq.core.scans import SCAN
 from bucketq.core.sharding import PARTITION, Spread, every_partition
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
-from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES  # async-only
+from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
 
 
 class AsyncQueueStore:
@@ -63,6 +63,11 @@ class AsyncQueueStore:
         """A change stream, from ``start`` (a cluster time) on, of the changes that can make a bucket claimable
         (``changes.WATCH_CHANGES``), each with its bucket's due time only."""
         return await self.buckets.watch(WATCH_CHANGES, start_at_operation_time=start,
+                                        max_await_time_ms=STREAM_AWAIT_MS)
+
+    async def watch_control(self, start: Any) -> Any:
+        """A change stream, from ``start`` on, of the writes to ``name.control``: a pause or a resume."""
+        return await self.control.watch(WATCH_CONTROL, start_at_operation_time=start,
                                         max_await_time_ms=STREAM_AWAIT_MS)
 
     # async-only: end
