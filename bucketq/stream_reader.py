@@ -203,7 +203,10 @@ class StreamReader:
         if group.at(part).seq < floor:
             await self._stream.expire_group(group, part, floor)
             return True
-        now = self._stream.clock.earliest()  # another reader's lease is over only when no reading says otherwise
+        # Another reader's lease is over only when no reading of the clock says otherwise; in whole milliseconds,
+        # as the server compares it with the stored lease, so that the step and the claim's filter agree.
+        earliest = self._stream.clock.earliest()
+        now = earliest.replace(microsecond=earliest.microsecond // 1000 * 1000)
         holes = self._holes.setdefault(part.number, HoleWatch(self._options.gap_wait))
         step = stream_step.step(await self._scan(group, part, last), [s for pt, s in self._held if pt == part.number],
                                 holes, now, time.monotonic())
@@ -212,6 +215,8 @@ class StreamReader:
         for seq in step.claims:
             if await self._claim(group, part, seq, now):
                 return True
+        if step.claims:  # another reader claimed them since the scan: look again once its lease may be over
+            self._wakeup.due_at(time.monotonic() + self._options.queue.lease)
         for seq in step.gaps:
             await self._store.mark_gap(part, seq, now, self._owner)  # or the producer's bucket landed after all
         if step.recheck_at is not None:

@@ -40,7 +40,7 @@ class ReaderStepMachine(RuleBasedStateMachine):
         return seq in self.gaps or seq in self.claims and self.claims[seq][0]
 
     def _live(self, seq: int) -> bool:
-        return seq in self.claims and not self.claims[seq][0] and self.claims[seq][1] > self.now
+        return seq in self.claims and not self.claims[seq][0] and self.claims[seq][1] >= self.now  # core.claim: $lt
 
     @rule(count=st.integers(1, 3))
     def allocate(self, count: int) -> None:

@@ -56,7 +56,7 @@ def step(window: Window, held: Iterable[int], holes: HoleWatch, now: dt.datetime
     server's clock (a lease is over only when no reading says otherwise); ``now_mono``, the monotonic clock."""
     committed = advance(window.start, window.present, window.settled)
     mine = set(held)
-    live = {seq: until for seq, until in window.leases.items() if until > now}
+    live = {seq: until for seq, until in window.leases.items() if until >= now}  # a claim needs until < now
     busy = window.settled | mine | live.keys()
     gaps = holes.due(missing_sequences(window.start, window.present, window.last), now_mono)
     foreign = [until for seq, until in live.items() if seq not in mine]
