@@ -283,9 +283,8 @@ class StreamReader:
         part = self._store.parts[held.partition]
         if group.epoch == held.epoch and group.at(part).seq == held.seq:  # this bucket held the group back
             window = await self._scan(group, part)
-            committed = core.advance(window.start, window.present, window.settled)
-            if committed > window.start:
-                await self._commit(group, part, committed)
+            if window.committed > window.start:
+                await self._commit(group, part, window.committed)
 
     async def flush(self, *, release: bool = False) -> list[Position]:
         """Write the acks not written yet and extend this reader's leases (``release``: end them, so that another

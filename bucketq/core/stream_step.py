@@ -35,6 +35,11 @@ class Window:
         leases = {c["s"]: c["lease"]["until"] for c in claims if not c.get("fin") and c.get("lease")}
         return cls(start, present, settled, leases, last)
 
+    @property
+    def committed(self) -> int:
+        """The group's committed sequence once past what is settled from ``start`` on (``advance``)."""
+        return advance(self.start, self.present, self.settled)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -54,7 +59,7 @@ def step(window: Window, held: Iterable[int], holes: HoleWatch, now: dt.datetime
     """The reader's step in a partition: ``held``, the sequences this reader holds there; ``holes``, its watch of
     the partition's missing sequences (updated: it learns the holes seen now); ``now``, the earliest reading of the
     server's clock (a lease is over only when no reading says otherwise); ``now_mono``, the monotonic clock."""
-    committed = advance(window.start, window.present, window.settled)
+    committed = window.committed
     mine = set(held)
     live = {seq: until for seq, until in window.leases.items() if until >= now}  # a claim needs until < now
     busy = window.settled | mine | live.keys()
