@@ -25,6 +25,7 @@ from bucketq.cli import cli
 from bucketq.errors import InvalidOption
 from bucketq.web import check_bind, create_app
 from bucketq.web.security import SESSION_COOKIE
+from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-token"
@@ -263,12 +264,14 @@ def test_other_addresses_need_a_token(host: str) -> None:
 
 # -- credentials, autoscaling ------------------------------------------------------------------------------
 
-def test_no_page_shows_the_password(closed_port: int) -> None:
+def test_no_page_or_log_line_shows_the_password(closed_port: int, everything_logged) -> None:
     uri = f"mongodb://alice:Pa55word@127.0.0.1:{closed_port}/shop?serverSelectionTimeoutMS=200"
     with TestClient(create_app(uri, interval_s=3600)) as client:
         page = client.get("/")
+        client.portal.call(eventually, lambda: "dashboard sample failed" in everything_logged())
     assert page.status_code == 503 and "MongoDB error" in page.text
     assert "127.0.0.1" in page.text and "Pa55word" not in page.text and "alice" not in page.text
+    assert f"127.0.0.1:{closed_port}" in everything_logged() and "Pa55word" not in everything_logged()
 
 
 def test_pending_endpoint_counts_messages_that_need_a_worker(open_app) -> None:

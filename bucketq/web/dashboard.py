@@ -11,11 +11,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bucketq.cli.common import one_line
 from bucketq.connection import connect
 from bucketq.control import queue_names
 from bucketq.core.format import SEQ_SUFFIX
 from bucketq.flow import Flow
 from bucketq.queue import Queue
+from bucketq.redaction import redact
 from bucketq.store.aio.catalog import collection_names
 from bucketq.stream import Stream
 from bucketq.web.history import History
@@ -121,7 +123,7 @@ class Dashboard:
             try:
                 await self.sample()
             except Exception as exc:  # a server away for a while: the charts get a gap, the next sample retries
-                log.warning("dashboard sample failed: %s", type(exc).__name__)
+                log.warning("dashboard sample failed: %s", one_line(redact(f"{type(exc).__name__}: {exc}", self.uri)))
             await asyncio.sleep(max(0.0, self.history.interval_s - (time.monotonic() - started)))
 
     async def sample(self) -> None:
