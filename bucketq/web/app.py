@@ -39,8 +39,8 @@ def create_app(target: Any, *, db: str | None = None, token: str | None = None, 
     ``allow_actions`` is set, which needs ``token`` too. With a token every page asks for it. The charts are
     sampled every ``interval_s`` seconds while the app's lifespan runs (mounted, run it from your app's
     lifespan: README, Dashboard) and kept in memory for an hour."""
+    guard = Guard(token, allow_actions)  # first: a refused option opens no client
     dashboard = Dashboard(target, db=db, interval_s=interval_s)
-    guard = Guard(token, allow_actions)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -51,8 +51,7 @@ def create_app(target: Any, *, db: str | None = None, token: str | None = None, 
             await dashboard.close()
 
     pages = Pages(dashboard, guard)
-    app = Starlette(lifespan=lifespan, exception_handlers={HTTPException: pages.error, PyMongoError: pages.failed},
-                    routes=[
+    routes = [
         Route("/", pages.overview, name="overview"),
         Route("/queues/{name}", pages.queue, name="queue"),
         Route("/queues/{name}/{action}", pages.queue_action, methods=["GET", "POST"], name="queue_action"),
@@ -62,12 +61,16 @@ def create_app(target: Any, *, db: str | None = None, token: str | None = None, 
         Route("/logout", pages.logout, methods=["POST"], name="logout"),
         Route("/api/pending", pages.pending, name="pending"),
         Route("/api/pending/{name}", pages.pending, name="pending_queue"),
-    ])
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: pages.error, PyMongoError: pages.failed})
     app.state.dashboard = dashboard
     return app
 
 
 class Pages:
+    """The request handlers: every page checks who may read it, every POST goes through ``Guard.refuse_post``."""
+
     def __init__(self, dashboard: Dashboard, guard: Guard) -> None:
         self.dashboard = dashboard
         self.guard = guard
