@@ -9,21 +9,27 @@ import asyncio
 import datetime as dt
 import html
 import importlib.util
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 from bson import ObjectId
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 import bucketq
 from bucketq.cli import cli
 from bucketq.errors import InvalidOption
 from bucketq.web import check_bind, create_app
+from bucketq.web.charts import line_chart
+from bucketq.web.history import History
 from bucketq.web.security import SESSION_COOKIE
 from tests.helpers import eventually
 
@@ -312,3 +318,27 @@ def test_the_readme_mount_example_serves_the_dashboard(mongo_uri: str, db_name: 
         page = client.get("/bucketq/")
         assert page.status_code == 200 and 'href="http://testserver/bucketq/queues/orders"' in page.text
         assert client.get("/bucketq/api/pending/orders").json()["pending"] == 1
+
+
+# -- the charts' history and drawing -------------------------------------------------------------------------
+
+@given(samples=st.lists(st.tuples(st.floats(0, 2000), st.one_of(st.none(), st.floats(0, 1e9))), max_size=400),
+       interval=st.sampled_from([1.0, 10.0, 60.0]))
+def test_history_keeps_the_last_hour_and_the_chart_stays_in_its_box(samples, interval: float) -> None:
+    history = History(interval)
+    times = list(itertools.accumulate(step for step, _ in samples)) or [0.0]
+    for at, (_, value) in zip(times, samples, strict=False):
+        history.add(("queue", "q", "pending"), at, value)
+    now = times[-1]
+    points = history.points(("queue", "q", "pending"), now)
+    kept = [(at, float(value)) for at, (_, value) in zip(times, samples, strict=False)
+            if value is not None and now - at <= history.span_s]
+    assert len(points) <= 3600 / interval + 1
+    assert points == kept[len(kept) - len(points):]  # the newest, oldest first
+    svg = ElementTree.fromstring(str(line_chart({"pending": points}, now=now, span_s=history.span_s)))
+    width, height = (float(n) for n in svg.get("viewBox", "").split()[2:])
+    lines = list(svg.iter("polyline"))
+    assert len(lines) == (len(points) >= 2)
+    for line in lines:
+        for x, y in (map(float, pair.split(",")) for pair in line.get("points", "").split()):
+            assert 0 <= x <= width and 0 <= y <= height
