@@ -125,6 +125,19 @@ def test_pages_show_counts_reasons_and_reader_groups(open_app) -> None:
     assert client.get("/streams/nope").status_code == 404
 
 
+def test_what_the_data_holds_is_shown_as_text_never_as_markup(open_app, memory_db) -> None:
+    client = open_app()
+
+    async def dead_letter_with_markup() -> None:
+        async with bucketq.Queue(memory_db, name="orders") as orders:
+            message = await orders.reserve(timeout=2)
+            assert message is not None
+            await message.dead_letter(error="<script>alert(1)</script>", wait=True)
+    call(client, dead_letter_with_markup)
+    page = client.get("/queues/orders").text
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
 def test_the_charts_draw_the_samples(open_app) -> None:
     client = open_app()
     dashboard = client.app.state.dashboard  # type: ignore[attr-defined]
