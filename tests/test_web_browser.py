@@ -1,7 +1,8 @@
 """The dashboard in a real browser: Debian's Chromium driven by Selenium through Debian's chromedriver (``make
 browser`` installs both; nothing is downloaded at run time: Selenium Manager is made to fail should it run). On
 the test server, ``bucketq web`` serves real data (tests.test_web.fill); the browser logs in, requeues the dead
-letters and pauses the queue, each through its confirmation page, and the effects are read back from MongoDB.
+letters and pauses the queue, each through its confirmation page, and the effects are read back from MongoDB;
+before that, some traffic gives the charts something to draw.
 Screenshots go to a folder under pytest's temporary directory, or to ``$BUCKETQ_SCREENSHOTS`` (``docs/img``
 refreshes the README's)."""
 
@@ -121,15 +122,32 @@ def text_of(driver: Any, element_id: str) -> str:
     return WebDriverWait(driver, PATIENCE_S).until(lambda d: d.find_element(By.ID, element_id)).text
 
 
+def drawn_samples(driver: Any) -> int:
+    """How many samples the queue page's first chart draws (the points of its first line), after a reload."""
+    driver.refresh()
+    lines = driver.find_elements(By.CSS_SELECTOR, "svg.chart polyline")
+    return len(lines[0].get_attribute("points").split()) if lines else 0
+
+
+async def work_while_sampled(driver: Any, db: Any, rounds: int) -> None:
+    """Traffic for the charts: each round pushes 40 messages to ``orders`` and acks 25, then waits for the
+    dashboard's next sample (one a second) to be drawn."""
+    async with bucketq.Queue(db, name="orders", bucket_max_wait=0.005) as worker:
+        for n in range(rounds):
+            await worker.push_many([{"order": 100 * n + i} for i in range(40)])
+            for message in await worker.reserve_many(25, timeout=2):
+                await message.ack()
+            await worker.flush()
+            seen = drawn_samples(driver)
+            WebDriverWait(driver, PATIENCE_S, poll_frequency=0.5).until(lambda d, seen=seen: drawn_samples(d) > seen)
+
+
 async def test_a_browser_requeues_dead_letters_and_pauses_a_queue(mongo_uri: str, db_name: str, adb: Any,
                                                                   sync_db: Any, dashboard: str, browser: Any,
                                                                   screenshots: Path) -> None:
     await fill(adb, sync_db)
     queue = bucketq.Queue(adb, name="orders")
     try:
-        before = await queue.stats()
-        assert (before["dead"], before["quarantined"]) == (3, 1)
-
         browser.get(dashboard + "/")
         assert "/login" in browser.current_url  # a token is set: every page asks for it
         browser.find_element(By.ID, "token").send_keys(TOKEN)
@@ -139,11 +157,12 @@ async def test_a_browser_requeues_dead_letters_and_pauses_a_queue(mongo_uri: str
         assert "events" in browser.find_element(By.ID, "streams").text
 
         click(browser, By.LINK_TEXT, "orders")
-        # the charts need two samples (one a second) to draw lines: reload until they do
-        def charted(driver: Any) -> bool:
-            driver.refresh()
-            return len(driver.find_elements(By.CSS_SELECTOR, "svg.chart polyline")) >= 2
-        WebDriverWait(browser, PATIENCE_S, poll_frequency=1).until(charted)
+        WebDriverWait(browser, PATIENCE_S, poll_frequency=0.5).until(lambda d: drawn_samples(d) >= 2)
+        await work_while_sampled(browser, adb, rounds=8)
+        before = await queue.stats()
+        assert (before["dead"], before["quarantined"]) == (3, 1)
+        browser.refresh()
+        assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart polyline")) == 5  # pending, ready, dead, in, out
         assert "card declined" in browser.find_element(By.ID, "dead").text
         assert "undecodable" in browser.find_element(By.ID, "quarantine").text
         browser.save_screenshot(str(screenshots / "dashboard.png"))
