@@ -10,7 +10,7 @@ from typing import Any
 
 from pymongo import ReplaceOne
 
-from bucketq import admin
+from bucketq import admin, metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.connection import connect
@@ -180,13 +180,17 @@ class Queue:
 
     async def stats(self) -> dict[str, Any]:
         """``ready``, ``scheduled``, ``in_flight``, ``dead``, ``quarantined``, ``buckets``,
-        ``oldest_ready_age_s``: messages by state, counted on the server; and ``groups``: ordered groups with
-        messages left by what they wait for (``served``, ``ready``, ``retry``, ``waiting``: see
-        ``bucketq.core.stats.GROUP_STATES``), each ``{groups, messages, until}``. Writes nothing."""
+        ``oldest_ready_age_s``: messages by state, counted on the server; ``pending``: the autoscaling signal,
+        messages that need a worker now (``ready + in_flight``; see ``bucketq.metrics.pending_messages``), also
+        recorded for the ``bucketq.pending`` gauge; and ``groups``: ordered groups with messages left by what
+        they wait for (``served``, ``ready``, ``retry``, ``waiting``: see ``bucketq.core.stats.GROUP_STATES``),
+        each ``{groups, messages, until}``. Writes nothing."""
         await self._ready(write=False)
         now = self._clock.now()
         rows, dead, quarantined, groups = await self._store.stats(now)
-        return {**shape_stats(rows, dead=dead, quarantined=quarantined, now=now), "groups": shape_groups(groups)}
+        row = shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
+        row["pending"] = metrics.record_pending(self.name, self.database.name, row)
+        return {**row, "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
         """The next ``n`` unfinished messages in claim order, without claiming them (nor writing anything)."""
