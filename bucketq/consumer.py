@@ -13,9 +13,9 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pymongo.errors import PyMongoError
 
@@ -23,9 +23,10 @@ from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
 from bucketq.control import PAUSE_REFRESH_S
-from bucketq.core import claims, groups
+from bucketq.core import claims, group_turn, groups
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket, parse_bucket, quarantined_bucket
+from bucketq.core.group_turn import GroupStep
 from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
 from bucketq.core.retry import is_too_large, is_transient
 from bucketq.core.sharding import Rotation
@@ -37,6 +38,8 @@ from bucketq.store.aio.queue import AsyncQueueStore
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
+
+T = TypeVar("T")
 
 # A bucket holding this many messages was written under load (group commit writes smaller ones when producers
 # trickle): the first claim that takes one already counts as a backlog for claiming ahead.
@@ -313,10 +316,11 @@ class Consumer:
             await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
             return True
         if bucket.group is not None:
-            turn = await self._take_turn(bucket, token, now, expired_by, waited=bool(doc.get("w")))
-            if turn is not True:
-                if only is None and turn is not False:
-                    await self._claim(only=turn)  # the group was free: its first bucket is the one to serve
+            turn = await self._converse(group_turn.take_turn(bucket, token, now, self._policy.lease_from(now),
+                                                             expired_by, self._clock, waited=bool(doc.get("w"))))
+            if not turn.serve:
+                if only is None and turn.claim_instead is not None:
+                    await self._claim(only=turn.claim_instead)  # the group was free: its first is the one to serve
                 return True
         held = HeldBucket(bucket, token, self._policy.lease_from(now), self._policy)
         holding = Holding(held, payloads)
@@ -333,34 +337,38 @@ class Consumer:
         """The groups whose turn this consumer holds: their later buckets can only wait for it to end."""
         return [h.held.bucket.group for h in self._holdings if h.held.bucket.group is not None and not h.held.ended]
 
-    async def _take_turn(self, bucket: StoredBucket, token: str, now: dt.datetime, expired_by: dt.datetime, *,
-                         waited: bool) -> bool | dict:
-        """True when this claim of a group bucket may be served: it took the group's lock, and no earlier bucket
-        of the group is live. Else the bucket is released uncounted to wait (``groups.wait_release``; ``waited``:
-        it came back from a wait) and the lock, if taken, is given back; then the result is the shard key of the
-        group's first live bucket when the group was free (a claim of it could serve the group now), else False."""
-        group = bucket.group
-        assert group is not None
-        mine = groups.held_by(group, token)
-        locked = await self._store.lock_group(*groups.acquire(group, token, self._policy.lease_from(now), bucket.id,
-                                                              expired_by), mine)
-        # An error before the release leaves the lock to expire with the bucket's lease, as a crash would.
-        first = None
-        if locked:
-            first = await self._store.first_bucket(*groups.earliest_live(group, bucket.partition))
-            if first is None or first["_id"] == bucket.id:
-                return True
-        try:
-            await self._store.update_fenced(claims.fenced(bucket.ref, token),
-                                            groups.wait_release(now, token, again=waited),
-                                            mine=claims.released_by(bucket.ref, token))
-        finally:
-            if locked:
-                await self._store.unlock_group(mine)
-        if locked or groups.free(await self._store.group_lock(group), self._clock.earliest()):
-            # We gave the lock back, or its holder did meanwhile (its hand-off may have come before our mark).
-            await self._hand_off(group, bucket.partition)
-        return shard_key(first) if first is not None else False
+    async def _converse(self, conversation: Generator[GroupStep, Any, T]) -> T:
+        """Carry an ordered group's conversation (``core.group_turn``) to the store: each step's reply goes back
+        in, each error is thrown in at the step that raised it (the lock may still have to be given back)."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = conversation.send(reply) if error is None else conversation.throw(error)
+            except StopIteration as done:
+                return done.value
+            try:
+                reply, error = await self._group_step(step), None
+            except BaseException as exc:  # a cancellation too: the conversation unlocks, then raises it
+                reply, error = None, exc
+
+    async def _group_step(self, step: GroupStep) -> Any:
+        store = self._store
+        match step:
+            case group_turn.LockGroup(query, update, mine):
+                return await store.lock_group(query, update, mine)
+            case group_turn.ReadEarliestLive(query, sort):
+                return await store.first_bucket(query, sort)
+            case group_turn.ReleaseToWait(query, update, mine):
+                return await store.update_fenced(query, update, mine=mine)
+            case group_turn.Unlock(mine):
+                return await store.unlock_group(mine)
+            case group_turn.ReadLock(group):
+                return await store.group_lock(group)
+            case group_turn.Wake(query, update):
+                await store.wake(query, update)
+                self._wakeup.notify()
+                return None
 
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         payloads: list[Any] = [None] * bucket.size
@@ -518,21 +526,13 @@ class Consumer:
                     future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
 
     async def _end_turn(self, group: str, partition: int | None, token: str) -> None:
-        """Give the group's lock back (fenced by our token) and hand off. On failure the lock expires with the
-        lease, and waiting buckets come back at their recheck time."""
+        """``group_turn.end_turn``. On failure the lock expires with the lease, and waiting buckets come back at
+        their recheck time."""
         self._wakeup.notify()  # our claims skipped the group's later buckets while we held it: no event says so
         try:
-            await self._store.unlock_group(groups.held_by(group, token))
-            await self._hand_off(group, partition)
+            await self._converse(group_turn.end_turn(group, partition, token, self._clock))
         except PyMongoError as exc:
             log.warning("group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
-
-    async def _hand_off(self, group: str, partition: int | None) -> None:
-        """After the lock was given back: wake the group's earliest live bucket if it waits for a hand-off."""
-        first = await self._store.first_bucket(*groups.earliest_live(group, partition))
-        if first is not None and groups.waiting(first):
-            await self._store.wake(*groups.wake(shard_key(first), self._clock.now()))
-            self._wakeup.notify()
 
     async def _execute(self, plan: FlushPlan) -> bool:
         """Run a flush plan's writes in order; False when the lease turned out to be lost."""
