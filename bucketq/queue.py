@@ -17,7 +17,8 @@ from bucketq.connection import connect
 from bucketq.consumer import Consumer
 from bucketq.core import claims, sharding
 from bucketq.core.claims import LIVE, reap
-from bucketq.core.control import (
+from bucketq.core.format import as_utc, parse_bucket
+from bucketq.core.operator_writes import (
     check_message_id,
     copies_on_their_way,
     holders,
@@ -29,7 +30,6 @@ from bucketq.core.control import (
     set_pause,
     unfinished_messages,
 )
-from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.stats import shape_groups, shape_stats
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld
 from bucketq.lifecycle import Lifecycle
@@ -286,7 +286,7 @@ class Queue:
 
     async def pause(self) -> None:
         """Pause the queue for every consumer, in every process: they stop claiming buckets within
-        ``bucketq.control.PAUSE_REFRESH_S`` (1 s), go on serving and flushing the buckets they already hold, and
+        ``bucketq.pause_gate.PAUSE_REFRESH_S`` (1 s), go on serving and flushing the buckets they already hold, and
         claim again after ``resume()``. Pushes still work. Stored in the ``<name>.control`` collection."""
         await self._write_pause(True)
 

@@ -26,8 +26,8 @@ from bucketq.cli.common import (
     stop_on_signals,
 )
 from bucketq.cli.output import age, console, fitted, preview, print_table, relative, table, to_json
-from bucketq.control import queue_names
 from bucketq.core.stats import STATS_KEYS
+from bucketq.discovery import queue_names
 from bucketq.message import Message
 from bucketq.queue import Queue
 from bucketq.store.aio.changes import watch_bucket_sizes

@@ -14,11 +14,11 @@ from pymongo.errors import PyMongoError
 from bucketq.codecs import codec_for
 from bucketq.consumer.holding import Holding
 from bucketq.consumer.state import ConsumerState
-from bucketq.control import PAUSE_REFRESH_S
 from bucketq.core import claims, group_turn, groups
 from bucketq.core.format import parse_bucket
 from bucketq.core.held import HeldBucket, SlotState
 from bucketq.errors import MalformedBucket
+from bucketq.pause_gate import PAUSE_REFRESH_S
 
 log = logging.getLogger("bucketq")
 

@@ -20,8 +20,8 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.core import groups
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
-from bucketq.core.control import PAUSE, initial_pause, is_paused
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.sharding import PARTITION, Spread, every_partition
@@ -267,7 +267,7 @@ class QueueStore:
     def delete_requeued(self, target: Any, entries: list[dict]) -> None:
         target.delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
 
-    # -- operator controls (core.control) ------------------------------------------------------------------
+    # -- operator controls (core.operator_writes) ------------------------------------------------------------------
 
     def holders(self, query: dict) -> list[dict]:
         """The buckets that hold a message (``control.holders``): a scan, for retry copies too."""
