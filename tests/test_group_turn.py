@@ -145,7 +145,7 @@ class GroupTurnMachine(RuleBasedStateMachine):
         consumer.claimed, consumer.token = doc, token
         self.start(consumer, group_turn.take_turn(parse_bucket(doc), token, now,
                                                   now + dt.timedelta(seconds=LEASE_S), self.clock.earliest(),
-                                                  self.clock, waited=bool(doc.get("w"))))
+                                                  waited=bool(doc.get("w"))))
 
     @precondition(lambda self: self.busy())
     @rule(data=st.data())
@@ -172,7 +172,7 @@ class GroupTurnMachine(RuleBasedStateMachine):
             applied = self.store.finish_fenced(claims.fenced(ref, token), claims.finish(now, token, ref["pt"]),
                                                claims.finished_by(ref, token))
         assert applied, "a live consumer's lease is kept: its last write applies"
-        self.start(consumer, group_turn.end_turn(bucket["g"], bucket["pt"], token, self.clock))
+        self.start(consumer, group_turn.end_turn(bucket["g"], bucket["pt"], token, self.clock.now()))
 
     @precondition(lambda self: all(c.claimed is None for c in self.consumers.values()))
     @rule(seconds=st.sampled_from([1.0, 6.0, 11.0, 25.0]))

@@ -111,7 +111,7 @@ class Claiming(ConsumerState):
             return True
         if bucket.group is not None:
             turn = await self._converse(group_turn.take_turn(bucket, token, now, self._policy.lease_from(now),
-                                                             expired_by, self._clock, waited=bool(doc.get("w"))))
+                                                             expired_by, waited=bool(doc.get("w"))))
             if not turn.serve:
                 if only is None and turn.claim_instead is not None:
                     await self._claim(only=turn.claim_instead)  # the group was free: its first is the one to serve

@@ -108,7 +108,7 @@ class Flushing(ConsumerState):
         their recheck time."""
         self._wakeup.notify()  # our claims skipped the group's later buckets while we held it: no event says so
         try:
-            await self._converse(group_turn.end_turn(group, partition, token, self._clock))
+            await self._converse(group_turn.end_turn(group, partition, token, self._clock.now()))
         except PyMongoError as exc:
             log.warning("group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
 

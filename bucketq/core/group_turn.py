@@ -18,19 +18,11 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from bucketq.core import claims, groups
 from bucketq.core.format import StoredBucket
 from bucketq.core.sharding import key as shard_key
-
-
-class Clock(Protocol):
-    """The server's clock as the consumer reads it (``bucketq.clock.ServerClock``): no I/O."""
-
-    def now(self) -> dt.datetime: ...
-
-    def earliest(self) -> dt.datetime: ...
 
 
 @dataclass(frozen=True)
@@ -96,10 +88,11 @@ class Turn:
 
 
 def take_turn(bucket: StoredBucket, token: str, now: dt.datetime, lease_until: dt.datetime, expired_by: dt.datetime,
-              clock: Clock, *, waited: bool) -> Generator[GroupStep, Any, Turn]:
-    """The turn of ``bucket``, just claimed under ``token`` (``now``, ``lease_until``, ``expired_by``: the claim's).
-    Not served: the bucket is released uncounted to wait (``groups.wait_release``; ``waited``: it came back from
-    a wait) and the lock, if taken, is given back."""
+              *, waited: bool) -> Generator[GroupStep, Any, Turn]:
+    """The turn of ``bucket``, just claimed under ``token`` (``now``, ``lease_until``, ``expired_by``: the claim's,
+    which serve the whole conversation: a lock that expired since is taken as held, so the recheck wakes the
+    bucket rather than a hand-off). Not served: the bucket is released uncounted to wait (``groups.wait_release``;
+    ``waited``: it came back from a wait) and the lock, if taken, is given back."""
     group = bucket.group
     assert group is not None
     mine = groups.held_by(group, token)
@@ -121,21 +114,22 @@ def take_turn(bucket: StoredBucket, token: str, now: dt.datetime, lease_until: d
         raise
     if locked:
         yield Unlock(mine)
-    if locked or groups.free((yield ReadLock(group)), clock.earliest()):
+    if locked or groups.free((yield ReadLock(group)), expired_by):
         # We gave the lock back, or its holder did meanwhile (its hand-off may have come before our mark).
-        yield from hand_off(group, bucket.partition, clock)
+        yield from hand_off(group, bucket.partition, now)
     return Turn(serve=False, claim_instead=shard_key(first) if first is not None else None)
 
 
-def end_turn(group: str, partition: int | None, token: str, clock: Clock) -> Generator[GroupStep, Any, None]:
-    """Give the group's lock back (fenced by our token) and hand off. On failure the lock expires with the
-    lease, and waiting buckets come back at their recheck time."""
+def end_turn(group: str, partition: int | None, token: str, now: dt.datetime) -> Generator[GroupStep, Any, None]:
+    """Give the group's lock back (fenced by our token) and hand off (the woken bucket due at ``now``). On failure
+    the lock expires with the lease, and waiting buckets come back at their recheck time."""
     yield Unlock(groups.held_by(group, token))
-    yield from hand_off(group, partition, clock)
+    yield from hand_off(group, partition, now)
 
 
-def hand_off(group: str, partition: int | None, clock: Clock) -> Generator[GroupStep, Any, None]:
-    """After the lock was given back: wake the group's earliest live bucket if it waits for a hand-off."""
+def hand_off(group: str, partition: int | None, now: dt.datetime) -> Generator[GroupStep, Any, None]:
+    """After the lock was given back: wake the group's earliest live bucket, if it waits for a hand-off, due at
+    ``now``."""
     first = yield ReadEarliestLive(*groups.earliest_live(group, partition))
     if first is not None and groups.waiting(first):
-        yield Wake(*groups.wake(shard_key(first), clock.now()))
+        yield Wake(*groups.wake(shard_key(first), now))
