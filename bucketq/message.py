@@ -5,13 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Protocol
 
-from bucketq.core.held import HeldBucket
+from bucketq.core.held import ClaimedBucket
 
 
 class Holding(Protocol):
     """What a message reads of the claimed bucket it came in (``bucketq.consumer.holding.Holding``)."""
 
-    held: HeldBucket
+    held: ClaimedBucket
 
 
 class Consumer(Protocol):

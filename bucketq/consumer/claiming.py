@@ -1,5 +1,5 @@
 """The consumer's claims: one due bucket at a time, partitions in turn, one bucket ahead while the queue has a
-backlog, and the wake-up when the next bucket falls due; a claimed bucket is decoded, its group's turn taken and
+backlog, and the wake-up when the next bucket falls due; a claimed bucket is decoded, its ordered group's turn taken and
 its known dedupe keys skipped before its messages are served."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from bucketq.consumer.holding import Holding
 from bucketq.consumer.state import ConsumerState
 from bucketq.core import claims, group_turn, groups
 from bucketq.core.format import parse_bucket
-from bucketq.core.held import HeldBucket, SlotState
+from bucketq.core.held import ClaimedBucket, SlotState
 from bucketq.errors import MalformedBucket
 from bucketq.pause_gate import PAUSE_REFRESH_S
 
@@ -56,7 +56,7 @@ class Claiming(ConsumerState):
         except Exception as exc:  # the next reserve that finds nothing at hand claims again, and raises
             log.warning("claim ahead failed: %s", exc)
 
-    def _backlog(self, newest: HeldBucket) -> bool:
+    def _backlog(self, newest: ClaimedBucket) -> bool:
         """Whether the queue likely holds another bucket behind ``newest``, the newest one claimed."""
         return self._found_in_a_row >= 2 or (self._found_in_a_row == 1 and newest.bucket.size >= BACKLOG_BUCKET_SIZE)
 
@@ -76,11 +76,11 @@ class Claiming(ConsumerState):
             return False
         now, expired_by = self._clock.now(), self._clock.earliest()
         token = claims.new_token()
-        held_groups = self._held_groups()
+        ordered_groups_held = self._ordered_groups_held()
         doc = unclaimable = None
         for partition in self._rotation.round() if only is None else [only["pt"]]:
             spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner, expired_by=expired_by,
-                                            partition=partition), held_groups)
+                                            partition=partition), ordered_groups_held)
             if only is not None:
                 spec = groups.instead(spec, only)
             doc, unclaimable = await self._store.claim(spec)
@@ -114,9 +114,9 @@ class Claiming(ConsumerState):
                                                              expired_by, waited=bool(doc.get("w"))))
             if not turn.serve:
                 if only is None and turn.claim_instead is not None:
-                    await self._claim(only=turn.claim_instead)  # the group was free: its first is the one to serve
+                    await self._claim(only=turn.claim_instead)  # the ordered group was free: serve its first
                 return True
-        held = HeldBucket(bucket, token, self._policy.lease_from(now), self._policy)
+        held = ClaimedBucket(bucket, token, self._policy.lease_from(now), self._policy)
         holding = Holding(held, payloads)
         for slot, reason in bad.items():
             held.quarantine(slot, f"undecodable: {reason}")
@@ -127,8 +127,8 @@ class Claiming(ConsumerState):
             self._schedule_flush(holding)
         return True
 
-    def _held_groups(self) -> list[str]:
-        """The groups whose turn this consumer holds: their later buckets can only wait for it to end."""
+    def _ordered_groups_held(self) -> list[str]:
+        """The ordered groups whose turn this consumer holds: their later buckets can only wait for it to end."""
         return [h.held.bucket.group for h in self._holdings if h.held.bucket.group is not None and not h.held.ended]
 
     async def _skip_known_keys(self, holding: Holding) -> None:

@@ -1,6 +1,6 @@
 """The consume path: claim buckets under a lease, serve their messages, flush per-message state.
 
-Runs the sans-I/O ``HeldBucket`` and ``claims``; adds the event loop around them: one claim in flight at a
+Runs the sans-I/O ``ClaimedBucket`` and ``claims``; adds the event loop around them: one claim in flight at a
 time, a periodic flusher that writes resolutions and extends leases, wake-ups, and an orderly drain. Each of
 those is a part of its own in this package (``Claiming``, ``Decoding``, ``OrderedGroupTurns``, ``Flushing``,
 ``Draining``); ``Consumer`` sets up their shared state (``ConsumerState``) and serves and resolves messages.
@@ -99,8 +99,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
             if self._draining:
                 return None
             if claimed and deadline is not None and time.monotonic() >= deadline:
-                # The last claim took a bucket with nothing to serve (a group bucket that must wait, one gone to
-                # quarantine): it counts as an attempt, not as a reason to claim on past the timeout.
+                # The last claim took a bucket with nothing to serve (an ordered group's bucket that must wait, one
+                # gone to quarantine): it counts as an attempt, not as a reason to claim on past the timeout.
                 return None
             message, claimed = await self._next_or_claim(force=must_claim)
             must_claim = False
@@ -122,11 +122,11 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         if first is None:
             return []
         batch = [first]
-        fruitless = False  # the last claim took a bucket with nothing to serve (a group bucket that must wait)
+        fruitless = False  # the last claim took a bucket with nothing to serve (an ordered group's that must wait)
         while len(batch) < n and not self._draining:
             message = self._next_message()
             if message is None:
-                if fruitless:  # claim no further: each such claim only pushes another group's bucket back
+                if fruitless:  # claim no further: each such claim only pushes another ordered group's bucket back
                     break
                 try:
                     message, claimed = await self._next_or_claim()

@@ -106,16 +106,16 @@ class Flushing(ConsumerState):
     async def _end_turn(self, group: str, partition: int | None, token: str) -> None:
         """``group_turn.end_turn``. On failure the lock expires with the lease, and waiting buckets come back at
         their recheck time."""
-        self._wakeup.notify()  # our claims skipped the group's later buckets while we held it: no event says so
+        self._wakeup.notify()  # our claims skipped the ordered group's later buckets while we held it: no event says so
         try:
             await self._converse(group_turn.end_turn(group, partition, token, self._clock.now()))
         except PyMongoError as exc:
-            log.warning("group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
+            log.warning("ordered group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
 
     async def _execute(self, plan: FlushPlan) -> bool:
         """Run a flush plan's writes in order; False when the lease turned out to be lost."""
         store = self._store
-        if plan.lock_until is not None:  # a group bucket: its lock first, so that it never expires before the lease
+        if plan.lock_until is not None:  # an ordered group's bucket: its lock first, never to expire before the lease
             assert plan.group is not None
             if not await store.extend_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
                 return False

@@ -6,14 +6,14 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from bucketq.core.held import HeldBucket
+from bucketq.core.held import ClaimedBucket
 
 
 @dataclass
 class Holding:
     """A claimed bucket's state machine with its decoded payloads and the tasks and futures around it."""
 
-    held: HeldBucket
+    held: ClaimedBucket
     payloads: list[Any]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiters: dict[int, asyncio.Future[None]] = field(default_factory=dict)
