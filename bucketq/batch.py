@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import os
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from pymongo import MongoClient, ReplaceOne, UpdateOne
 from pymongo.database import Database
@@ -35,6 +36,7 @@ from bucketq.connection import client_of, reaching
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.batch_attempt import AttemptPolicy, BatchStep, ClaimNext, GiveBack, Quarantine, ReleaseWithBackoff
+from bucketq.core.conversation import carry
 from bucketq.core.format import StoredBucket, as_utc, parse_bucket, quarantined_bucket, quarantined_message
 from bucketq.core.sharding import MAX_PARTITIONS, Rotation, check_partitions, key
 from bucketq.errors import InvalidOption
@@ -45,7 +47,6 @@ from bucketq.store.sync.queue import QueueStore
 
 REAP_EVERY_S = 60.0
 
-T = TypeVar("T")
 
 
 @dataclass
@@ -166,22 +167,14 @@ class BatchQueue:
         if self._reaped_at is None or time.monotonic() - self._reaped_at > REAP_EVERY_S:
             self.reap_tombstones()
         batch = Batch(claims.new_token(), self.now() + dt.timedelta(seconds=self.lease))
-        batch.buckets, batch.quarantined = self._converse(batch.token, self.policy.fill(max_buckets))
+        batch.buckets, batch.quarantined = carry(self.policy.fill(max_buckets),
+                                                 functools.partial(self._batch_step, batch.token))
         for doc in batch.buckets:
             batch.lease_until = min(batch.lease_until, as_utc(doc["lease"]["until"]))
         return batch if batch.buckets or batch.quarantined else None
 
-    def _converse(self, token: str, conversation: Generator[BatchStep, Any, T]) -> T:
-        """Carry a conversation of ``core.batch_attempt`` to the store, for the batch of ``token``."""
-        reply: Any = None
-        while True:
-            try:
-                step = conversation.send(reply)
-            except StopIteration as done:
-                return done.value
-            reply = self._batch_step(token, step)
-
     def _batch_step(self, token: str, step: BatchStep) -> Any:
+        """One step of ``core.batch_attempt``'s conversations, for the batch of ``token``, carried to the store."""
         match step:
             case ClaimNext():
                 return self._claim_one(token)
@@ -242,7 +235,8 @@ class BatchQueue:
         the others go to quarantine with ``error``. Returns the ids ``{"released": [...], "quarantined": [...]}``
         (``released``: the buckets this batch's release applied to; one whose lease was lost is in neither)."""
         reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        return self._converse(batch.token, self.policy.fail(batch.buckets, reason, self.now()))
+        return carry(self.policy.fail(batch.buckets, reason, self.now()),
+                     functools.partial(self._batch_step, batch.token))
 
     def _guard(self, token: str, refs: dict[Any, dict[str, Any]]) -> set[Any]:
         """The fenced lease extension that comes before copies, as the consumer's (``claims.guard``): returns the

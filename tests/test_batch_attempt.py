@@ -25,6 +25,7 @@ from bucketq.core.batch_attempt import (
     ReleaseWithBackoff,
     attempts,
 )
+from bucketq.core.conversation import carry
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -46,13 +47,7 @@ class BatchAttemptMachine(RuleBasedStateMachine):
     # -- the store, as ``BatchQueue._batch_step`` drives it ---------------------------------------------------
 
     def run(self, conversation: Generator[BatchStep, Any, Any]) -> Any:
-        reply: Any = None
-        while True:
-            try:
-                step = conversation.send(reply)
-            except StopIteration as done:
-                return done.value
-            reply = self.execute(step)
+        return carry(conversation, self.execute)
 
     def execute(self, step: BatchStep) -> Any:
         match step:
