@@ -270,15 +270,15 @@ class QueueStore:
     # -- operator controls (core.operator_writes) ------------------------------------------------------------------
 
     def holders(self, query: dict) -> list[dict]:
-        """The buckets that hold a message (``control.holders``): a scan, for retry copies too."""
+        """The buckets that hold a message (``operator_writes.holders``): a scan, for retry copies too."""
         return self.buckets.find(query, **SCAN).to_list(None)
 
     def update_bucket(self, query: dict, update: dict) -> bool:
-        """One conditional write to a bucket (``control.removal``), not retried: True when it matched."""
+        """One conditional write to a bucket (``operator_writes.removal``), not retried: True when it matched."""
         return (self.buckets.update_one(query, update)).matched_count == 1
 
     def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
-        """Mark every bucket matching ``query`` (``control.purge_mark``), retried: the mark is idempotent.
+        """Mark every bucket matching ``query`` (``operator_writes.purge_mark``), retried: the mark is idempotent.
         ``scan``: the query is served by no index (the operators' whole-collection reads, ``core.scans``)."""
         options = SCAN if scan else {}
         retrying(lambda _: self.buckets.update_many(query, update, **options), timeout_s=self.op_timeout_s)
