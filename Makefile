@@ -70,10 +70,10 @@ unit: venv
 	$(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -n 4 --dist worksteal -q $(PYTEST_ARGS)
 
 demo: venv jars
-	$(PY) -m devtools.demo $(DEMO_ARGS)
+	$(PY) -m examples.demo $(DEMO_ARGS)
 
 demo-cluster: venv jars
-	$(PY) -m devtools.demo --cluster $(DEMO_ARGS)
+	$(PY) -m examples.demo --cluster $(DEMO_ARGS)
 
 devserver: venv
 	@$(PY) -m devtools.testserver start

@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from bucketq.cli.common import log_to_stderr, redacted, remember_uris
-from bucketq.cli.control import pause, purge, remove, resume
 from bucketq.cli.entries import DEAD, QUARANTINE, group
+from bucketq.cli.operator import pause, purge, remove, resume
 from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
 from bucketq.cli.relay import relay

@@ -24,8 +24,8 @@ from bucketq.cli.common import (
     stop_on_signals,
 )
 from bucketq.cli.output import age, console, fitted, preview, print_table, relative, table, to_json
-from bucketq.control import queue_names
 from bucketq.core.stats import STATS_KEYS
+from bucketq.discovery import queue_names
 from bucketq.flow import Flow
 from bucketq.message import Message
 from bucketq.queue import Queue

@@ -13,8 +13,8 @@ from typing import Any
 
 from bucketq.cli.common import one_line
 from bucketq.connection import connect
-from bucketq.control import queue_names
 from bucketq.core.format import SEQ_SUFFIX
+from bucketq.discovery import queue_names
 from bucketq.flow import Flow
 from bucketq.queue import Queue
 from bucketq.redaction import redact
