@@ -374,11 +374,12 @@ async def test_stats_counts_messages_by_state(make_queue):
     await q.push("later", delay=60)
     stats = await q.stats()
     assert set(stats) == {"ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s",
-                          "groups"}
+                          "pending", "groups"}
     assert (stats["ready"], stats["scheduled"], stats["in_flight"], stats["buckets"]) == (5, 1, 0, 2)
+    assert stats["pending"] == 5  # ready + in flight: the delayed one needs no worker yet
     message = await q.reserve(timeout=2)
     stats = await q.stats()
-    assert (stats["ready"], stats["in_flight"]) == (0, 5)
+    assert (stats["ready"], stats["in_flight"], stats["pending"]) == (0, 5, 5)
     await message.ack(wait=True)
     assert (await q.stats())["in_flight"] == 4
 
