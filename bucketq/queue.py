@@ -39,7 +39,7 @@ from bucketq.producer import Producer
 from bucketq.setup import SetUp
 from bucketq.store.aio.queue import AsyncQueueStore
 from bucketq.transaction import check_session, push_in_transaction
-from bucketq.wakeup import Wakeup
+from bucketq.wakeup import Wakeup, Watched
 
 HOUSEKEEPING_EVERY_S = 60.0
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
@@ -167,8 +167,8 @@ class Queue:
         if self._life.housekeeping is None or self._clock.stale:
             return False
         if self.options.change_streams is not False:
-            self._wakeup.start_stream(self._store.watch_changes, self._clock,
-                                      required=bool(self.options.change_streams))
+            watches: list[Watched] = [self._store.watch_changes, (self._store.watch_control, self._store.pause.changed)]
+            self._wakeup.start_stream(watches, self._clock, required=bool(self.options.change_streams))
         return True
 
     # -- observing -----------------------------------------------------------------------------------------
@@ -289,14 +289,15 @@ class Queue:
     # -- operator controls (pause, remove, purge) ------------------------------------------------------------
 
     async def pause(self) -> None:
-        """Pause the queue for every consumer, in every process: they stop claiming buckets within
-        ``bucketq.pause_gate.PAUSE_REFRESH_S`` (1 s), go on serving and flushing the buckets they already hold, and
+        """Pause the queue for every consumer, in every process: they stop claiming buckets once the change
+        stream on ``<name>.control`` announces it (within ``bucketq.pause_gate.PAUSE_REFRESH_S``, 1 s, without
+        change streams), go on serving and flushing the buckets they already hold, and
         claim again after ``resume()``. Pushes still work. Stored in the ``<name>.control`` collection."""
         await self._write_pause(True)
 
     async def resume(self) -> None:
-        """Undo ``pause()``: consumers claim again within ``PAUSE_REFRESH_S`` (a paused one reads the pause
-        document that often)."""
+        """Undo ``pause()``: consumers claim again once the change stream announces it (within
+        ``PAUSE_REFRESH_S`` without change streams: a paused one reads the pause document that often)."""
         await self._write_pause(False)
 
     async def paused(self) -> bool:

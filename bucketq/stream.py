@@ -159,6 +159,8 @@ class Stream:
         start = await self.start_positions(at if at is not None else to,  # type: ignore[arg-type]
                                            await self.store.group(name))
         await self.store.upsert_group({"_id": name}, core.reset_update(start, self.clock.now()))
+        for reader in self._readers:  # the group's readers in this process read from the new position at once
+            reader.notify()
         return start[0] if len(start) == 1 else start
 
     async def groups(self) -> list[GroupState]:
@@ -253,7 +255,10 @@ class Stream:
         await asyncio.gather(*(r.close() for r in readers), return_exceptions=True)
 
     def forget(self, reader: StreamReader) -> None:
+        """``reader`` closed: the others look again (it handed its buckets back)."""
         self._readers.discard(reader)
+        for other in self._readers:
+            other.notify()
 
     async def __aenter__(self) -> Stream:
         return self

@@ -347,7 +347,7 @@ async def test_wakeup_stream_outlives_inserts_too_big_to_return_whole(adb, caplo
     wakeup.start_stream(AsyncQueueStore(adb, "buckets").watch_changes, clock, required=True)
     try:
         deadline = time.monotonic() + 20
-        while not wakeup.streaming and not wakeup._task.done() and time.monotonic() < deadline:
+        while not wakeup.streaming and wakeup.watching and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert wakeup.streaming
         assert "polling instead" not in caplog.text

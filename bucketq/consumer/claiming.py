@@ -69,16 +69,17 @@ class Claiming(ConsumerState):
         """Claim one due bucket (``only``: the bucket of that shard key, if due), trying the partitions in turn
         (``sharding.Rotation``: each at most once). Returns whether a bucket was taken (even one that went to
         quarantine or had to wait for its group)."""
-        if only is None:
-            self._wakeup.checking()
-        if await self._store.pause.holds():  # paused by an operator (Queue.pause): held buckets are still served
-            self._wakeup.due_at(time.monotonic() + PAUSE_REFRESH_S)  # no event tells of a resume: read again
+        hinted = self._wakeup.checking() if only is None else []
+        # paused by an operator (Queue.pause): held buckets are still served
+        if await self._store.pause.holds(watched=self._wakeup.streaming):
+            if not self._wakeup.streaming:  # no event tells of a resume: read again
+                self._wakeup.due_at(time.monotonic() + PAUSE_REFRESH_S)
             return False
         now, expired_by = self._clock.now(), self._clock.earliest()
         token = claims.new_token()
         ordered_groups_held = self._ordered_groups_held()
         doc = unclaimable = None
-        for partition in self._rotation.round() if only is None else [only["pt"]]:
+        for partition in self._rotation.round(first=hinted) if only is None else [only["pt"]]:
             spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner, expired_by=expired_by,
                                             partition=partition), ordered_groups_held)
             if only is not None:

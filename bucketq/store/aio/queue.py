@@ -22,11 +22,11 @@ from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBO
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
-from bucketq.core.sharding import PARTITION, Spread, every_partition
+from bucketq.core.sharding import LAYOUT, PARTITION, Spread, check_layout, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.pause_gate import PauseGate  # async-only
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
-from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES  # async-only
+from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
 
 
 class AsyncQueueStore:
@@ -57,12 +57,19 @@ class AsyncQueueStore:
         await self.quarantine.create_index("at")
         await self.inbox.create_index("at")
         await self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
+        check_layout(await self.control.find_one_and_update(LAYOUT, layout_update(self.partitions), upsert=True,
+                                                            return_document=ReturnDocument.AFTER), self.partitions)
 
     # async-only: begin
     async def watch_changes(self, start: Any) -> Any:
         """A change stream, from ``start`` (a cluster time) on, of the changes that can make a bucket claimable
         (``changes.WATCH_CHANGES``), each with its bucket's due time only."""
         return await self.buckets.watch(WATCH_CHANGES, start_at_operation_time=start,
+                                        max_await_time_ms=STREAM_AWAIT_MS)
+
+    async def watch_control(self, start: Any) -> Any:
+        """A change stream, from ``start`` on, of the writes to ``name.control``: a pause or a resume."""
+        return await self.control.watch(WATCH_CONTROL, start_at_operation_time=start,
                                         max_await_time_ms=STREAM_AWAIT_MS)
 
     # async-only: end

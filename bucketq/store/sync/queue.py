@@ -24,7 +24,7 @@ from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBO
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
-from bucketq.core.sharding import PARTITION, Spread, every_partition
+from bucketq.core.sharding import LAYOUT, PARTITION, Spread, check_layout, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.store.sync.base import collections, insert_copies, insert_new, retrying
 
@@ -53,6 +53,8 @@ class QueueStore:
         self.quarantine.create_index("at")
         self.inbox.create_index("at")
         self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
+        check_layout(self.control.find_one_and_update(LAYOUT, layout_update(self.partitions), upsert=True,
+                                                            return_document=ReturnDocument.AFTER), self.partitions)
 
     # -- producer ------------------------------------------------------------------------------------------
 
