@@ -7,12 +7,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars lint test test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars browser lint test test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
 	@echo "make demo-cluster  the same, with the Spark job under spark-submit on a standalone Spark cluster"
 	@echo "make test          install everything, lint, then run the test suite"
+	@echo "make browser       install Debian's chromium and chromium-driver (the dashboard's browser test), as root"
 	@echo "make lint          ruff (bucketq spark tests bench devtools examples), mypy (bucketq), the generated sync store"
 	@echo "make test-pythons  the tests that need no server on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
 	@echo "make unit          the tests that need no server (-m unit), in parallel: no JVM, no jars"
@@ -33,13 +34,23 @@ jars: $(STAMP)
 	$(PY) -m devtools.jars testserver > /dev/null
 	$(PY) -m devtools.jars spark > /dev/null
 
+# The dashboard's browser test (tests/test_web_browser.py) drives Debian's Chromium through its chromedriver:
+# both come from apt, never from a download at run time. Installed only when missing; apt needs root.
+CHROMIUM := /usr/bin/chromium
+CHROMEDRIVER := /usr/bin/chromedriver
+browser:
+	@if [ ! -x $(CHROMIUM) ] || [ ! -x $(CHROMEDRIVER) ]; then \
+		if [ "$$(id -u)" != 0 ]; then echo "make browser: installing chromium needs root (apt-get)" >&2; exit 1; fi; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	fi
+
 lint: venv
 	$(PY) -m ruff check bucketq spark tests bench devtools examples
 	$(PY) -m mypy
 	$(PY) -m devtools.unasync --check
 
 # The whole suite on the venv's Python (3.11); before it, the tests that need no server on 3.12 and 3.13.
-test: venv jars lint test-pythons
+test: venv jars browser lint test-pythons
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-pythons: venv
@@ -59,10 +70,10 @@ unit: venv
 	$(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -n 4 --dist worksteal -q $(PYTEST_ARGS)
 
 demo: venv jars
-	$(PY) -m devtools.demo $(DEMO_ARGS)
+	$(PY) -m examples.demo $(DEMO_ARGS)
 
 demo-cluster: venv jars
-	$(PY) -m devtools.demo --cluster $(DEMO_ARGS)
+	$(PY) -m examples.demo --cluster $(DEMO_ARGS)
 
 devserver: venv
 	@$(PY) -m devtools.testserver start

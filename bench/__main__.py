@@ -48,7 +48,8 @@ def _run(cfg: plan.Settings, srv: Server, keuss_problem: str | None) -> list[dic
         # Rounds interleave the contenders, so that a slow minute of the machine falls on all of them; one run
         # of a job lasts a fraction of a second, and single runs of the same cell varied by a third.
         rounds: dict[int, list[dict]] = {number: [] for number, _ in cell}
-        count = 1 if all(job.scenario == "idle" for _, job in cell) else cfg.rounds  # a count over a long window
+        idle = all(job.scenario in plan.IDLE_SCENARIOS for _, job in cell)
+        count = 1 if idle else cfg.rounds  # an idle cell is a count over a long window
         for round_ in range(1, count + 1):
             for number, job in cell:
                 of = f" {round_}/{count}" if count > 1 else ""

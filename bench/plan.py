@@ -11,6 +11,7 @@ MAIN_SCENARIOS = ("push", "push_many", "consume", "consume_batch", "end_to_end",
 ALL_SCENARIOS = (*MAIN_SCENARIOS, "latency", "idle", "codec", "majority", "spark")
 LATENCY_MESSAGES = 1000  # sequential awaited pushes of the latency scenario
 IDLE_BACKLOG = 20_000  # messages the idle consumers consume before their idle window (as in issue 21)
+IDLE_SCENARIOS = ("idle", "stream_idle")  # the idle scenario's cells: queue consumers, stream readers
 JSON_OVERHEAD = 45  # bytes of {"ts":1763837000.123456,"i":123456,"pad":""} around the padding
 
 
@@ -154,8 +155,8 @@ def jobs(cfg: Settings, majority_supported: bool) -> tuple[list[Job], list[dict]
     middle = cfg.payloads[len(cfg.payloads) // 2]
     if "latency" in cfg.scenarios:
         out += [Job(c, "latency", middle, 1, LATENCY_MESSAGES) for c in cfg.contenders if "latency" in SCENARIOS[c]]
-    if "idle" in cfg.scenarios and "bucketq" in cfg.contenders:
-        out.append(Job("bucketq", "idle", middle, 1, IDLE_BACKLOG))
+    if "idle" in cfg.scenarios and "bucketq" in cfg.contenders:  # idle consumers, then idle stream readers
+        out += [Job("bucketq", "idle", middle, 1, IDLE_BACKLOG), Job("bucketq", "stream_idle", middle, 1, IDLE_BACKLOG)]
     if "codec" in cfg.scenarios and "floor" in cfg.contenders:
         out += [Job("floor", s, size, 1, cfg.codec_messages) for size in cfg.payloads for s in ("encode", "decode")]
     if "majority" in cfg.scenarios:

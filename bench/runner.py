@@ -17,7 +17,7 @@ from pathlib import Path
 from pymongo.errors import PyMongoError
 
 from bench import contenders
-from bench.plan import Job, Settings, pad_len
+from bench.plan import IDLE_SCENARIOS, Job, Settings, pad_len
 from bench.server import DB, Server
 from bench.worker import interpolate, split
 
@@ -211,7 +211,7 @@ def aggregate(job: Job, results: list[dict], concurrency: int,
     t_start, t_end = min(r["t_start"] for r in results), max(r["t_end"] for r in results)
     covered = server_cpu and server_cpu[0][0] <= t_start and server_cpu[-1][0] >= t_end
     server_s = interpolate(server_cpu, t_end) - interpolate(server_cpu, t_start) if covered else None
-    if job.scenario == "idle":
+    if job.scenario in IDLE_SCENARIOS:
         return _idle_row(row, results[0], names, server_s, notes)
     row.update(
         msgs_per_s=messages / (t_end - t_start) if t_end > t_start and messages else None,
@@ -269,8 +269,9 @@ def run_job(job: Job, cfg: Settings, server: Server, tag: str) -> dict:
     progress = Progress(f"{tag} {job.label:<34}", job.messages)
     try:
         server.drop_bench_db()
-        if job.scenario in ("consume", "consume_batch", "idle"):
-            fill_spec = _spec(cfg, server, job, "fill", job.messages, 0, queue_name)
+        if job.scenario in ("consume", "consume_batch", *IDLE_SCENARIOS):
+            fill_role = "stream_fill" if job.scenario == "stream_idle" else "fill"
+            fill_spec = _spec(cfg, server, job, fill_role, job.messages, 0, queue_name)
             fill, _ = _run_workers(job, [fill_spec], progress, "fill ", cfg.job_timeout_s, server)
             if fill[0].get("error"):
                 row = aggregate(job, [{"error": "prefill failed: " + fill[0]["error"]}], cfg.concurrency)

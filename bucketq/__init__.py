@@ -8,9 +8,9 @@
 
 from bucketq.codecs import Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.connection import ServerUnreachable
-from bucketq.control import list_queues
 from bucketq.core.format import FORMAT_VERSION
 from bucketq.core.stream import Position
+from bucketq.discovery import list_queues
 from bucketq.errors import (
     AlreadyResolved,
     BucketqError,

@@ -10,9 +10,8 @@ this token's mark (``finished_by``, ``released_by``), never merely because the b
 to quarantine come after the consumer's fenced guard (``claims.guard``): a batch whose lease passed to another
 copies nothing.
 
-Attempts of a bucket: ``max(t) + c`` counting the current claim (a message's tries are ``t[slot] + c - 1``).
-A bucket on its last attempt is claimed alone, so a poisoned bucket cannot take good ones to quarantine with
-it; one claimed past its last attempt (leases expired: the job died or hung) goes to quarantine at once.
+Which buckets a batch takes, which go to quarantine and what a failed batch releases is decided in
+``core.batch_attempt``; this shell carries its steps to the store.
 
 Batch claims skip group buckets (``push(group=...)``): a batch is processed in parallel, with no order, so the
 ordered groups are left to the async consumers (``claims.ungrouped``).
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -35,15 +35,18 @@ from bucketq.clock import ServerClock
 from bucketq.connection import client_of, reaching
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
+from bucketq.core.batch_attempt import AttemptPolicy, BatchStep, ClaimNext, GiveBack, Quarantine, ReleaseWithBackoff
+from bucketq.core.conversation import carry
 from bucketq.core.format import StoredBucket, as_utc, parse_bucket, quarantined_bucket, quarantined_message
 from bucketq.core.sharding import MAX_PARTITIONS, Rotation, check_partitions, key
-from bucketq.errors import InvalidOption, MalformedBucket
+from bucketq.errors import InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
 from bucketq.options import check_database, check_delay, check_names, check_write_concern
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue import QueueStore
 
 REAP_EVERY_S = 60.0
+
 
 
 @dataclass
@@ -72,11 +75,6 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.buckets)
-
-
-def attempts(doc: dict[str, Any]) -> int:
-    """Attempts at the bucket's messages, the current claim included."""
-    return max((t or 0 for t in doc.get("t") or []), default=0) + int(doc.get("c") or 0)
 
 
 class BatchQueue:
@@ -125,9 +123,7 @@ class BatchQueue:
                                 partitions=partitions)
         self._rotation = Rotation(partitions)
         self.lease = float(lease)
-        self.max_attempts = max_attempts
-        self.backoff = backoff or Backoff()
-        self.codecs = frozenset(codecs)
+        self.policy = AttemptPolicy(max_attempts, backoff or Backoff(), frozenset(codecs))
         self.op_timeout_s = op_timeout_s
         self.owner = claims.owner_name()
         self._host = self.owner.rsplit(":", 1)[0]
@@ -171,30 +167,31 @@ class BatchQueue:
         if self._reaped_at is None or time.monotonic() - self._reaped_at > REAP_EVERY_S:
             self.reap_tombstones()
         batch = Batch(claims.new_token(), self.now() + dt.timedelta(seconds=self.lease))
-        while len(batch.buckets) < max_buckets:
-            doc, reason = self._claim_one(batch.token)
-            if doc is None:
-                break
-            if reason is None:
-                reason = self._unreadable(doc)
-            if reason is None and attempts(doc) > self.max_attempts:
-                reason = (f"claimed {attempts(doc) - 1} times without a commit or release "
-                          "(leases expired: the job died or hung)")
-            if reason is not None:
-                if self._quarantine(doc, batch.token, reason):
-                    batch.quarantined.append(doc["_id"])
-                continue
-            last_attempt = attempts(doc) >= self.max_attempts
-            if last_attempt and batch.buckets:  # the last attempt runs alone: give it back untouched
-                self._fenced(batch.token, {doc["_id"]: key(doc)},
-                             lambda ref: UpdateOne(claims.fenced(ref, batch.token),
-                                                   claims.release(self.now(), batch.token)), claims.released_by)
-                break
+        batch.buckets, batch.quarantined = carry(self.policy.fill(max_buckets),
+                                                 functools.partial(self._batch_step, batch.token))
+        for doc in batch.buckets:
             batch.lease_until = min(batch.lease_until, as_utc(doc["lease"]["until"]))
-            batch.buckets.append(doc)
-            if last_attempt:
-                break
         return batch if batch.buckets or batch.quarantined else None
+
+    def _batch_step(self, token: str, step: BatchStep) -> Any:
+        """One step of ``core.batch_attempt``'s conversations, for the batch of ``token``, carried to the store."""
+        match step:
+            case ClaimNext():
+                return self._claim_one(token)
+            case Quarantine(doc, reason):
+                return self._quarantine(doc, token, reason)
+            case GiveBack(doc):
+                return self._fenced(token, {doc["_id"]: key(doc)},
+                                    lambda ref: UpdateOne(claims.fenced(ref, token), claims.release(self.now(), token)),
+                                    claims.released_by)
+            case ReleaseWithBackoff(due):
+                now, when = self.now(), {ref["_id"]: at for ref, at in due}
+                return self._fenced(token, {ref["_id"]: ref for ref, _ in due},
+                                    lambda ref: UpdateOne(claims.fenced(ref, token),
+                                                          claims.release(now, token, due=when[ref["_id"]],
+                                                                         count_claim=True)),
+                                    claims.released_by)
+        raise AssertionError(f"unknown step {step!r}")
 
     def _claim_one(self, token: str) -> tuple[dict[str, Any] | None, str | None]:
         """One claim under ``token`` (``QueueStore.claim``, the consumer's), in one partition at a time, in turn
@@ -210,15 +207,6 @@ class BatchQueue:
                 self._rotation.claimed(partition)
                 return doc, reason
         return None, None
-
-    def _unreadable(self, doc: dict[str, Any]) -> str | None:
-        try:
-            bucket = parse_bucket(doc)
-        except MalformedBucket as exc:
-            return str(exc)
-        if bucket.codec not in self.codecs:
-            return f"codec {bucket.codec!r} is not readable by this batch consumer ({', '.join(sorted(self.codecs))})"
-        return None
 
     # -- after processing ----------------------------------------------------------------------------------
 
@@ -247,22 +235,8 @@ class BatchQueue:
         the others go to quarantine with ``error``. Returns the ids ``{"released": [...], "quarantined": [...]}``
         (``released``: the buckets this batch's release applied to; one whose lease was lost is in neither)."""
         reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        now = self.now()
-        out: dict[str, list[Any]] = {"released": [], "quarantined": []}
-        dues: dict[Any, dt.datetime] = {}
-        for doc in batch.buckets:
-            tried = attempts(doc)
-            if tried >= self.max_attempts:
-                why = f"failed {tried} attempt(s) in a batch job; last error: {reason}"
-                if self._quarantine(doc, batch.token, why):
-                    out["quarantined"].append(doc["_id"])
-            else:
-                dues[doc["_id"]] = now + dt.timedelta(seconds=max(0.0, self.backoff.delay(tried - 1)))
-        refs = {i: ref for i, ref in batch.refs.items() if i in dues}
-        out["released"] = self._fenced(batch.token, refs, lambda ref: UpdateOne(
-            claims.fenced(ref, batch.token),
-            claims.release(now, batch.token, due=dues[ref["_id"]], count_claim=True)), claims.released_by)
-        return out
+        return carry(self.policy.fail(batch.buckets, reason, self.now()),
+                     functools.partial(self._batch_step, batch.token))
 
     def _guard(self, token: str, refs: dict[Any, dict[str, Any]]) -> set[Any]:
         """The fenced lease extension that comes before copies, as the consumer's (``claims.guard``): returns the

@@ -5,17 +5,17 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Protocol
 
-from bucketq.core.held import HeldBucket
+from bucketq.core.held import ClaimedBucket
 
 
 class Holding(Protocol):
-    """What a message reads of the claimed bucket it came in (``bucketq.consumer.Holding``)."""
+    """What a message reads of the claimed bucket it came in (``bucketq.consumer.holding.Holding``)."""
 
-    held: HeldBucket
+    held: ClaimedBucket
 
 
 class Consumer(Protocol):
-    """What a message asks of the consumer that holds its bucket (``bucketq.consumer.Consumer``): protocols, so
+    """What a message asks of the consumer that holds its bucket (``bucketq.consumer.consumer.Consumer``): protocols, so
     that this module does not import the consumer, which makes messages."""
 
     async def resolve(self, holding: Any, slot: int, outcome: tuple[str, float | None, str], *,

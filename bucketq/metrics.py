@@ -12,6 +12,10 @@ whose lease was lost). Histograms, in seconds: ``bucketq.push.latency`` (per buc
 to the end of its write: the longest wait of its pushes) and ``bucketq.handler.duration`` (per ``Worker``
 handler call, one message or one batch).
 
+Gauge: ``bucketq.pending`` (``{message}``), the autoscaling signal: the messages of the queue that need a worker
+now (``pending_messages``: ready plus in flight), as the last ``Queue.stats()`` of this process counted them on the
+server. Something must call ``stats()`` for it to move: the dashboard (``bucketq web``) does at every sample.
+
 Counters cost an integer addition: they are observable counters over totals that OpenTelemetry reads when
 it collects. Only ``consumed`` is counted per message; the rest once per bucket write, flush, quarantine or
 handler call. The histograms are recorded through the SDK when one is set (several microseconds a record in
@@ -93,6 +97,23 @@ class _Totals:
 
 
 _TOTALS: dict[tuple[str, str], _Totals] = {}
+_PENDING: dict[tuple[str, str], tuple[int, dict[str, str]]] = {}  # (queue, database) -> (pending, attributes)
+
+
+def pending_messages(stats: Mapping[str, Any]) -> int:
+    """The messages of a queue that need a worker now, from its ``Queue.stats()``: ready (waiting for one) plus in
+    flight (being handled: counting them keeps workers from being scaled away mid-message). Scheduled messages
+    (delayed, or waiting out a retry's backoff) need none until they are due; dead letters and quarantined entries
+    need an operator, not a worker. Messages, not documents: one bucket holds up to a thousand."""
+    return int(stats["ready"]) + int(stats["in_flight"])
+
+
+def record_pending(queue: str, database: str, stats: Mapping[str, Any]) -> int:
+    """Note the queue's ``pending_messages`` for the ``bucketq.pending`` gauge, and return it."""
+    pending = pending_messages(stats)
+    _PENDING[queue, database] = (pending, {"bucketq.queue": queue, "bucketq.database": database})
+    _instruments()  # registers the gauge, once
+    return pending
 
 
 @dataclass(frozen=True)
@@ -113,6 +134,8 @@ def _instruments() -> _Histograms | None:
     for field, (name, unit, description) in COUNTERS.items():
         meter.create_observable_counter(name, callbacks=[_observer(field, metrics.Observation)], unit=unit,
                                         description=description)
+    meter.create_observable_gauge("bucketq.pending", callbacks=[_observe_pending(metrics.Observation)],
+                                  unit="{message}", description="Messages that need a worker now (ready + in flight)")
     return _Histograms(
         push_latency=meter.create_histogram("bucketq.push.latency", unit="s",
                                             description="Per bucket written: from its first push to its write's end"),
@@ -124,6 +147,12 @@ def _instruments() -> _Histograms | None:
 def _observer(field: str, observation: Any) -> Any:
     def observe(options: Any) -> list[Any]:
         return [observation(getattr(t, field), t.attributes) for t in list(_TOTALS.values())]
+    return observe
+
+
+def _observe_pending(observation: Any) -> Any:
+    def observe(options: Any) -> list[Any]:
+        return [observation(value, attributes) for value, attributes in list(_PENDING.values())]
     return observe
 
 

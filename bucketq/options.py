@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from bucketq.core.backoff import MAX_DELAY_S
+from bucketq.core.backoff import check_delay as check_delay  # where the shells take it from, with the other checks
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
 from bucketq.core.sharding import MAX_PARTITIONS, check_partitions
 from bucketq.errors import InvalidOption
@@ -286,18 +287,6 @@ def check_write_concern(w: object) -> None:
     if w is not None and not _acknowledged(w):
         raise InvalidOption(f"write_concern must be None, an int from 1 to {MAX_W}, 'majority' or a tag set "
                             f"name: bucketq needs acknowledged writes, got {w!r}")
-
-
-MAX_DELAY_S = 100 * 365 * 86400.0  # a century: far enough for any schedule, near enough for datetime
-
-
-def check_delay(delay: object) -> float:
-    """A delay in seconds (number or timedelta), finite, from 0 to a century; else ``InvalidOption``."""
-    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
-    if (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
-            or not 0 <= seconds <= MAX_DELAY_S):  # also refuses NaN
-        raise InvalidOption(f"delay must be a number of seconds from 0 to {MAX_DELAY_S:.0f}, got {delay!r}")
-    return float(seconds)
 
 
 def check_timeout(timeout: object) -> float | None:

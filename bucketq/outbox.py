@@ -27,8 +27,8 @@ an event is never removed before it is stored. For the same reason an event push
 update retried after a lost reply) is enqueued once.
 
 **In order per document.** A pass gives a document's undelayed events due times one millisecond apart, in the
-order of the array, and later passes start after them (``plan``): a consumer reserving alone receives them in
-that order.
+order of the array, and later passes start after them (``core.outbox_plan.plan``): a consumer reserving alone
+receives them in that order.
 
 Why a bucket per event rather than per document or per batch: a bucket ``_id`` that names several events is a
 proof only if every relay would put exactly those events in it, and it would not: events keep arriving, and
@@ -53,21 +53,18 @@ follow it is set aside, in the same document, into ``_outbox_rejected`` as ``{ev
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
-import bson
 from bson import ObjectId
-from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import InvalidName, PyMongoError
 
 from bucketq.codecs import Codec, codec_option
-from bucketq.core.format import MAX_BUCKET_BYTES, Slot, encode_slot, slot_bytes
+from bucketq.core.format import MAX_BUCKET_BYTES, encode_slot
+from bucketq.core.outbox_plan import REJECTED_SUFFIX, Batch, plan, removals
 from bucketq.core.retry import is_transient
 from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
@@ -76,15 +73,11 @@ from bucketq.queue import Queue
 from bucketq.redaction import redact
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.outbox import OutboxStore
-from bucketq.transaction import single_bucket
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq.outbox")
 
 FIELD = "_outbox"
-REJECTED_SUFFIX = "_rejected"
-# A document's events due at once get due times this far apart, in their order: BSON dates count milliseconds.
-ORDER_STEP = dt.timedelta(milliseconds=1)
 
 
 # -- the embedded outbox: events ---------------------------------------------------------------------------------
@@ -117,126 +110,6 @@ def event(payload: Any, *, key: str | None = None, headers: Mapping[str, Any] | 
             raise InvalidOption("at must be a timezone-aware datetime")
         doc["at"] = at
     return doc
-
-
-def event_bucket_id(namespace: str, doc_id: Any, event_id: ObjectId) -> ObjectId:
-    """The ``_id`` of the bucket that carries event ``event_id`` of document ``doc_id`` of collection
-    ``namespace`` ("db.collection"): the same whoever relays it. Its first four bytes are the event id's
-    (its creation second), the other eight a hash of the three."""
-    digest = hashlib.blake2b(bson.encode({"ns": namespace, "doc": doc_id, "event": event_id}), digest_size=8)
-    return ObjectId(event_id.binary[:4] + digest.digest())
-
-
-class Event(NamedTuple):
-    """A valid ``_outbox`` element: its id, the codec of its payload, the message, and when it is due."""
-
-    id: ObjectId
-    codec: str
-    slot: Slot
-    delay: float | None
-    at: dt.datetime | None
-
-
-def parse_event(value: Any) -> Event:
-    """An ``_outbox`` element checked against the event format; ``ValueError`` says what is wrong."""
-    if not isinstance(value, Mapping):
-        raise ValueError(f"an event must be a document, got {type(value).__name__}")
-    event_id, codec, payload = value.get("id"), value.get("enc"), value.get("p")
-    headers, key, delay, at = value.get("h"), value.get("k"), value.get("delay"), value.get("at")
-    if not isinstance(event_id, ObjectId):
-        raise ValueError("id must be an ObjectId")
-    if not isinstance(codec, str) or not codec:
-        raise ValueError("enc must be a codec name")
-    if not isinstance(payload, (str, bytes)):
-        raise ValueError("p must be a string or binary (the encoded payload)")
-    if headers is not None and not isinstance(headers, Mapping):
-        raise ValueError("h must be a document")
-    if key is not None and not isinstance(key, str):
-        raise ValueError("k must be a string")
-    if delay is not None:
-        check_delay(delay)  # InvalidOption is a ValueError
-    if at is not None and not isinstance(at, dt.datetime):
-        raise ValueError(f"at must be a date up to year 9999, got {type(at).__name__}")
-    if delay is not None and at is not None:
-        raise ValueError("give delay or at, not both")
-    size = slot_bytes(payload, len(bson.encode(headers)) if headers else 0, key)
-    if size > MAX_BUCKET_BYTES:
-        raise ValueError(f"the event takes {size} bytes; a bucket holds at most {MAX_BUCKET_BYTES}")
-    return Event(event_id, codec, Slot(payload, headers or None, key), delay, at)
-
-
-class Reject(NamedTuple):
-    """An element of a document's events set aside: ``whole`` when the field itself is no array."""
-
-    doc_id: Any
-    value: Any
-    reason: str
-    whole: bool = False
-
-
-@dataclass
-class Batch:
-    """One relay pass: the buckets to insert, then per document the event ids to pull and what to set aside."""
-
-    next_due: dt.datetime  # where the next pass's undelayed events start (``plan``)
-    buckets: list[dict[str, Any]] = field(default_factory=list)
-    pulls: list[tuple[Any, list[ObjectId]]] = field(default_factory=list)
-    rejects: list[Reject] = field(default_factory=list)
-
-    @property
-    def events(self) -> int:
-        return sum(len(ids) for _, ids in self.pulls) + len(self.rejects)
-
-
-def plan(docs: Sequence[Mapping[str, Any]], *, field: str, namespace: str, now: dt.datetime,
-         after: dt.datetime | None = None) -> Batch:
-    """The pass over ``docs`` (each with ``_id`` and ``field``). A document's undelayed events are due one
-    ``ORDER_STEP`` apart in their order, from ``now`` or, when later, from ``after`` (the previous pass's
-    ``next_due``): a document's events reach consumers in the order it holds them, across passes too."""
-    start = max(now, after) if after is not None else now
-    batch = Batch(next_due=start)
-    for doc in docs:
-        events = doc.get(field)
-        if not isinstance(events, list):
-            batch.rejects.append(Reject(doc["_id"], events, f"{field} must be an array of events", whole=True))
-            continue
-        due = start
-        ids: dict[ObjectId, None] = {}  # a dict: the ids in their order
-        for value in events:
-            try:
-                parsed = parse_event(value)
-            except ValueError as exc:
-                batch.rejects.append(Reject(doc["_id"], value, str(exc)))
-                continue
-            if parsed.id in ids:
-                continue  # the same event twice: one bucket, and the pull by id takes both
-            ids[parsed.id] = None
-            if parsed.at is not None:
-                when = parsed.at
-            elif parsed.delay:
-                when = now + dt.timedelta(seconds=parsed.delay)
-            else:
-                when, due = due, due + ORDER_STEP
-            batch.buckets.append(single_bucket(event_bucket_id(namespace, doc["_id"], parsed.id), parsed.slot,
-                                               codec=parsed.codec, now=now, due=when))
-        if ids:
-            batch.pulls.append((doc["_id"], list(ids)))
-        batch.next_due = max(batch.next_due, due)
-    return batch
-
-
-def removals(batch: Batch, *, field: str, now: dt.datetime) -> list[UpdateOne]:
-    """The source writes that end a pass, all idempotent: pull the relayed events by id; move each element set
-    aside into ``<field>_rejected`` as ``{event, reason, at}``, only while it is still there (two relays record
-    it once). Elements are matched whole (``$in``): a document given to ``$pull`` as such would be a query, and
-    could match good events too."""
-    ops = [UpdateOne({"_id": doc_id}, {"$pull": {field: {"id": {"$in": ids}}}}) for doc_id, ids in batch.pulls]
-    for reject in batch.rejects:
-        remove = {"$unset": {field: ""}} if reject.whole else {"$pull": {field: {"$in": [reject.value]}}}
-        entry = {"event": reject.value, "reason": reject.reason, "at": now}
-        ops.append(UpdateOne({"_id": reject.doc_id, field: {"$in": [reject.value]}},
-                             {**remove, "$push": {field + REJECTED_SUFFIX: entry}}))
-    return ops
 
 
 # -- the embedded outbox: the relay ------------------------------------------------------------------------------

@@ -10,14 +10,15 @@ from typing import Any
 
 from pymongo import ReplaceOne
 
-from bucketq import admin
+from bucketq import admin, metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.connection import connect
 from bucketq.consumer import Consumer
 from bucketq.core import claims, sharding
 from bucketq.core.claims import LIVE, reap
-from bucketq.core.control import (
+from bucketq.core.format import as_utc, parse_bucket
+from bucketq.core.operator_writes import (
     check_message_id,
     copies_on_their_way,
     holders,
@@ -29,16 +30,16 @@ from bucketq.core.control import (
     set_pause,
     unfinished_messages,
 )
-from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.stats import shape_groups, shape_stats
-from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld, QueueClosed
+from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld
+from bucketq.lifecycle import Lifecycle
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
-from bucketq.setup import SetUp, every, stop
+from bucketq.setup import SetUp
 from bucketq.store.aio.queue import AsyncQueueStore
 from bucketq.transaction import check_session, push_in_transaction
-from bucketq.wakeup import Wakeup
+from bucketq.wakeup import Wakeup, Watched
 
 HOUSEKEEPING_EVERY_S = 60.0
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
@@ -73,10 +74,8 @@ class Queue:
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
                                   on_written=self._wakeup.notify, before_write=self._ready)
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup)
-        self._setup = SetUp(self._connection, self._clock, self._store.ensure_indexes,
-                            self.options.write_timeout)
-        self._housekeeping: asyncio.Task[None] | None = None
-        self._closed = False
+        self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
+                                              self.options.write_timeout))
 
     @property
     def database(self) -> Any:
@@ -84,9 +83,7 @@ class Queue:
 
     async def _ready(self, *, write: bool = True) -> None:
         """Set up before use (``bucketq.setup``): the server clock, and the indexes before the first write."""
-        if self._closed:
-            raise QueueClosed("the queue is closed")
-        await self._setup.ready(write=write)
+        await self._life.ready(write=write)
 
     # -- producing -----------------------------------------------------------------------------------------
 
@@ -107,7 +104,7 @@ class Queue:
             slot, _, due = self._producer._prepare(payload, delay, at, headers, key)
             return await push_in_transaction(self._store, session, slot, codec=self.codec.name,
                                              now=self._clock.now(), due=due)
-        if self._closed or self._setup.pending():
+        if self._life.closed or self._life.pending():
             await self._ready()
         return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group)
 
@@ -159,34 +156,36 @@ class Queue:
     async def _consumer_ready(self) -> None:
         """Before the first reserve: set up and start housekeeping; then only what is due (a clock resync, a
         change stream lost to a server restart)."""
-        if self._housekeeping is None or self._clock.stale:
+        if self._life.housekeeping is None or self._clock.stale:
             await self._ready()
-            if self._housekeeping is None:
-                self._housekeeping = asyncio.get_running_loop().create_task(
-                    every(HOUSEKEEPING_EVERY_S, self.purge_expired, "housekeeping"), name="bucketq-housekeeping")
+            self._life.keep_house(HOUSEKEEPING_EVERY_S, self.purge_expired, "housekeeping", "bucketq-housekeeping")
         self._consumer_set_up()
 
     def _consumer_set_up(self) -> bool:
         """Whether a reserve may go on without awaiting ``_consumer_ready`` (set up, clock fresh); restarts a
         change stream lost to a server restart. Runs before every reserve: no coroutine of its own."""
-        if self._housekeeping is None or self._clock.stale:
+        if self._life.housekeeping is None or self._clock.stale:
             return False
         if self.options.change_streams is not False:
-            self._wakeup.start_stream(self._store.watch_changes, self._clock,
-                                      required=bool(self.options.change_streams))
+            watches: list[Watched] = [self._store.watch_changes, (self._store.watch_control, self._store.pause.changed)]
+            self._wakeup.start_stream(watches, self._clock, required=bool(self.options.change_streams))
         return True
 
     # -- observing -----------------------------------------------------------------------------------------
 
     async def stats(self) -> dict[str, Any]:
         """``ready``, ``scheduled``, ``in_flight``, ``dead``, ``quarantined``, ``buckets``,
-        ``oldest_ready_age_s``: messages by state, counted on the server; and ``groups``: ordered groups with
-        messages left by what they wait for (``served``, ``ready``, ``retry``, ``waiting``: see
-        ``bucketq.core.stats.GROUP_STATES``), each ``{groups, messages, until}``. Writes nothing."""
+        ``oldest_ready_age_s``: messages by state, counted on the server; ``pending``: the autoscaling signal,
+        messages that need a worker now (``ready + in_flight``; see ``bucketq.metrics.pending_messages``), also
+        recorded for the ``bucketq.pending`` gauge; and ``groups``: ordered groups with messages left by what
+        they wait for (``served``, ``ready``, ``retry``, ``waiting``: see ``bucketq.core.stats.GROUP_STATES``),
+        each ``{groups, messages, until}``. Writes nothing."""
         await self._ready(write=False)
         now = self._clock.now()
         rows, dead, quarantined, groups = await self._store.stats(now)
-        return {**shape_stats(rows, dead=dead, quarantined=quarantined, now=now), "groups": shape_groups(groups)}
+        row = shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
+        row["pending"] = metrics.record_pending(self.name, self.database.name, row)
+        return {**row, "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
         """The next ``n`` unfinished messages in claim order, without claiming them (nor writing anything)."""
@@ -290,14 +289,15 @@ class Queue:
     # -- operator controls (pause, remove, purge) ------------------------------------------------------------
 
     async def pause(self) -> None:
-        """Pause the queue for every consumer, in every process: they stop claiming buckets within
-        ``bucketq.control.PAUSE_REFRESH_S`` (1 s), go on serving and flushing the buckets they already hold, and
+        """Pause the queue for every consumer, in every process: they stop claiming buckets once the change
+        stream on ``<name>.control`` announces it (within ``bucketq.pause_gate.PAUSE_REFRESH_S``, 1 s, without
+        change streams), go on serving and flushing the buckets they already hold, and
         claim again after ``resume()``. Pushes still work. Stored in the ``<name>.control`` collection."""
         await self._write_pause(True)
 
     async def resume(self) -> None:
-        """Undo ``pause()``: consumers claim again within ``PAUSE_REFRESH_S`` (a paused one reads the pause
-        document that often)."""
+        """Undo ``pause()``: consumers claim again once the change stream announces it (within
+        ``PAUSE_REFRESH_S`` without change streams: a paused one reads the pause document that often)."""
         await self._write_pause(False)
 
     async def paused(self) -> bool:
@@ -382,15 +382,7 @@ class Queue:
         await self._consumer.drain()
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        try:
-            await self.drain()
-        finally:
-            self._closed = True
-            await stop(self._housekeeping)
-            await self._wakeup.stop()
-            await self._connection.close()
+        await self._life.close(self.drain, self._wakeup.stop, self._connection.close)
 
     async def __aenter__(self) -> Queue:
         await self._ready()

@@ -28,10 +28,11 @@ from bucketq.connection import connect
 from bucketq.core import stream as core
 from bucketq.core.format import MAX_BUCKET_SIZE
 from bucketq.core.stream import GroupState, Lag, Partition, Position, RetentionCut
-from bucketq.errors import InvalidOption, QueueClosed
+from bucketq.errors import InvalidOption
+from bucketq.lifecycle import Lifecycle
 from bucketq.options import StreamOptions, check_database, check_names
 from bucketq.producer import Outgoing, Producer
-from bucketq.setup import SetUp, every, stop
+from bucketq.setup import SetUp
 from bucketq.store.aio.stream import AsyncStreamStore
 from bucketq.stream_reader import StreamReader
 
@@ -61,9 +62,8 @@ class Stream:
         self._producer = Producer(self.store, self.codec, shared, self.clock,
                                   before_write=self.ready)
         self._readers: set[StreamReader] = set()
-        self._setup = SetUp(self._connection, self.clock, self.store.ensure_indexes, shared.write_timeout)
-        self._housekeeping: asyncio.Task[None] | None = None
-        self._closed = False
+        self._life = Lifecycle("stream", SetUp(self._connection, self.clock, self.store.ensure_indexes,
+                                               shared.write_timeout))
 
     @property
     def database(self) -> Any:
@@ -72,13 +72,10 @@ class Stream:
     async def ready(self, *, write: bool = True) -> None:
         """Set up before use (``bucketq.setup``); before the first write also start housekeeping (retention,
         old claims)."""
-        if self._closed:
-            raise QueueClosed("the stream is closed")
-        await self._setup.ready(write=write)
+        await self._life.ready(write=write)
         await self.store.open()
-        if write and self._housekeeping is None:
-            self._housekeeping = asyncio.get_running_loop().create_task(
-                every(HOUSEKEEPING_EVERY_S, self.apply_retention, "stream retention"), name="bucketq-retention")
+        if write:
+            self._life.keep_house(HOUSEKEEPING_EVERY_S, self.apply_retention, "stream retention", "bucketq-retention")
 
     # -- producing -----------------------------------------------------------------------------------------
 
@@ -162,6 +159,8 @@ class Stream:
         start = await self.start_positions(at if at is not None else to,  # type: ignore[arg-type]
                                            await self.store.group(name))
         await self.store.upsert_group({"_id": name}, core.reset_update(start, self.clock.now()))
+        for reader in self._readers:  # the group's readers in this process read from the new position at once
+            reader.notify()
         return start[0] if len(start) == 1 else start
 
     async def groups(self) -> list[GroupState]:
@@ -249,21 +248,17 @@ class Stream:
         await self._close_readers()
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        try:
-            await self.drain()
-        finally:
-            self._closed = True
-            await stop(self._housekeeping)
-            await self._connection.close()
+        await self._life.close(self.drain, self._connection.close)
 
     async def _close_readers(self) -> None:
         readers, self._readers = self._readers, set()
         await asyncio.gather(*(r.close() for r in readers), return_exceptions=True)
 
     def forget(self, reader: StreamReader) -> None:
+        """``reader`` closed: the others look again (it handed its buckets back)."""
         self._readers.discard(reader)
+        for other in self._readers:
+            other.notify()
 
     async def __aenter__(self) -> Stream:
         return self

@@ -7,7 +7,13 @@ when a bucket's last message is acked; a bucket held by a reader that died is re
 acks on, once its ``lease`` expires.
 
 In a partitioned stream a reader looks at the partitions in turn, from the one after where it last claimed, so
-that the readers of a group spread over them; each partition is read as a stream of its own.
+that the readers of a group spread over them; each partition is read as a stream of its own. What to write
+after a look at a partition is ``bucketq.core.stream_step``'s; this module runs it.
+
+An idle reader looks again only when a wake-up calls for it (``bucketq.wakeup``): a bucket lands (a change
+stream on the stream's buckets), a hole it waits on is due to be marked as a gap, another reader's lease it saw
+ends, a reader of the same ``Stream`` object hands buckets back; else the slow jittered safety poll. Without
+change streams it polls every ``poll_interval`` or sooner, as before.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from pymongo.errors import PyMongoError
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
 from bucketq.core import stream as core
+from bucketq.core import stream_step
 from bucketq.core.claims import new_token, owner_name
 from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Partition, Position
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.options import StreamOptions, check_timeout
 from bucketq.store.aio.base import raise_if_cancelled
-from bucketq.store.aio.stream import AsyncStreamStore
+from bucketq.store.aio.stream import RECHECK_S, AsyncStreamStore
+from bucketq.wakeup import Wakeup
 
 
 class Stream(Protocol):
@@ -89,6 +97,7 @@ class StreamReader:
         self._next_part = 0  # where the next look for a bucket to claim starts
         self._joined = False  # the group exists (created with ``start`` if it did not)
         self._epoch: int | None = None
+        self._wakeup = Wakeup(stream.options.queue.poll_interval)
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -107,22 +116,30 @@ class StreamReader:
         deadline = None if wait is None else time.monotonic() + wait
         await self._ready()
         messages: list[StreamMessage] = []
+        must_look = wait == 0  # a read that may not wait looks once, wake-up or not
         while True:
             messages += self._take(n - len(messages))
             if len(messages) == n:
                 return messages
-            claimed = await self._claim_next()
-            # a reset (the claim's look at the group) or a lost lease drops buckets: their messages are read again
-            messages = [m for m in messages if self._held.get(m._held.key) is m._held]
-            if claimed:
-                continue
+            if must_look or self._wakeup.ready:
+                must_look = False
+                claimed = await self._claim_next()
+                # a reset (the look at the group) or a lost lease drops buckets: their messages are read again
+                messages = [m for m in messages if self._held.get(m._held.key) is m._held]
+                if claimed:
+                    self._wakeup.hit()
+                    continue
             if messages:
                 return messages
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return []
-            poll = self._options.queue.poll_interval
-            await asyncio.sleep(poll if left is None else min(left, poll))
+            await self._wakeup.wait(self._options.queue.lease if left is None else left)
+
+    def notify(self) -> None:
+        """Something this process did may have left the group a bucket to read (another reader handed its
+        buckets back, a reset): look again."""
+        self._wakeup.notify()
 
     async def _ready(self) -> None:
         if self._closed:
@@ -135,6 +152,9 @@ class StreamReader:
             self._joined = True
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-stream-acks")
+        if self._options.queue.change_streams is not False:  # again after a lost stream: a server restart
+            self._wakeup.start_stream(self._store.watch_inserts, self._stream.clock,
+                                      required=bool(self._options.queue.change_streams))
 
     def _take(self, n: int) -> list[StreamMessage]:
         out: list[StreamMessage] = []
@@ -162,51 +182,60 @@ class StreamReader:
         return group
 
     async def _claim_next(self) -> bool:
-        """In each partition in turn: commit what the group has settled, then claim its next unclaimed bucket;
-        mark holes that waited ``gap_wait`` as gaps. True when this reader got a bucket, marked a gap or moved
-        the group (look again at once)."""
+        """In each partition in turn (those a wake-up named first): commit what the group has settled, then claim
+        its next unclaimed bucket; mark holes that waited ``gap_wait`` as gaps. True when this reader got a
+        bucket, marked a gap or moved the group (look again at once)."""
+        hinted = self._wakeup.checking()
         group = await self._group()
         counters = await self._store.counters()
         parts = self._store.parts
-        for turn in range(len(parts)):
-            part = parts[(self._next_part + turn) % len(parts)]
-            if await self._claim_in(group, part, *counters[part.number]):
-                self._next_part = (part.number + 1) % len(parts)  # the next look starts at the next partition
+        turns = [*hinted, *((self._next_part + turn) % len(parts) for turn in range(len(parts)))]
+        for number in dict.fromkeys(n for n in turns if n < len(parts)):
+            if await self._claim_in(group, parts[number], *counters[number]):
+                self._next_part = (number + 1) % len(parts)  # the next look starts at the next partition
                 return True
+        if not self._store.settled:  # its first bucket may be in a partition this reader does not know of yet
+            self._wakeup.due_at(time.monotonic() + RECHECK_S)
         return False
 
     async def _claim_in(self, group: GroupState, part: Partition, last: int, floor: int) -> bool:
-        """``_claim_next`` in one partition."""
+        """``_claim_next`` in one partition: ``stream_step.step`` says what to write."""
         if group.at(part).seq < floor:
             await self._stream.expire_group(group, part, floor)
             return True
-        present, settled, claims = await self._commit(group, part)
-        now = self._stream.clock.earliest()  # another reader's lease is over only when no reading says otherwise
-        busy = settled | {seq for pt, seq in self._held if pt == part.number} | {
-            c["s"] for c in claims if c.get("lease") and c["lease"]["until"] > now}
-        for seq in present:
-            if seq not in busy and await self._claim(group, part, seq, now):
-                return True
-        filled = False
-        missing = core.missing_sequences(group.at(part).seq, present, last)
+        # Another reader's lease is over only when no reading of the clock says otherwise; in whole milliseconds,
+        # as the server compares it with the stored lease, so that the step and the claim's filter agree.
+        earliest = self._stream.clock.earliest()
+        now = earliest.replace(microsecond=earliest.microsecond // 1000 * 1000)
         holes = self._holes.setdefault(part.number, HoleWatch(self._options.gap_wait))
-        for seq in holes.due(missing, time.monotonic()):
+        step = stream_step.step(await self._scan(group, part, last), [s for pt, s in self._held if pt == part.number],
+                                holes, now, time.monotonic())
+        if step.commit is not None:
+            await self._commit(group, part, step.commit)
+        for seq in step.claims:
+            if await self._claim(group, part, seq, now):
+                return True
+        if step.claims:  # another reader claimed them since the scan: look again once its lease may be over
+            self._wakeup.due_at(time.monotonic() + self._options.queue.lease)
+        for seq in step.gaps:
             await self._store.mark_gap(part, seq, now, self._owner)  # or the producer's bucket landed after all
-            filled = True
-        return filled
+        if step.recheck_at is not None:
+            self._wakeup.due_at(step.recheck_at)
+        if step.lease_ends is not None:
+            self._wakeup.due(step.lease_ends, self._stream.clock)
+        return bool(step.gaps)
 
-    async def _commit(self, group: GroupState, part: Partition) -> tuple[list[int], set[int], list[dict[str, Any]]]:
-        """Move the group's committed position in ``part`` past what is settled from it on (``core.advance``);
-        return the sequences present in the scanned window, those settled, and the group's claims there."""
+    async def _commit(self, group: GroupState, part: Partition, seq: int) -> None:
+        """Move the group's committed position in ``part`` forward to ``seq`` (never back: ``core.commit``)."""
+        await self._store.move_group(*core.commit(group, part, seq, self._stream.clock.now()))
+
+    async def _scan(self, group: GroupState, part: Partition, last: int = 0) -> stream_step.Window:
+        """The group's window in ``part``: its documents and the group's claims there."""
         start = group.at(part).seq
         docs = await self._store.window(part, start, core.SCAN_BUCKETS)
         claims = await self._store.group_claims(group, part, start, core.SCAN_BUCKETS, {"s": 1, "fin": 1, "lease": 1})
-        present = [part.seq_of(d) for d in docs]
-        settled = {part.seq_of(d) for d in docs if d.get("gap")} | {c["s"] for c in claims if c.get("fin")}
-        committed = core.advance(start, present, settled)
-        if committed > start:
-            await self._store.move_group(*core.commit(group, part, committed, self._stream.clock.now()))
-        return present, settled, claims
+        return stream_step.Window.read(start, last, [part.seq_of(d) for d in docs],
+                                       [part.seq_of(d) for d in docs if d.get("gap")], claims)
 
     async def _claim(self, group: GroupState, part: Partition, seq: int, now: dt.datetime) -> bool:
         query, update = core.claim(group, part, seq, now, self._options.queue.lease, self._token, self._owner)
@@ -253,7 +282,9 @@ class StreamReader:
         group = await self._group()
         part = self._store.parts[held.partition]
         if group.epoch == held.epoch and group.at(part).seq == held.seq:  # this bucket held the group back
-            await self._commit(group, part)
+            window = await self._scan(group, part)
+            if window.committed > window.start:
+                await self._commit(group, part, window.committed)
 
     async def flush(self, *, release: bool = False) -> list[Position]:
         """Write the acks not written yet and extend this reader's leases (``release``: end them, so that another
@@ -290,6 +321,7 @@ class StreamReader:
         self._closed = True
         if self._flusher is not None:
             self._flusher.cancel()
+        await self._wakeup.stop()
         try:
             await self.flush(release=True)
         finally:

@@ -4,7 +4,9 @@ change-stream events, where the server has them (an insert, a release, a group's
 bucket's due time; timers at due times the consumer knows of (such events, its own retry copies, and the next
 due bucket, read after a claim that found nothing); and polls: without a stream every poll interval or
 sooner (backing off from ``POLL_FIRST_S``), with one a slow jittered safety poll (``SAFETY_POLL_S``) for
-what no event announces. The same ``Wakeup`` paces the outbox relay's passes."""
+what no event announces. A wake-up may watch several collections (a queue's buckets and its pause document),
+one change stream each. An event that names its bucket's partition (``pt``) makes the next check look there
+first (``checking``). The same ``Wakeup`` paces the outbox relay's passes and a stream reader's claims."""
 
 from __future__ import annotations
 
@@ -40,6 +42,10 @@ STREAM_QUICK_EMPTY_S = STREAM_AWAIT_MS / 2000
 STREAM_PAUSE_FIRST_S = 0.04
 STREAM_PAUSE_MAX_S = STREAM_AWAIT_MS / 1000
 
+Watch = Callable[[Timestamp], Awaitable[Any]]  # a store's method that opens a change stream from a cluster time
+# A watch, or a watch and what to call at each of its events before the wake-up (a pause gate's ``changed``)
+Watched = Watch | tuple[Watch, Callable[[], None]]
+
 
 class Wakeup:
     """When the next check for work (a claim, a relay pass) is called for: ``ready``, and ``wait`` until it is."""
@@ -50,9 +56,11 @@ class Wakeup:
         self._check_at = float("-inf")  # monotonic time of the next poll or known due time
         self._poll_cap = poll_interval
         self._next_poll = POLL_FIRST_S
-        self.streaming = False
+        self._hinted: list[int] = []  # partitions that events named since the last check began, first first
+        self.streaming = False  # every change stream watched answered and none was lost since
+        self._answered: set[int] = set()  # the watches (by index) whose stream answered
         self._ever_streamed = False
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def ready(self) -> bool:
@@ -64,14 +72,17 @@ class Wakeup:
         self._next_poll = POLL_FIRST_S
         self._changed.set()
 
-    def checking(self) -> None:
-        """A check for work begins: wake-ups from now on call for another; without one, the next is the poll."""
+    def checking(self) -> list[int]:
+        """A check for work begins: wake-ups from now on call for another; without one, the next is the poll.
+        Returns the partitions that events named since the last check, to look at first."""
         self._woken = False
+        hinted, self._hinted = self._hinted, []
         if self.streaming:
             self._check_at = time.monotonic() + random.uniform(*SAFETY_POLL_S)
         else:
             self._check_at = time.monotonic() + self._next_poll
             self._next_poll = min(self._poll_cap, self._next_poll * 2)
+        return hinted
 
     def hit(self) -> None:
         """The check found work: check again at once (other waiters too), and poll eagerly after that."""
@@ -110,21 +121,35 @@ class Wakeup:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), delay)
 
-    def start_stream(self, watch: Callable[[Timestamp], Awaitable[Any]], clock: ServerClock, required: bool) -> None:
-        """Start watching (``watch``: a store's method that opens the change stream from a cluster time), or start
-        again after a stream that worked was lost (a server restart)."""
-        if self._task is None or (self._task.done() and self._ever_streamed):
-            self._task = asyncio.get_running_loop().create_task(self._watch(watch, clock, required),
-                                                                name="bucketq-watch")
+    def start_stream(self, watches: Watched | list[Watched], clock: ServerClock, required: bool) -> None:
+        """Start watching (``watches``: one change stream each), or start again a stream that was lost after
+        streams worked (a server restart). Called with the same watches each time."""
+        listed = watches if isinstance(watches, list) else [watches]
+        loop = asyncio.get_running_loop()
+        if not self._tasks:
+            self._tasks = [loop.create_task(self._watch(i, w, clock, required), name="bucketq-watch")
+                           for i, w in enumerate(listed)]
+        elif self._ever_streamed:
+            for i, task in enumerate(self._tasks):
+                if task.done():
+                    self._tasks[i] = loop.create_task(self._watch(i, listed[i], clock, required),
+                                                      name="bucketq-watch")
+
+    @property
+    def watching(self) -> bool:
+        """Whether a change stream is open or being opened."""
+        return any(not task.done() for task in self._tasks)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self._answered.clear()
         self.streaming = False
 
-    async def _watch(self, watch: Callable[[Timestamp], Awaitable[Any]], clock: ServerClock, required: bool) -> None:
+    async def _watch(self, index: int, watched: Watched, clock: ServerClock, required: bool) -> None:
+        watch, heard = watched if isinstance(watched, tuple) else (watched, None)
         # startAtOperationTime spares a server round trip and is needed by servers (such as the test server)
         # that leave operationTime out of their replies; a second back covers a small clock error.
         start = Timestamp(int(clock.now().timestamp()) - 1, 0)
@@ -136,8 +161,12 @@ class Wakeup:
                     asked = time.monotonic()
                     event = await stream.try_next()
                     raise_if_cancelled()  # a cancel the driver swallowed: stop() waits for this task
-                    self.streaming = self._ever_streamed = True
+                    self._answered.add(index)
+                    self.streaming = len(self._answered) == len(self._tasks)
+                    self._ever_streamed |= self.streaming
                     if event is not None:
+                        if heard is not None:
+                            heard()
                         self._announce(event, clock)
                         pause = STREAM_PAUSE_FIRST_S
                     elif time.monotonic() - asked < STREAM_QUICK_EMPTY_S:
@@ -148,14 +177,19 @@ class Wakeup:
         except PyMongoError as exc:
             (log.warning if required else log.debug)("change streams unavailable, polling instead: %s", exc)
         finally:
-            if self.streaming:  # no safety poll far off without the stream: poll from now on
+            self._answered.discard(index)
+            if self.streaming:  # no safety poll far off without every stream: poll from now on
                 self.streaming = False
                 self.failed()
 
     def _announce(self, event: dict[str, Any], clock: ServerClock) -> None:
-        """Wake now, or by the due time the event carries (a delayed push, a nack's retry copy or release)."""
-        due = (event.get("fullDocument") or {}).get("due") or \
-            ((event.get("updateDescription") or {}).get("updatedFields") or {}).get("due")
+        """Wake now, or by the due time the event carries (a delayed push, a nack's retry copy or release); note
+        the partition it names, if any."""
+        fields = {**((event.get("updateDescription") or {}).get("updatedFields") or {}),
+                  **(event.get("fullDocument") or {})}
+        due, partition = fields.get("due"), fields.get("pt")
+        if isinstance(partition, int) and partition not in self._hinted:
+            self._hinted.append(partition)
         if isinstance(due, dt.datetime):
             self.due(due if due.tzinfo else due.replace(tzinfo=dt.timezone.utc), clock)
         else:

@@ -74,11 +74,11 @@ def test_end_to_end_latency_passes_only_below_keuss_in_every_cell() -> None:
     assert verdict[0] == "PASS"
 
 
-def _idle_goal(kinds: dict[str, int], window_s: float) -> tuple[str, str]:
-    """The idle goal judged on one idle cell: 4 consumers sending ``kinds`` over ``window_s`` seconds."""
+def _idle_goal(kinds: dict[str, int], window_s: float, scenario: str = "idle") -> tuple[str, str]:
+    """The idle goal judged on one idle cell: 4 consumers (or readers) sending ``kinds`` over ``window_s``."""
     result = {**_result(0.0, window_s, messages=20_000), "idle": {"consumers": 4, "kinds": kinds, "others": {}}}
-    row = aggregate(Job("bucketq", "idle", 1024, 1, 20_000), [result], 16)
-    (status, _, detail), = [g for g in goals([row]) if g[1].startswith("bucketq idle")]
+    row = aggregate(Job("bucketq", scenario, 1024, 1, 20_000), [result], 16)
+    (status, _, detail), = [g for g in goals([row]) if g[1].startswith(f"bucketq {scenario} <=")]
     return status, detail
 
 
@@ -92,6 +92,12 @@ def test_the_idle_goal_counts_commands_per_consumer_minute_besides_change_stream
 def test_a_window_shorter_than_the_safety_poll_counts_the_polls_rate_instead_of_what_it_saw() -> None:
     status, detail = _idle_goal({"claims": 0, "pause_reads": 0, "next_due": 0, "getmores": 120, "other": 4}, 30.0)
     assert status == "PASS" and detail.startswith("5.60 (")  # 2 other + 3 commands every 50 s on average
+
+
+def test_the_stream_idle_goal_counts_a_readers_safety_poll_as_one_look_at_its_group() -> None:
+    status, detail = _idle_goal({"claims": 0, "getmores": 120, "other": 0}, 30.0, "stream_idle")
+    assert status == "PASS" and detail.startswith("4.80 (")  # 4 commands every 50 s on average
+    assert _idle_goal({"claims": 0, "getmores": 120, "other": 16}, 30.0, "stream_idle")[0] == "MISS"  # 8 a minute
 
 
 def test_client_cpu_goals_judge_the_worst_1_kib_cell_against_the_floor_push_of_the_same_cell() -> None:

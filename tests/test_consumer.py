@@ -359,7 +359,7 @@ async def test_wakeup_stream_outlives_inserts_too_big_to_return_whole(adb, caplo
     wakeup.start_stream(AsyncQueueStore(adb, "buckets").watch_changes, clock, required=True)
     try:
         deadline = time.monotonic() + 20
-        while not wakeup.streaming and not wakeup._task.done() and time.monotonic() < deadline:
+        while not wakeup.streaming and wakeup.watching and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert wakeup.streaming
         assert "polling instead" not in caplog.text
@@ -386,11 +386,12 @@ async def test_stats_counts_messages_by_state(make_queue):
     await q.push("later", delay=60)
     stats = await q.stats()
     assert set(stats) == {"ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s",
-                          "groups"}
+                          "pending", "groups"}
     assert (stats["ready"], stats["scheduled"], stats["in_flight"], stats["buckets"]) == (5, 1, 0, 2)
+    assert stats["pending"] == 5  # ready + in flight: the delayed one needs no worker yet
     message = await q.reserve(timeout=2)
     stats = await q.stats()
-    assert (stats["ready"], stats["in_flight"]) == (0, 5)
+    assert (stats["ready"], stats["in_flight"], stats["pending"]) == (0, 5, 5)
     await message.ack(wait=True)
     assert (await q.stats())["in_flight"] == 4
 

@@ -112,13 +112,13 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
         check(doc, "dead-fields")
     for doc in sync_db["events.inbox"].find():
         check(doc, "inbox-fields")
-    for doc in sync_db["events.control"].find():
-        check(doc, "control-fields")
     await q.pause()
     await q.resume()
-    (control,) = list(sync_db["events.control"].find())
-    check(control, "control-fields")
-    assert control["_id"] == "pause" and control["paused"] is False and control["by"]
+    control = {doc["_id"]: doc for doc in sync_db["events.control"].find()}
+    assert sorted(control) == ["layout", "pause"]
+    check(control["pause"], "control-fields")
+    assert control["pause"]["paused"] is False and control["pause"]["by"]
+    check(control["layout"], "control-layout-fields")
     tombstones = list(sync_db.events.find({"fin": {"$exists": True}}))
     assert tombstones, "finished buckets leave tombstones"
     for doc in tombstones:

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from bucketq.core import claims
 from bucketq.core.format import BSON_LIMIT, MAX_BUCKET_BYTES, Slot, bucket_document, parse_bucket
-from bucketq.core.held import FlushPlan, HeldBucket, Policy, SlotState
+from bucketq.core.held import ClaimedBucket, FlushPlan, Policy, SlotState
 from bucketq.errors import AlreadyResolved, LeaseLost
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -21,11 +21,11 @@ POLICY = Policy(lease=30.0, max_attempts=3, granularity=1.0)
 N = 8
 
 
-def _bucket(n: int, claims_: int = 1, tries: list[int] | None = None, policy: Policy = POLICY) -> HeldBucket:
+def _bucket(n: int, claims_: int = 1, tries: list[int] | None = None, policy: Policy = POLICY) -> ClaimedBucket:
     slots = [Slot(f'"{i}"', tries=(tries or [0] * n)[i]) for i in range(n)]
     doc = bucket_document(bson.ObjectId(), slots, codec="json", created=T0, due=T0)
     doc["c"] = claims_
-    return HeldBucket(parse_bucket(doc), "token", policy.lease_from(T0), policy)
+    return ClaimedBucket(parse_bucket(doc), "token", policy.lease_from(T0), policy)
 
 
 class HeldBucketMachine(RuleBasedStateMachine):
@@ -230,7 +230,7 @@ def test_retry_buckets_of_a_full_bucket_are_split_below_the_bson_limit():
     doc = bucket_document(bson.ObjectId(), slots, codec="json", created=T0, due=T0)
     assert len(bson.encode(doc)) <= MAX_BUCKET_BYTES
     doc["c"] = 1
-    held = HeldBucket(parse_bucket(doc), "token", POLICY.lease_from(T0), POLICY)
+    held = ClaimedBucket(parse_bucket(doc), "token", POLICY.lease_from(T0), POLICY)
     while (slot := held.serve(T0)) is not None:
         held.nack(slot, T0 + dt.timedelta(seconds=5), "later")
     plan = held.take_plan(T0)
@@ -241,11 +241,11 @@ def test_retry_buckets_of_a_full_bucket_are_split_below_the_bson_limit():
 
 # -- group buckets: serial serving, nack as a release ---------------------------------------------------------
 
-def _group_bucket(n: int, tries: list[int], claims_: int = 1) -> HeldBucket:
+def _group_bucket(n: int, tries: list[int], claims_: int = 1) -> ClaimedBucket:
     slots = [Slot(f'"{i}"', tries=tries[i]) for i in range(n)]
     doc = bucket_document(bson.ObjectId(), slots, codec="json", created=T0, due=T0, group="g")
     doc.update(c=claims_, s=1)
-    return HeldBucket(parse_bucket(doc), "token", POLICY.lease_from(T0), POLICY)
+    return ClaimedBucket(parse_bucket(doc), "token", POLICY.lease_from(T0), POLICY)
 
 
 @settings(max_examples=200, deadline=None)

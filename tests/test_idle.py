@@ -1,6 +1,7 @@
-"""Idle consumers (issue 21): with change streams, a consumer waiting on an empty queue sends next to no
-commands, and still wakes for every change that makes a bucket claimable. Each wake-up test turns the safety
-poll off (``SAFETY_POLL_S``), so that only the wake-up under test can deliver its message in time."""
+"""Idle consumers and stream readers (issue 21): with change streams, a consumer waiting on an empty queue, or
+a reader on a stream with nothing new, sends next to no commands, and still wakes for every change that makes
+a bucket claimable (a pause's end too). Each wake-up test turns the safety poll off (``SAFETY_POLL_S``), so
+that only the wake-up under test can deliver its message in time."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 from pymongo import AsyncMongoClient, monitoring
 
 from bucketq.core.claims import claim
+from bucketq.core.sharding import partition_of
 from bucketq.wakeup import Wakeup
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -22,15 +25,18 @@ WAKE_S = 15.0  # a generous bound for a wake-up: the safety poll, turned off her
 
 
 class NonStreamCommands(monitoring.CommandListener):
-    """The names of the commands started, change streams' (getMore, the aggregate that opens one) left out."""
+    """The commands started as (name, collection, filter), change streams' (getMore, the aggregate that opens
+    one) left out."""
 
     def __init__(self) -> None:
-        self.names: list[str] = []
+        self.commands: list[tuple[str, Any, Any]] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         pipeline = event.command.get("pipeline") or [{}]
         if event.command_name != "getMore" and "$changeStream" not in pipeline[0]:
-            self.names.append(event.command_name)
+            command = event.command
+            self.commands.append((event.command_name, command.get(event.command_name),
+                                  command.get("query", command.get("filter"))))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -39,17 +45,22 @@ class NonStreamCommands(monitoring.CommandListener):
         pass
 
 
+Sent = Callable[[], list[tuple[str, Any, Any]]]  # the commands sent so far: (name, collection, filter)
+
+
 @pytest.fixture
-async def counted(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[tuple[Any, Callable[[], int]]]:
-    """A target for the consumer under test, and a count of the commands sent through it so far (change
-    streams left out). In memory every queue object shares the database: the tests use no other meanwhile."""
+async def counted(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[tuple[Any, Sent]]:
+    """A target for the consumer or reader under test, and the commands sent through it so far (change streams
+    left out). In memory every queue object shares the database: the tests use no other meanwhile, or tell
+    theirs apart by collection."""
     if backend == "memory":
         database = request.getfixturevalue("memory_db")
-        yield database, lambda: len([op for op in database.operations if op.method != "watch"])
+        yield database, lambda: [(op.command, op.collection, op.filter) for op in database.operations
+                                 if op.method != "watch"]
         return
     listener = NonStreamCommands()
     client: AsyncMongoClient = AsyncMongoClient(request.getfixturevalue("mongo_uri"), event_listeners=[listener])
-    yield client, lambda: len(listener.names)
+    yield client, lambda: list(listener.commands)
     await client.close()
 
 
@@ -59,12 +70,8 @@ def no_safety_poll(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def _streaming(q: Any) -> None:
-    """Wait until the consumer's change stream answered once (it polls until then)."""
-    for _ in range(200):
-        if q._wakeup.streaming:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the change stream never started")
+    """Wait until the change streams of a queue's consumer (or of a stream reader) answered (it polls until then)."""
+    await eventually(lambda: q._wakeup.streaming, what="the change stream answering")
 
 
 async def _idle(q: Any) -> None:
@@ -82,10 +89,10 @@ async def test_an_idle_consumer_sends_next_to_no_commands_and_wakes_for_a_push_e
         await message.ack()
     await _streaming(q)
     assert await q.reserve(timeout=0) is None
-    before = sent()
+    before = len(sent())
     for _ in range(8):  # a Worker's idle loop: reserve with a short timeout, again and again
         assert await q.reserve(timeout=0.5) is None
-    idle_commands = sent() - before
+    idle_commands = len(sent()) - before
     # Before issue 21 each reserve claimed and the poll claimed every second: 8 claims or more, and pause reads.
     assert idle_commands <= 2, f"{idle_commands} commands in 4 s of idling"
     await make_queue().push("elsewhere")  # another queue object: only its insert event can wake q
@@ -145,16 +152,68 @@ async def test_an_idle_consumer_wakes_for_a_message_delayed_before_it_started(ma
     await message.ack()
 
 
-async def test_a_paused_idle_consumer_claims_again_after_a_resume_elsewhere(make_queue, no_safety_poll):
-    q, operator = make_queue(), make_queue()
+async def test_a_paused_idle_consumer_reads_the_pause_rarely_and_a_resume_elsewhere_wakes_it(
+        make_queue, counted, no_safety_poll):
+    target, sent = counted
+    q, operator = make_queue(target=target), make_queue()
+
+    def pause_reads() -> int:
+        return len([c for c in sent() if c[0] == "find" and c[1] == "events.control"])
+
     await _idle(q)
-    await operator.pause()
-    await asyncio.sleep(1.2)  # past the consumer's last read of the pause document
-    await operator.push("held back")
-    assert await q.reserve(timeout=2) is None, "claimed while paused"
+    await operator.pause()  # announced to q by its change stream on events.control
+    await eventually(lambda: q._store.pause._read_at is None, what="the pause announced")
+    before = pause_reads()
+    for i in range(6):  # each insert wakes q: it reads the pause once (announced), and claims nothing
+        await operator.push("held back" if i == 0 else f"later {i}")
+        assert await q.reserve(timeout=0.5) is None, "claimed while paused"
+    # Before: a paused consumer read the pause document every PAUSE_REFRESH_S (1 s), at a wake-up or a timer.
+    assert pause_reads() - before <= 1, f"{pause_reads() - before} pause reads in 3 s of a paused idle consumer"
     await operator.resume()
-    message = await q.reserve(timeout=WAKE_S)
+    message = await q.reserve(timeout=WAKE_S)  # no poll comes before 600 s: only the resume's event wakes q
     assert message is not None and message.payload == "held back"
+    await message.ack()
+
+
+async def test_a_wake_up_names_its_partition_and_the_consumer_claims_there_first(make_queue, counted,
+                                                                                   no_safety_poll):
+    target, sent = counted
+    q, producer = make_queue(target=target, partitions=4), make_queue(partitions=4)
+    await _idle(q)
+    pushed = partition_of("g", 4)  # an ordered group's bucket goes to the group's partition
+    q._consumer._rotation._start = (pushed + 1) % 4  # without the event's partition, its first claim looks there
+
+    def claims() -> list[Any]:
+        return [c[2] for c in sent() if c[0] == "findAndModify" and c[1] == "events"]
+
+    before = len(claims())
+    await producer.push("one partition", group="g")
+    message = await q.reserve(timeout=WAKE_S)
+    assert message is not None and message.payload == "one partition"
+    await message.ack()
+    assert [c["pt"] for c in claims()[before:]][:1] == [pushed], "the first claim after the push was elsewhere"
+
+
+async def test_an_idle_stream_reader_sends_next_to_no_commands_and_reads_a_new_event_soon(
+        make_stream, counted, no_safety_poll):
+    target, sent = counted
+    stream = make_stream(target=target)  # polls every 10 ms without a change stream
+    await stream.push("first")
+    reader = stream.reader("g", start="beginning")
+    message = await reader.read(timeout=5)
+    assert message is not None and message.payload == "first"
+    await message.ack()
+    await _streaming(reader)
+    assert await reader.read(timeout=0) is None
+    before = len(sent())
+    for _ in range(8):  # a reader's idle loop
+        assert await reader.read(timeout=0.5) is None
+    idle_commands = len(sent()) - before
+    # Before: a look at the group (1 + 2 per partition queries) every poll interval: hundreds in 4 s.
+    assert idle_commands <= 2, f"{idle_commands} commands in 4 s of an idle reader"
+    await make_stream().push("later")  # another stream object: only its insert event can wake the reader
+    message = await reader.read(timeout=WAKE_S)
+    assert message is not None and message.payload == "later"
     await message.ack()
 
 

@@ -90,6 +90,21 @@ async def test_totals_add_up_across_queue_objects_and_outlive_them(reader, make_
     assert counters(read(reader, db_name))["pushed"] == 2  # never goes down when a Queue is closed
 
 
+async def test_pending_gauge_is_the_last_stats_count_of_messages_needing_a_worker(reader, make_queue, db_name):
+    """The autoscaling signal counts messages (ready + in flight), not buckets; scheduled ones are left out."""
+    q = make_queue(bucket_max_wait=0.005)
+    await q.push_many(list(range(30)))  # one bucket
+    await q.push_many(list(range(5)), delay=3600)
+    assert "bucketq.pending" not in read(reader, db_name)  # nothing counted until stats() runs
+    assert (await q.stats())["pending"] == 30
+    assert read(reader, db_name)["bucketq.pending"] == 30
+    held = await q.reserve(timeout=2)
+    assert held is not None
+    await held.ack(wait=True)
+    assert (await q.stats())["pending"] == 29  # the 29 others of the held bucket, in flight
+    assert read(reader, db_name)["bucketq.pending"] == 29
+
+
 async def test_handler_duration_is_recorded_per_handler_call(reader, make_queue, db_name):
     q = make_queue(bucket_max_wait=0.005)
     await q.push_many(["a", "b", "c"])

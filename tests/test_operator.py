@@ -15,8 +15,8 @@ from bson import ObjectId
 from pymongo.errors import DuplicateKeyError
 
 import bucketq
-from bucketq.control import PAUSE_REFRESH_S
 from bucketq.core import claims
+from bucketq.pause_gate import PAUSE_REFRESH_S
 from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
 
 UTC = dt.timezone.utc

@@ -24,7 +24,8 @@ from pymongo import AsyncMongoClient, MongoClient
 
 import bucketq
 from bucketq.core.format import MAX_BUCKET_BYTES
-from bucketq.outbox import Outbox, event, event_bucket_id, plan
+from bucketq.core.outbox_plan import event_bucket_id, plan
+from bucketq.outbox import Outbox, event
 from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parent.parent

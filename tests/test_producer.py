@@ -219,7 +219,7 @@ async def test_write_that_keeps_failing_fails_its_pushes(db_name):
     client = AsyncMongoClient("mongodb://127.0.0.1:9/", serverSelectionTimeoutMS=200, connectTimeoutMS=200)
     q = bucketq.Queue(client, name="events", db=db_name, bucket_max_wait=0.01, write_timeout=1.0)
     q._clock._synced_at = time.monotonic()  # skip the clock sync, which would fail first with the same error
-    q._setup.indexed = True
+    q._life.setup.indexed = True
     with pytest.raises(bucketq.WriteFailed):
         await q.push({"x": 1})
     await client.close()

@@ -112,6 +112,7 @@ ARGS: dict[tuple[str, ...], list[str]] = {  # each command, with what it needs b
     ("quarantine", "list"): ["q"], ("quarantine", "requeue"): ["q", "--yes"], ("quarantine", "purge"): ["q", "--yes"],
     ("stream", "list"): ["s"], ("stream", "lag"): ["s"], ("stream", "reset"): ["s", "g", "--beginning"],
     ("pause",): ["q"], ("resume",): ["q"], ("remove",): ["q", "6536f3a2c1d2e3f4a5b6c7d8:0"], ("purge",): ["q", "--yes"],
+    ("web",): ["--port", "0"],
 }
 
 

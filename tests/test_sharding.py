@@ -92,6 +92,19 @@ async def test_buckets_spread_over_partitions_and_every_message_is_served(make_q
 
 
 @pytestmark_backends
+async def test_clients_of_one_queue_with_different_partition_counts_are_refused_naming_both(make_queue, sync_db):
+    await make_queue(partitions=4).push("x")
+    assert sync_db["events.control"].find_one({"_id": "layout"}) == {"_id": "layout", "partitions": 4}
+    for other in (1, 8):
+        with pytest.raises(InvalidOption, match=f"the queue has 4 partitions, this client was opened with "
+                                                f"partitions={other}"):
+            await make_queue(partitions=other).push("y")
+    same = make_queue(partitions=4)
+    await same.push("z")
+    assert sorted([m.payload for m in await consume_all(same, timeout=0.5)]) == ["x", "z"]
+
+
+@pytestmark_backends
 async def test_a_bucket_without_pt_is_served_in_partition_0(make_queue, sync_db):
     """A bucket written before partitions (or by a writer that does not set pt): served, its retry copy written
     to partition 0 with its pt, its tombstone marked pt: null."""

@@ -12,8 +12,8 @@ QUEUE_SCENARIOS = frozenset({"push", "consume", "end_to_end", "latency"})
 SCENARIOS = {
     # consume_batch: reserve_many, for batch handlers; stream_push: push to a bucketq.Stream (issue 14); push_many:
     # the same pushes as push, by push_many calls of ``window`` messages (issue 25); idle: what consumers waiting
-    # on an empty queue cost (issue 21)
-    "bucketq": QUEUE_SCENARIOS | {"consume_batch", "stream_push", "push_many", "idle"},
+    # on an empty queue cost (issue 21), stream_idle: what readers waiting on a stream with nothing new cost
+    "bucketq": QUEUE_SCENARIOS | {"consume_batch", "stream_push", "push_many", "idle", "stream_idle"},
     "keuss": QUEUE_SCENARIOS,
     "naive": QUEUE_SCENARIOS,
     "floor": frozenset({"push", "consume", "latency", "encode", "decode"}),  # latency: one insert's round trip

@@ -10,6 +10,8 @@ latency: sequential awaited pushes on an idle queue with default options, each t
 consuming the buckets they made costs.
 idle: ``idle_consumers`` queue objects consume a prefilled backlog (untimed), then wait on the empty queue with
 ``reserve(timeout=IDLE_RESERVE_S)`` in a loop for ``idle_window_s``: the commands they send, by kind.
+stream_idle: the same with readers of one group, each of its own ``bucketq.Stream``, reading a prefilled stream
+(``stream_fill``: as fill) with ``read(timeout=IDLE_RESERVE_S)``.
 """
 
 from __future__ import annotations
@@ -203,42 +205,69 @@ class CommandKinds(monitoring.CommandListener):
 
 
 IDLE_KINDS = CommandKinds()
+STREAM_ROLES = ("stream_push", "stream_fill", "stream_idle")  # the roles that work on a bucketq.Stream
+
+
+async def _idle(ctx: Ctx, q: Any, owners: list[Any], waiters: list[Any],
+                take: Callable[[Any, float], Awaitable[Any]]) -> None:
+    """``waiters`` (``idle_consumers`` of them, of ``owners``: the queue or stream objects besides ``q``) take the
+    backlog (``take``: the next message or None, acked), untimed, then wait with ``take`` for ``idle_window_s``."""
+
+    async def backlog(waiter: Any) -> None:
+        while await take(waiter, 1.0) is not None:
+            ctx.mark()
+
+    async def wait(waiter: Any, until: float) -> None:
+        while (left := until - time.monotonic()) > 0:
+            if (message := await take(waiter, min(IDLE_RESERVE_S, left))) is not None:
+                ctx.notes.append(f"unexpected message in the idle window: {message}")
+
+    try:
+        await asyncio.gather(*(backlog(w) for w in waiters))
+        await asyncio.to_thread(ctx.go)
+        IDLE_KINDS.active = True
+        until = time.monotonic() + ctx.spec["idle_window_s"]
+        await asyncio.gather(*(wait(w, until) for w in waiters))
+        IDLE_KINDS.active = False
+        ctx.stop()
+        ctx.extra["idle"] = {"consumers": len(waiters), "kinds": dict(IDLE_KINDS.kinds),
+                             "others": dict(IDLE_KINDS.others)}
+    finally:
+        for owner in owners:
+            await owner.close()
+    with ctx.tail():
+        await q.drain()
 
 
 async def idle(ctx: Ctx, q: Any) -> None:
     import bucketq
 
     s = ctx.spec
-    queues = [q] + [bucketq.Queue(q.database.client, name=s["queue"], db=s["db"])
-                    for _ in range(s["idle_consumers"] - 1)]
+    others = [bucketq.Queue(q.database.client, name=s["queue"], db=s["db"]) for _ in range(s["idle_consumers"] - 1)]
 
-    async def backlog(consumer: Any) -> None:
-        while (message := await consumer.reserve(timeout=1.0)) is not None:
+    async def take(consumer: Any, timeout: float) -> Any:
+        if (message := await consumer.reserve(timeout=timeout)) is not None:
             await message.ack()
-            ctx.mark()
+            return message.id
+        return None
 
-    async def wait(consumer: Any, until: float) -> None:
-        while (left := until - time.monotonic()) > 0:
-            message = await consumer.reserve(timeout=min(IDLE_RESERVE_S, left))
-            if message is not None:
-                ctx.notes.append(f"unexpected message in the idle window: {message.id}")
-                await message.ack()
+    await _idle(ctx, q, others, [q, *others], take)
 
-    try:
-        await asyncio.gather(*(backlog(c) for c in queues))
-        await asyncio.to_thread(ctx.go)
-        IDLE_KINDS.active = True
-        until = time.monotonic() + s["idle_window_s"]
-        await asyncio.gather(*(wait(c, until) for c in queues))
-        IDLE_KINDS.active = False
-        ctx.stop()
-        ctx.extra["idle"] = {"consumers": len(queues), "kinds": dict(IDLE_KINDS.kinds),
-                             "others": dict(IDLE_KINDS.others)}
-    finally:
-        for consumer in queues[1:]:
-            await consumer.close()
-    with ctx.tail():
-        await q.drain()
+
+async def stream_idle(ctx: Ctx, stream: Any) -> None:
+    import bucketq
+
+    s = ctx.spec
+    others = [bucketq.Stream(stream.database.client, name=s["queue"], db=s["db"])
+              for _ in range(s["idle_consumers"] - 1)]
+
+    async def take(reader: Any, timeout: float) -> Any:
+        if (message := await reader.read(timeout=timeout)) is not None:
+            await message.ack()
+            return str(message.position)
+        return None
+
+    await _idle(ctx, stream, others, [owner.reader("idle", start="beginning") for owner in [stream, *others]], take)
 
 
 async def _with_queue(ctx: Ctx, role: Role) -> None:
@@ -249,7 +278,7 @@ async def _with_queue(ctx: Ctx, role: Role) -> None:
                                                 w=write_concern(s))
     tuned = {"bucket_max_size": s["bucket_max_size"], "bucket_max_wait": s["bucket_max_wait_s"]}
     try:
-        if s["role"] == "stream_push":  # the same producer, writing a stream: sequences allocated per write
+        if s["role"] in STREAM_ROLES:  # the same producer, writing a stream: sequences allocated per write
             q = bucketq.Stream(client, name=s["queue"], db=s["db"], **tuned)
         else:
             q = bucketq.Queue(client, name=s["queue"], db=s["db"], **({} if s["role"] == "latency" else tuned))
@@ -266,4 +295,5 @@ def _sync(role: Role) -> Callable[[Ctx], None]:
 if __name__ == "__main__":
     main({"fill": _sync(fill), "push": _sync(push), "consume": _sync(consume), "end_to_end": _sync(end_to_end),
           "latency": _sync(latency), "consume_batch": _sync(lambda ctx, q: consume(ctx, q, BATCH)),
-          "stream_push": _sync(push), "push_many": _sync(fill), "idle": _sync(idle)})
+          "stream_push": _sync(push), "push_many": _sync(fill), "idle": _sync(idle),
+          "stream_fill": _sync(fill), "stream_idle": _sync(stream_idle)})

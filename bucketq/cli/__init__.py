@@ -4,7 +4,7 @@ One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``
 ``worker``, ``relay`` (the outbox relay). Shared pieces: ``common`` (options, connection, finding queues, running,
 one-line redacted errors, signals), ``params`` (durations), ``output`` (JSON and human formats).
 ``control`` has the operator controls (pause, resume, remove, purge); ``stream`` a stream's reader groups;
-``shard`` prints the commands that shard a queue (docs/SCALING.md).
+``shard`` prints the commands that shard a queue (docs/SCALING.md); ``web`` serves the dashboard (``bucketq.web``).
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from typing import Any
 import click
 
 from bucketq.cli.common import log_to_stderr, redacted, remember_uris
-from bucketq.cli.control import pause, purge, remove, resume
 from bucketq.cli.entries import DEAD, QUARANTINE, group
+from bucketq.cli.operator import pause, purge, remove, resume
 from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
 from bucketq.cli.relay import relay
 from bucketq.cli.shard import shard
 from bucketq.cli.stream import stream
+from bucketq.cli.web import web
 from bucketq.cli.worker import worker
 
 __all__ = ["cli", "main"]
@@ -58,7 +59,7 @@ def cli() -> None:
     """
 
 
-for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE), stream, shard):
+for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE), stream, shard, web):
     cli.add_command(command)
 for command in (pause, resume, remove, purge):  # operator controls
     cli.add_command(command)

@@ -33,7 +33,7 @@ from pymongo.errors import (
 )
 
 from bucketq.connection import DEFAULT_DB, ServerUnreachable, client_of, server_errors
-from bucketq.control import collection_names, is_queue
+from bucketq.discovery import collection_names, is_queue
 from bucketq.errors import BucketqError, InvalidOption
 from bucketq.queue import Queue
 from bucketq.redaction import redact

@@ -12,8 +12,6 @@ import time
 from typing import Any
 
 import click
-from bson import Timestamp
-from pymongo.errors import PyMongoError
 
 from bucketq.cli.common import (
     Target,
@@ -26,11 +24,11 @@ from bucketq.cli.common import (
     stop_on_signals,
 )
 from bucketq.cli.output import age, console, fitted, preview, print_table, relative, table, to_json
-from bucketq.control import queue_names
 from bucketq.core.stats import STATS_KEYS
+from bucketq.discovery import queue_names
+from bucketq.flow import Flow
 from bucketq.message import Message
 from bucketq.queue import Queue
-from bucketq.store.aio.changes import watch_bucket_sizes
 
 # -- stats ---------------------------------------------------------------------------------------------------
 
@@ -88,7 +86,7 @@ async def _stats(target: Target, name: str | None, watch: bool, interval: float,
                         if n not in queues:
                             queues[n] = Queue(db, name=n)
                             if watch:
-                                flows[n] = await Flow.open(db, n)
+                                flows[n] = await Flow.open(db, n, _warn)
                     rows = {n: await q.stats() for n, q in sorted(queues.items())}
                     if watch:
                         for n, row in rows.items():
@@ -106,69 +104,8 @@ async def _stats(target: Target, name: str | None, watch: bool, interval: float,
                 await q.close()
 
 
-class Flow:
-    """Messages into and out of one queue between refreshes of ``stats --watch``.
-
-    *In* is the number of messages in the buckets inserted meanwhile, as a change stream reports them (pushes,
-    nacked messages written again for their retry, requeued entries). *Out* is *in* less the growth of the
-    unfinished count (ready + scheduled + in flight): every message finished (acked, nacked, dead-lettered,
-    quarantined, removed, purged). Successive stats alone cannot split the two: a count that did not change
-    may be a thousand in and a thousand out. Without change streams (a server that is no replica set) the
-    rates are None."""
-
-    DRAIN_S = 0.5  # the most one refresh spends reading events; what is left is counted at the next one
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self._inserted = 0
-        self._last: tuple[float, int] | None = None  # (monotonic time, unfinished count) at the last refresh
-
-    @classmethod
-    async def open(cls, db: Any, name: str) -> Flow:
-        server_now = (await db.client.admin.command("isMaster"))["localTime"]
-        try:
-            stream = await watch_bucket_sizes(db[name], Timestamp(int(server_now.timestamp()), 0))
-        except PyMongoError as exc:
-            click.echo(f"no in/out rates for {name!r}: they need change streams ({one_line(str(exc))})", err=True)
-            stream = None
-        return cls(stream)
-
-    async def rates(self, row: dict[str, Any]) -> dict[str, Any] | None:
-        """In and out since the last call (None at the first, and without a change stream)."""
-        await self._drain()
-        now, unfinished = time.monotonic(), row["ready"] + row["scheduled"] + row["in_flight"]
-        inserted, self._inserted = self._inserted, 0
-        last, self._last = self._last, (now, unfinished)
-        if last is None or self._stream is None:
-            return None
-        return flow_rates(inserted, unfinished - last[1], now - last[0])
-
-    async def _drain(self) -> None:
-        deadline = time.monotonic() + self.DRAIN_S
-        try:
-            while self._stream is not None and time.monotonic() < deadline:
-                event = await self._stream.try_next()
-                if event is None:
-                    return
-                n = (event.get("fullDocument") or {}).get("n")
-                self._inserted += n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
-        except PyMongoError as exc:
-            click.echo(f"in/out rates stopped: the change stream failed ({one_line(str(exc))})", err=True)
-            await self.close()
-
-    async def close(self) -> None:
-        if self._stream is not None:
-            stream, self._stream = self._stream, None
-            await stream.close()
-
-
-def flow_rates(inserted: int, growth: int, seconds: float) -> dict[str, Any]:
-    """Messages in (``inserted``) and out (finished: in less the growth of the unfinished count), and their
-    rates per second over ``seconds``."""
-    finished = max(0, inserted - growth)
-    per_s = 1 / seconds if seconds > 0 else 0.0
-    return {"in": inserted, "out": finished, "seconds": round(seconds, 3), "in_per_s": round(inserted * per_s, 1),
-            "out_per_s": round(finished * per_s, 1)}
+def _warn(text: str) -> None:
+    click.echo(one_line(text), err=True)
 
 
 def _live(out: Any) -> Any:

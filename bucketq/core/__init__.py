@@ -2,5 +2,7 @@
 
 ``format`` (document layout and validation), ``accumulator`` (producer batching), ``claims`` (lease filters
 and updates), ``held`` (per-message state of a claimed bucket and its flush plans), ``backoff`` and ``stats``.
-The async shells in ``bucketq`` execute what these return.
+The multi-step conversations are generators that yield the next store call and take its reply back:
+``group_turn`` (an ordered group's turn), ``batch_attempt`` (the batch consumer's attempts); ``outbox_plan``
+plans an outbox relay pass. The shells in ``bucketq`` execute what these return.
 """

@@ -1,9 +1,24 @@
-"""Retry delays: exponential with jitter, for nacked messages and for failed writes."""
+"""Retry delays: exponential with jitter, for nacked messages and for failed writes; the bound of any delay."""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from dataclasses import dataclass
+
+from bucketq.errors import InvalidOption
+
+MAX_DELAY_S = 100 * 365 * 86400.0  # a century: far enough for any schedule, near enough for datetime
+
+
+def check_delay(delay: object) -> float:
+    """A delay in seconds (number or timedelta), finite, from 0 to a century; else ``InvalidOption``."""
+    seconds = delay.total_seconds() if isinstance(delay, dt.timedelta) else delay
+    if (not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
+            or not 0 <= seconds <= MAX_DELAY_S):  # also refuses NaN
+        raise InvalidOption(f"delay must be a number of seconds from 0 to {MAX_DELAY_S:.0f}, got {delay!r}")
+    return float(seconds)
+
 
 
 @dataclass(frozen=True)

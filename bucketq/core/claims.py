@@ -120,7 +120,7 @@ def guard(now: dt.datetime, lease_s: float, done: list[int] | None = None,
     messages (retry buckets, dead letters, quarantine entries): a lease extension, so that a claimant whose lease
     was lost copies nothing that someone else now holds. It records the ``_id``s of the retry buckets about to be
     inserted in ``r`` (``copies``), so that a purge that ends this bucket before they land ends them too
-    (``core.control.purge_copies``); the write that marks their slots done takes them out of ``r`` again
+    (``core.operator_writes.purge_copies``); the write that marks their slots done takes them out of ``r`` again
     (``copies_landed``)."""
     update = extend(now, lease_s, done)
     if copies:

@@ -104,7 +104,7 @@ class FlushPlan:
         return self.kind != "extend"
 
 
-class HeldBucket:
+class ClaimedBucket:
     """A bucket this consumer holds under ``token`` until ``lease_until``."""
 
     def __init__(self, bucket: StoredBucket, token: str, lease_until: dt.datetime, policy: Policy) -> None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.errors import InvalidOption
 
 PARTITION = "pt"  # the field of every bucket and tombstone
 MAX_PARTITIONS = 1024
@@ -41,6 +42,24 @@ ZONED = {"": PARTITION}
 def check_partitions(partitions: Any) -> bool:
     """Whether ``partitions`` is a valid option value: an int from 1 to ``MAX_PARTITIONS``."""
     return isinstance(partitions, int) and not isinstance(partitions, bool) and 1 <= partitions <= MAX_PARTITIONS
+
+
+LAYOUT = {"_id": "layout"}  # in ``Q.control``: the queue's partition count, written by its first set-up
+
+
+def layout_update(partitions: int) -> dict[str, Any]:
+    """The upsert that stores a queue's partition count unless it is stored already (it never changes)."""
+    return {"$setOnInsert": {"partitions": partitions}}
+
+
+def check_layout(layout: dict[str, Any] | None, partitions: int) -> None:
+    """``InvalidOption`` naming both counts when the queue's stored partition count is not ``partitions``: a
+    client with another count would claim only some partitions, or write buckets no other client claims."""
+    stored = (layout or {}).get("partitions", partitions)
+    if stored != partitions:
+        raise InvalidOption(f"the queue has {stored} partitions, this client was opened with partitions="
+                            f"{partitions}: every client of a queue uses the queue's count (changing it is not "
+                            "supported yet; docs/SCALING.md)")
 
 
 def partition_of(group: str, partitions: int) -> int:
@@ -105,10 +124,14 @@ class Rotation:
         self.partitions = partitions
         self._start = random.randrange(partitions)
 
-    def round(self) -> Iterator[int]:
+    def round(self, first: Iterable[int] = ()) -> Iterator[int]:
+        """The partitions of one round; ``first`` (those a wake-up named) before the others."""
+        named = [p for p in dict.fromkeys(first) if 0 <= p < self.partitions]
+        yield from named
         start = self._start
         for i in range(self.partitions):
-            yield (start + i) % self.partitions
+            if (partition := (start + i) % self.partitions) not in named:
+                yield partition
 
     def claimed(self, partition: int) -> None:
         """A claim in ``partition`` took a bucket: the next claim starts at the partition after it."""

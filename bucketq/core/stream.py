@@ -190,6 +190,10 @@ class HoleWatch:
             self.first_seen.setdefault(seq, now_mono)
         return sorted(s for s, t in self.first_seen.items() if now_mono - t >= self.gap_wait)
 
+    def next_at(self) -> float | None:
+        """The monotonic time at which the first hole watched becomes due (None: none is watched)."""
+        return min(self.first_seen.values()) + self.gap_wait if self.first_seen else None
+
 
 def missing_sequences(start: int, present: Iterable[int], last_allocated: int, limit: int = SCAN_BUCKETS) -> list[int]:
     """Allocated sequences from ``start`` (up to ``limit`` of them) with no document."""

@@ -16,9 +16,9 @@ import pytest
 
 import bucketq
 from bucketq.core import claims
-from devtools.demo import parse_job_output
 from devtools.jars import ROOT, ensure_jars
 from devtools.sparkcluster import SparkCluster, submit, submit_command
+from examples.demo import parse_job_output
 
 pytestmark = pytest.mark.spark
 

@@ -17,7 +17,8 @@ import signal
 from pymongo import AsyncMongoClient
 
 import bucketq
-from bucketq.outbox import Batch, Outbox
+from bucketq.core.outbox_plan import Batch
+from bucketq.outbox import Outbox
 
 
 async def main() -> None:

@@ -10,7 +10,9 @@ STREAM_AWAIT_MS = 1000  # how long a server holds an empty change-stream getMore
 # projection every event carries its whole document (a bucket: up to 16 MiB): a batch of them overflows one
 # reply (the test server's 48 MB), and real MongoDB refuses an event over 16 MiB.
 WITHOUT_BODIES = {"$project": {"operationType": 1}}
-DUE_ONLY = {"$project": {"operationType": 1, "fullDocument.due": 1, "updateDescription.updatedFields.due": 1}}
+# With its partition (``pt``), where the consumer claims first. An insert carries it; an update does not.
+DUE_ONLY = {"$project": {"operationType": 1, "fullDocument.due": 1, "updateDescription.updatedFields.due": 1,
+                         "fullDocument.pt": 1}}
 # The changes that can make a bucket claimable: an insert (a push, a retry copy, a requeue), a release (it clears
 # the lease: a drain, a nack or a group's bucket set to wait) and a group's hand-off (it removes ``w``). Claims,
 # lease extensions and finishes match none. mongo-java-server reports an update's set and unset fields under
@@ -23,6 +25,11 @@ WAKING_CHANGES = {"$match": {"$or": [
     {"operationType": "update", "updateDescription": {"$exists": False}, "fullDocument.w": ""},
 ]}}
 WATCH_CHANGES = [WAKING_CHANGES, DUE_ONLY]
+# A queue's control collection: a pause or resume (an upsert of the pause document) is what changes there.
+WATCH_CONTROL = [{"$match": {"operationType": {"$in": ["insert", "update", "replace"]}}}, WITHOUT_BODIES]
+# A stream's buckets collection: a bucket (or a gap marker) lands, with its partition (a stream's ``pt``).
+WATCH_STREAM_INSERTS = [{"$match": {"operationType": "insert"}},
+                        {"$project": {"operationType": 1, "fullDocument.pt": 1}}]
 
 
 async def watch_events(collection: Any, field: str, start: Any) -> Any:

@@ -27,7 +27,7 @@ class OutboxStore:
                                       limit=limit).to_list(None)
 
     async def remove(self, ops: list[Any]) -> None:
-        """The pulls and set-asides that end a pass (``outbox.removals``), all idempotent: retried."""
+        """The pulls and set-asides that end a pass (``core.outbox_plan.removals``), all idempotent: retried."""
         await retrying(lambda _: self.source.bulk_write(ops, ordered=False), timeout_s=self.op_timeout_s)
 
     async def watch_events(self, start: Any) -> Any:

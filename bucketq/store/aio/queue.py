@@ -16,17 +16,17 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
-from bucketq.control import PauseGate  # async-only
 from bucketq.core import groups
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
-from bucketq.core.control import PAUSE, initial_pause, is_paused
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
-from bucketq.core.sharding import PARTITION, Spread, every_partition
+from bucketq.core.sharding import LAYOUT, PARTITION, Spread, check_layout, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
+from bucketq.pause_gate import PauseGate  # async-only
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
-from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES  # async-only
+from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
 
 
 class AsyncQueueStore:
@@ -57,12 +57,19 @@ class AsyncQueueStore:
         await self.quarantine.create_index("at")
         await self.inbox.create_index("at")
         await self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
+        check_layout(await self.control.find_one_and_update(LAYOUT, layout_update(self.partitions), upsert=True,
+                                                            return_document=ReturnDocument.AFTER), self.partitions)
 
     # async-only: begin
     async def watch_changes(self, start: Any) -> Any:
         """A change stream, from ``start`` (a cluster time) on, of the changes that can make a bucket claimable
         (``changes.WATCH_CHANGES``), each with its bucket's due time only."""
         return await self.buckets.watch(WATCH_CHANGES, start_at_operation_time=start,
+                                        max_await_time_ms=STREAM_AWAIT_MS)
+
+    async def watch_control(self, start: Any) -> Any:
+        """A change stream, from ``start`` on, of the writes to ``name.control``: a pause or a resume."""
+        return await self.control.watch(WATCH_CONTROL, start_at_operation_time=start,
                                         max_await_time_ms=STREAM_AWAIT_MS)
 
     # async-only: end
@@ -279,18 +286,18 @@ class AsyncQueueStore:
     async def delete_requeued(self, target: Any, entries: list[dict]) -> None:
         await target.delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
 
-    # -- operator controls (core.control) ------------------------------------------------------------------
+    # -- operator controls (core.operator_writes) ------------------------------------------------------------------
 
     async def holders(self, query: dict) -> list[dict]:
-        """The buckets that hold a message (``control.holders``): a scan, for retry copies too."""
+        """The buckets that hold a message (``operator_writes.holders``): a scan, for retry copies too."""
         return await self.buckets.find(query, **SCAN).to_list(None)
 
     async def update_bucket(self, query: dict, update: dict) -> bool:
-        """One conditional write to a bucket (``control.removal``), not retried: True when it matched."""
+        """One conditional write to a bucket (``operator_writes.removal``), not retried: True when it matched."""
         return (await self.buckets.update_one(query, update)).matched_count == 1
 
     async def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
-        """Mark every bucket matching ``query`` (``control.purge_mark``), retried: the mark is idempotent.
+        """Mark every bucket matching ``query`` (``operator_writes.purge_mark``), retried: the mark is idempotent.
         ``scan``: the query is served by no index (the operators' whole-collection reads, ``core.scans``)."""
         options = SCAN if scan else {}
         await retrying(lambda _: self.buckets.update_many(query, update, **options), timeout_s=self.op_timeout_s)

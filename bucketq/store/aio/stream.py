@@ -25,6 +25,7 @@ from bucketq.core.format import CLAIMS_SUFFIX, POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.scans import SCAN
 from bucketq.core.stream import GroupState, Partition
 from bucketq.store.aio.base import collections, insert_new, retrying
+from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_STREAM_INSERTS  # async-only
 
 # sync: import threading
 
@@ -66,6 +67,12 @@ class AsyncStreamStore:
                 await self._look()
         return self.parts
 
+    @property
+    def settled(self) -> bool:
+        """Whether the stream exists (its partitions are known for good); until then ``open`` looks again
+        at most every ``RECHECK_S``."""
+        return self._settled
+
     async def _look(self) -> None:
         """``open``'s look at ``S.seq``."""
         layout = await self.counter.find_one({"_id": core.LAYOUT_ID})
@@ -102,6 +109,14 @@ class AsyncStreamStore:
         doc = await self.counter.find_one({"_id": part.counter_id}) or {}
         return int(doc.get("last", 0)), int(doc.get("floor", core.FIRST_SEQUENCE))
 
+    # async-only: begin
+    async def watch_inserts(self, start: Any) -> Any:
+        """A change stream, from ``start`` (a cluster time) on, of the documents that land in ``S`` (buckets and
+        gap markers), each with its partition only: what an idle reader waits for."""
+        return await self.buckets.watch(WATCH_STREAM_INSERTS, start_at_operation_time=start,
+                                        max_await_time_ms=STREAM_AWAIT_MS)
+
+    # async-only: end
     # -- producer ------------------------------------------------------------------------------------------
 
     async def write_buckets(self, docs: list[dict]) -> dict[Any, BaseException]:

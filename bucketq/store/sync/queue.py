@@ -20,11 +20,11 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.core import groups
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
-from bucketq.core.control import PAUSE, initial_pause, is_paused
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
-from bucketq.core.sharding import PARTITION, Spread, every_partition
+from bucketq.core.sharding import LAYOUT, PARTITION, Spread, check_layout, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.store.sync.base import collections, insert_copies, insert_new, retrying
 
@@ -53,6 +53,8 @@ class QueueStore:
         self.quarantine.create_index("at")
         self.inbox.create_index("at")
         self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
+        check_layout(self.control.find_one_and_update(LAYOUT, layout_update(self.partitions), upsert=True,
+                                                            return_document=ReturnDocument.AFTER), self.partitions)
 
     # -- producer ------------------------------------------------------------------------------------------
 
@@ -267,18 +269,18 @@ class QueueStore:
     def delete_requeued(self, target: Any, entries: list[dict]) -> None:
         target.delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
 
-    # -- operator controls (core.control) ------------------------------------------------------------------
+    # -- operator controls (core.operator_writes) ------------------------------------------------------------------
 
     def holders(self, query: dict) -> list[dict]:
-        """The buckets that hold a message (``control.holders``): a scan, for retry copies too."""
+        """The buckets that hold a message (``operator_writes.holders``): a scan, for retry copies too."""
         return self.buckets.find(query, **SCAN).to_list(None)
 
     def update_bucket(self, query: dict, update: dict) -> bool:
-        """One conditional write to a bucket (``control.removal``), not retried: True when it matched."""
+        """One conditional write to a bucket (``operator_writes.removal``), not retried: True when it matched."""
         return (self.buckets.update_one(query, update)).matched_count == 1
 
     def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
-        """Mark every bucket matching ``query`` (``control.purge_mark``), retried: the mark is idempotent.
+        """Mark every bucket matching ``query`` (``operator_writes.purge_mark``), retried: the mark is idempotent.
         ``scan``: the query is served by no index (the operators' whole-collection reads, ``core.scans``)."""
         options = SCAN if scan else {}
         retrying(lambda _: self.buckets.update_many(query, update, **options), timeout_s=self.op_timeout_s)

@@ -66,6 +66,12 @@ class StreamStore:
                 self._look()
         return self.parts
 
+    @property
+    def settled(self) -> bool:
+        """Whether the stream exists (its partitions are known for good); until then ``open`` looks again
+        at most every ``RECHECK_S``."""
+        return self._settled
+
     def _look(self) -> None:
         """``open``'s look at ``S.seq``."""
         layout = self.counter.find_one({"_id": core.LAYOUT_ID})

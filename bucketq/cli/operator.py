@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from bucketq.cli.common import BadUsage, CliError, Target, confirm, connection_options, open_queue, run
-from bucketq.control import PAUSE_REFRESH_S
-from bucketq.core.control import producer_bucket
+from bucketq.core.operator_writes import producer_bucket
 from bucketq.errors import MessageHeld
+from bucketq.pause_gate import PAUSE_REFRESH_S
 
 
 @click.command()

@@ -1,47 +1,16 @@
-"""Operator controls that are not methods of one ``Queue``: the pause gate consumers consult before each claim,
-and finding the queues of a database (``bucketq.list_queues``, also the CLI's queue discovery)."""
+"""Finding the queues of a database without opening them (``bucketq.list_queues``, also the CLI's queue
+discovery)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bucketq.connection import connect, reaching
 from bucketq.core.format import QUEUE_SUFFIXES, SIDE_COLLECTION_SUFFIXES, STREAM_SUFFIXES
 from bucketq.store.aio.catalog import collection_names, first_document
 
-# A consumer reads the pause document at most this often, so it stops claiming within this many seconds of a
-# pause (plus one round trip); a paused one reads it again this often (no event tells of a resume), so it
-# starts again within this many seconds of a resume (plus one round trip).
-PAUSE_REFRESH_S = 1.0
 BUCKET_FIELDS = ("v", "due", "lease")  # in every bucket and every tombstone (docs/FORMAT.md)
 
-
-class PauseGate:
-    """Whether the queue is paused, as its ``Q.control`` document says (``read``: the store's
-    ``read_pause``), read again once ``refresh_s`` has passed since the last read: one small read a second per
-    consumer, not one per claim."""
-
-    def __init__(self, read: Callable[[], Awaitable[bool]], refresh_s: float = PAUSE_REFRESH_S) -> None:
-        self._read = read
-        self._refresh_s = refresh_s
-        self._paused = False
-        self._read_at = float("-inf")
-
-    async def holds(self) -> bool:
-        """True while the queue is paused (as last read): the caller must not claim a bucket."""
-        if time.monotonic() - self._read_at >= self._refresh_s:
-            self.set(await self._read())
-        return self._paused
-
-    def set(self, paused: bool) -> None:
-        """What this process just wrote or read: in effect at once, without waiting for the next read."""
-        self._paused = paused
-        self._read_at = time.monotonic()
-
-
-# -- finding queues --------------------------------------------------------------------------------------------
 
 async def list_queues(target: Any, *, db: str | None = None) -> list[str]:
     """The names of the queues in a database, sorted. ``target`` is what ``Queue`` takes: a URI, an

@@ -1,0 +1,229 @@
+"""The consume path: claim buckets under a lease, serve their messages, flush per-message state.
+
+Runs the sans-I/O ``ClaimedBucket`` and ``claims``; adds the event loop around them: one claim in flight at a
+time, a periodic flusher that writes resolutions and extends leases, wake-ups, and an orderly drain. Each of
+those is a part of its own in this package (``Claiming``, ``Decoding``, ``OrderedGroupTurns``, ``Flushing``,
+``Draining``); ``Consumer`` sets up their shared state (``ConsumerState``) and serves and resolves messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pymongo.errors import PyMongoError
+
+from bucketq import metrics
+from bucketq.clock import ServerClock
+from bucketq.codecs import Codec
+from bucketq.consumer.claiming import Claiming
+from bucketq.consumer.decoding import Decoding
+from bucketq.consumer.dedupe_keys import KeyRecorder
+from bucketq.consumer.draining import Draining
+from bucketq.consumer.flushing import Flushing
+from bucketq.consumer.group_turns import OrderedGroupTurns
+from bucketq.consumer.holding import Holding
+from bucketq.core import claims
+from bucketq.core.backoff import Backoff
+from bucketq.core.held import Policy, SlotState
+from bucketq.core.retry import is_transient
+from bucketq.core.sharding import Rotation
+from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
+from bucketq.message import Message
+from bucketq.options import QueueOptions, check_delay, check_timeout
+from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.wakeup import Wakeup
+
+log = logging.getLogger("bucketq")
+
+
+class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
+    def __init__(self, store: AsyncQueueStore, codec: Codec, options: QueueOptions, clock: ServerClock,
+                 wakeup: Wakeup) -> None:
+        self._store = store
+        self._codec = codec
+        self._options = options
+        self._clock = clock
+        self._wakeup = wakeup
+        self._backoff = Backoff(options.retry_base, options.retry_factor, options.retry_max, options.retry_jitter)
+        self._policy = Policy(options.lease, options.max_attempts, options.due_granularity)
+        self._holdings: list[Holding] = []
+        self._claim_lock = asyncio.Lock()
+        self._flusher: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._draining = False
+        self._owner = claims.owner_name()
+        # Claims in a row that took a bucket: from two on (or one of a bucket written under load, see
+        # BACKLOG_BUCKET_SIZE), the queue has a backlog and claiming ahead pays. A consumer that empties each
+        # bucket before the next is written alternates found and empty claims, and claiming ahead would only add
+        # an empty claim per bucket.
+        self._found_in_a_row = 0
+        self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
+        self._ahead_unstarted = False  # it is spawned and has not run yet
+        self._keys = KeyRecorder(store, clock)
+        self._metrics = metrics.for_queue(store.name, store.database.name)
+        self._rotation = Rotation(store.partitions)
+        # Claims that took a bucket (True) or found none (False), for the bench's measure of claim conflicts
+        self.claim_counts: Counter[bool] = Counter()
+
+    # -- reserving -----------------------------------------------------------------------------------------
+
+    async def reserve(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None when none arrives within ``timeout`` seconds (None: wait forever)."""
+        if self._draining:
+            raise QueueClosed("the consumer is draining or closed")
+        timeout = check_timeout(timeout)
+        self._start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        claimed = False
+        must_claim = timeout == 0  # a reserve that may not wait claims once, wake-up or not
+        while True:
+            message = self._next_message()
+            if message is not None:
+                if (message._holding is self._holdings[-1] and self._backlog(message._holding.held)
+                        and not self._claim_lock.locked() and (self._ahead is None or self._ahead.done())):
+                    self._ahead = self._spawn(self._claim_ahead(message._holding))
+                    self._ahead_unstarted = True
+                if self._ahead_unstarted:
+                    # Yield until the claim ahead has sent its request: tasks whose handlers never await I/O
+                    # would not yield before the messages at hand run out, and its round trip would not overlap
+                    # their work. Every such task yields once a message meanwhile, so it is soon its turn.
+                    await asyncio.sleep(0)
+                return message
+            if self._draining:
+                return None
+            if claimed and deadline is not None and time.monotonic() >= deadline:
+                # The last claim took a bucket with nothing to serve (an ordered group's bucket that must wait, one
+                # gone to quarantine): it counts as an attempt, not as a reason to claim on past the timeout.
+                return None
+            message, claimed = await self._next_or_claim(force=must_claim)
+            must_claim = False
+            if message is not None or self._draining:
+                return message
+            if claimed:
+                continue
+            remaining = float("inf") if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await self._wakeup.wait(remaining)
+
+    async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``n`` messages: the first as ``reserve`` gives it, then those due now, from the buckets held
+        and from further claims, without waiting."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InvalidOption(f"n must be a positive int, got {n!r}")
+        first = await self.reserve(timeout)
+        if first is None:
+            return []
+        batch = [first]
+        fruitless = False  # the last claim took a bucket with nothing to serve (an ordered group's that must wait)
+        while len(batch) < n and not self._draining:
+            message = self._next_message()
+            if message is None:
+                if fruitless:  # claim no further: each such claim only pushes another ordered group's bucket back
+                    break
+                try:
+                    message, claimed = await self._next_or_claim()
+                except PyMongoError as exc:  # the batch is held: hand it over; the next reserve claims again
+                    log.warning("claim failed, returning the %d message(s) at hand: %s", len(batch), exc)
+                    break
+                if message is None and not claimed:
+                    break
+                fruitless = message is None
+            else:
+                fruitless = False
+            if message is not None:
+                batch.append(message)
+        return batch
+
+    async def consume(self, idle_timeout: float | None = None) -> AsyncIterator[Message]:
+        """Messages as they come; ends after ``idle_timeout`` seconds without one, or when draining."""
+        check_timeout(idle_timeout)
+        while not self._draining:
+            message = await self.reserve(timeout=idle_timeout)
+            if message is None:
+                return
+            yield message
+
+    async def _next_or_claim(self, *, force: bool = False) -> tuple[Message | None, bool]:
+        """Under the claim lock: a message at hand (once the claim ahead under way, if any, has landed), or else
+        one claim if a wake-up calls for it (``Wakeup.ready``) or ``force``. Returns the message, or None and
+        whether a bucket was claimed (none while draining)."""
+        async with self._claim_lock:
+            message = self._next_message()
+            if message is None and self._ahead is not None and not self._ahead.done():
+                await self._ahead_landed()
+                message = self._next_message()
+            if message is not None or self._draining or not (force or self._wakeup.ready):
+                return message, False
+            try:
+                claimed = await self._claim()
+            except PyMongoError as exc:
+                if not is_transient(exc):
+                    raise
+                # A claim whose reply was lost leaves its bucket claimed by nobody: it comes back when
+                # the lease expires, with one more try.
+                log.warning("claim failed, will retry: %s", exc)
+                self._wakeup.failed()
+                claimed = False
+        return None, claimed
+
+    def _next_message(self) -> Message | None:
+        now = self._clock.latest()  # serve only while no reading of the clock could put the lease past its end
+        for holding in self._holdings:
+            held = holding.held
+            if not held.unserved:  # every slot handed out: the bucket waits for its acks and its final flush
+                continue
+            slot = held.serve(now)
+            if slot is None:
+                if held.finished:  # the last slots were dead-lettered unserved
+                    self._schedule_flush(holding)
+                continue
+            self._metrics.consumed(1)
+            return Message(holding.payloads[slot], self, holding, slot)
+        return None
+
+    # -- resolving -----------------------------------------------------------------------------------------
+
+    async def resolve(self, holding: Holding, slot: int, outcome: tuple[str, float | None, str], *,
+                      wait: bool) -> float | None:
+        """Record ``outcome``, ``(kind, delay, reason)`` with kind "ack", "nack" or "dead". A nack returns the
+        seconds until its retry, or None when it was the message's last attempt (a dead letter)."""
+        held = holding.held
+        held.check_held(slot)
+        kind, delay, reason = outcome
+        retry_in = None
+        if kind == "ack":
+            key = held.bucket.keys[slot]
+            if self._options.dedupe and key is not None:
+                # Stored before ack returns, not at the next flush: once acked, a crash cannot make the
+                # handler run again for this key.
+                await self._keys.record(key)
+                if held.lease_ending(self._clock.latest()):
+                    with contextlib.suppress(LeaseLost):  # written if a flush still lands under this lease
+                        held.ack(slot)
+                        self._schedule_flush(holding)
+                    raise LeaseLost(f"the lease on bucket {held.bucket.id} may have run out before the ack of "
+                                    f"{held.bucket.message_id(slot)} was stored: it may be delivered again")
+            held.ack(slot)
+        elif kind == "dead":
+            held.dead(slot, reason or "rejected by the handler")
+        else:
+            delay = self._backoff.delay(held.tries(slot)) if delay is None else check_delay(delay)
+            retry_at = self._clock.now() + dt.timedelta(seconds=max(0.0, delay))
+            if held.nack(slot, retry_at, reason) is SlotState.RETRY:
+                retry_in = delay
+        future = None
+        if wait:
+            future = holding.waiters[slot] = asyncio.get_running_loop().create_future()
+        if future is not None or held.finished or held.held_back is not None:
+            self._schedule_flush(holding)
+        if future is not None:
+            await future
+        return retry_in

@@ -1,0 +1,43 @@
+"""A claimed bucket's payloads decoded, and a bucket that cannot be served (malformed, undecodable, unclaimable)
+sent to quarantine."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from bucketq.codecs import Codec
+from bucketq.consumer.state import ConsumerState
+from bucketq.core import claims
+from bucketq.core.format import StoredBucket, quarantined_bucket
+from bucketq.core.sharding import key as shard_key
+
+log = logging.getLogger("bucketq")
+
+
+class Decoding(ConsumerState):
+    def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
+        payloads: list[Any] = [None] * bucket.size
+        bad: dict[int, str] = {}
+        load, done = codec.load, bucket.done
+        for slot, stored in enumerate(bucket.payloads):
+            if done and slot in done:
+                continue
+            try:
+                payloads[slot] = load(stored)
+            except Exception as exc:
+                bad[slot] = f"{type(exc).__name__}: {exc}"
+        return payloads, bad
+
+    async def _quarantine_bucket(self, doc: dict, token: str, reason: str) -> None:
+        now = self._clock.now()
+        entry = quarantined_bucket(doc, reason=reason, at=now, host=self._owner.split(":")[0], pid=os.getpid())
+        ref = shard_key(doc)
+        await self._store.quarantine_bucket(entry, claims.fenced(ref, token), claims.finish(now, token, ref["pt"]),
+                                            claims.finished_by(ref, token))
+        # reported once stored, not before: a copy refused (too large) must not read as quarantined
+        log.warning("bucket %s quarantined%s: %s", doc.get("_id"),
+                    f" without its fields {', '.join(entry['omitted'])} (over 16 MiB)" if "omitted" in entry else "",
+                    reason)
+        self._metrics.quarantined(1)

@@ -1,0 +1,131 @@
+"""The consumer's flushes: a periodic loop that writes each held bucket's resolutions and extends its lease, one
+flush task per bucket, and the end of an ordered group's turn after a bucket's last write."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from pymongo.errors import PyMongoError
+
+from bucketq.consumer.holding import Holding
+from bucketq.consumer.state import ConsumerState
+from bucketq.core import group_turn, groups
+from bucketq.core.held import FlushPlan
+from bucketq.core.retry import is_too_large
+from bucketq.errors import LeaseLost, WriteFailed
+
+log = logging.getLogger("bucketq")
+
+
+class Flushing(ConsumerState):
+    def _start(self) -> None:
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-flush")
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _flush_loop(self) -> None:
+        """Every ``state_flush_period``, start a flush for each held bucket that needs one and has none under
+        way. Each bucket's flush is a task of its own: one write retrying for a long time (a server
+        restarting) holds back only its own bucket, never the lease extensions of the others."""
+        while True:
+            await asyncio.sleep(self._options.state_flush_period)
+            now = self._clock.latest()
+            for holding in list(self._holdings):
+                if holding.held.needs_flush(now):
+                    self._schedule_flush(holding)
+
+    def _schedule_flush(self, holding: Holding) -> None:
+        """Start a flush of ``holding`` unless one is under way: that one goes on to write what is resolved
+        meanwhile when the bucket is finished or someone waits for a resolution (see ``_flush``)."""
+        if holding.flushing is None or holding.flushing.done():
+            holding.flushing = self._spawn(self._flush_logged(holding))
+
+    async def _flush_logged(self, holding: Holding) -> None:
+        try:
+            await self._flush(holding)
+        except Exception as exc:
+            log.warning("state flush of bucket %s failed; will retry: %s", holding.held.bucket.id, exc)
+
+    async def _flush(self, holding: Holding, *, release: bool = False) -> None:
+        """Write the bucket's pending plan (a failed one first, as it was), then go on while resolutions that
+        someone waits for were made meanwhile. A release, or a bucket with every slot resolved, goes on until
+        the write that ends the bucket is applied or refused."""
+        held = holding.held
+        async with holding.lock:
+            while not held.ended and holding in self._holdings:
+                plan = held.take_plan(self._clock.now(), release=release, host=self._owner, pid=os.getpid())
+                await self._run(holding, plan)
+                if not (release or held.finished or (held.dirty and holding.waiters)):
+                    return
+
+    async def _run(self, holding: Holding, plan: FlushPlan) -> None:
+        held = holding.held
+        refused: WriteFailed | None = None
+        try:
+            applied = await self._execute(plan)  # raises: the plan stays pending, to be retried as it is
+        except Exception as exc:
+            if not is_too_large(exc):
+                raise
+            # Over 16 MiB (a bucket someone else wrote near the limit): the same plan would be refused for ever.
+            # The bucket is given up as a lost lease would be: it comes back when the lease expires.
+            refused = WriteFailed(f"a write for bucket {held.bucket.id} was refused as too large ({exc}); its "
+                                  "unflushed messages come back when the lease expires")
+            applied = False
+        held.outcome(plan, applied)
+        self._metrics.flushed(plan, applied)
+        if refused is not None:
+            log.error("%s", refused)
+        elif not applied:
+            log.warning("lease on bucket %s lost; its unflushed state was refused", held.bucket.id)
+        elif plan.retry_docs:
+            self._wakeup.due(min(d["due"] for d in plan.retry_docs), self._clock)
+        if held.ended and held.bucket.group is not None:  # before the acks return: then the group has moved on
+            await self._end_turn(held.bucket.group, held.bucket.partition, held.token)
+        for slot in plan.slots if holding.waiters else ():
+            future = holding.waiters.pop(slot, None)
+            if future is not None and not future.done():
+                if applied:
+                    future.set_result(None)
+                else:
+                    future.set_exception(refused or LeaseLost(f"the lease on bucket {held.bucket.id} was lost "
+                                                              "before the flush"))
+        if held.ended:
+            self._holdings.remove(holding)
+            for future in holding.waiters.values():
+                if not future.done():
+                    future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
+
+    async def _end_turn(self, group: str, partition: int | None, token: str) -> None:
+        """``group_turn.end_turn``. On failure the lock expires with the lease, and waiting buckets come back at
+        their recheck time."""
+        self._wakeup.notify()  # our claims skipped the ordered group's later buckets while we held it: no event says so
+        try:
+            await self._converse(group_turn.end_turn(group, partition, token, self._clock.now()))
+        except PyMongoError as exc:
+            log.warning("ordered group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
+
+    async def _execute(self, plan: FlushPlan) -> bool:
+        """Run a flush plan's writes in order; False when the lease turned out to be lost."""
+        store = self._store
+        if plan.lock_until is not None:  # an ordered group's bucket: its lock first, never to expire before the lease
+            assert plan.group is not None
+            if not await store.extend_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
+                return False
+        if plan.guard is not None and not await store.update_fenced(plan.filter, plan.guard):
+            return False
+        for collection, docs in ((store.buckets, plan.retry_docs), (store.dead, plan.dead_docs),
+                                 (store.quarantine, plan.quarantine_docs)):
+            if docs:
+                await store.insert_copies(collection, docs)
+        if plan.kind == "finish":
+            assert plan.mine is not None
+            return await store.finish_fenced(plan.filter, plan.final, plan.mine)
+        return await store.update_fenced(plan.filter, plan.final, mine=plan.mine)

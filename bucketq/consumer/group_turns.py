@@ -1,0 +1,47 @@
+"""The consumer's side of an ordered group's turn: it carries ``core.group_turn``'s conversations to the store."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, TypeVar
+
+from bucketq.consumer.state import ConsumerState
+from bucketq.core import group_turn
+from bucketq.core.group_turn import GroupStep
+
+T = TypeVar("T")
+
+
+class OrderedGroupTurns(ConsumerState):
+    async def _converse(self, conversation: Generator[GroupStep, Any, T]) -> T:
+        """Carry an ordered group's conversation (``core.group_turn``) to the store: each step's reply goes back
+        in, each error is thrown in at the step that raised it (the lock may still have to be given back)."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = conversation.send(reply) if error is None else conversation.throw(error)
+            except StopIteration as done:
+                return done.value
+            try:
+                reply, error = await self._group_step(step), None
+            except BaseException as exc:  # a cancellation too: the conversation unlocks, then raises it
+                reply, error = None, exc
+
+    async def _group_step(self, step: GroupStep) -> Any:
+        store = self._store
+        match step:
+            case group_turn.LockGroup(query, update, mine):
+                return await store.lock_group(query, update, mine)
+            case group_turn.ReadEarliestLive(query, sort):
+                return await store.first_bucket(query, sort)
+            case group_turn.ReleaseToWait(query, update, mine):
+                return await store.update_fenced(query, update, mine=mine)
+            case group_turn.Unlock(mine):
+                return await store.unlock_group(mine)
+            case group_turn.ReadLock(group):
+                return await store.group_lock(group)
+            case group_turn.Wake(query, update):
+                await store.wake(query, update)
+                self._wakeup.notify()
+                return None

@@ -1,0 +1,20 @@
+"""``Holding``: a claimed bucket as the consumer holds it (shared by the consumer's parts)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from bucketq.core.held import ClaimedBucket
+
+
+@dataclass
+class Holding:
+    """A claimed bucket's state machine with its decoded payloads and the tasks and futures around it."""
+
+    held: ClaimedBucket
+    payloads: list[Any]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiters: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    flushing: asyncio.Task[None] | None = None  # the periodic flush under way, if any

@@ -1,0 +1,357 @@
+"""The dashboard (bucketq.web) without a browser: its pages, the token, sessions and CSRF, read-only mode, the
+confirmation every action needs, the loopback rule, the autoscaling endpoint, passwords kept out of pages; on the
+in-memory database through Starlette's TestClient (the browser test, tests/test_web_browser.py, uses the server).
+And ``bucketq stats --json``'s ``pending`` and the README's mount example, on the test server."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import html
+import importlib.util
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import pytest
+from bson import ObjectId
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.testclient import TestClient
+
+import bucketq
+from bucketq.cli import cli
+from bucketq.errors import InvalidOption
+from bucketq.web import check_bind, create_app
+from bucketq.web.charts import line_chart
+from bucketq.web.history import History
+from bucketq.web.security import SESSION_COOKIE
+from tests.helpers import eventually
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "s3cret-token"
+CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
+
+
+async def fill(target: Any, raw: Any) -> None:
+    """Real data for the dashboard: queue ``orders`` with 20 messages, of which 3 dead letters (their reasons say
+    why) and one more bucket quarantined (``raw`` is a synchronous handle on the database, to write it as it is);
+    queue ``emails`` with 5 ready and 5 scheduled messages; stream ``events`` of 30 messages, reader group
+    ``audit`` at its beginning (30 behind) and ``billing`` at its end."""
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=60)
+    raw["orders"].insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": past, "due": past, "n": 1,
+                              "p": ["{not json"], "done": [], "c": 0, "lease": None})
+    async with bucketq.Queue(target, name="orders", bucket_max_wait=0.005, drain_timeout=0) as orders:
+        await orders.push_many([{"order": i} for i in range(20)])
+        for error in ("card declined", "address unknown", "timeout calling the warehouse"):
+            message = await orders.reserve(timeout=2)
+            assert message is not None
+            await message.dead_letter(error=error, wait=True)
+    async with bucketq.Queue(target, name="emails", bucket_max_wait=0.005) as emails:
+        await emails.push_many([{"to": f"user{i}"} for i in range(5)])
+        await emails.push_many([{"to": f"later{i}"} for i in range(5)], delay=3600)
+    async with bucketq.Stream(target, name="events") as events:
+        await events.push_many([{"event": i} for i in range(30)])
+        await events.flush()
+        await events.reset("audit", "beginning")
+        await events.reset("billing", "end")
+
+
+@pytest.fixture
+def open_app(memory_db: Any) -> Iterator[Callable[..., TestClient]]:
+    """``open_app(**create_app options)``: a TestClient on the dashboard of ``memory_db`` filled by ``fill``,
+    its lifespan running."""
+    clients: list[TestClient] = []
+
+    def make(**options: Any) -> TestClient:
+        client = TestClient(create_app(memory_db, interval_s=3600, **options), follow_redirects=False)
+        client.__enter__()
+        clients.append(client)
+        if len(clients) == 1:
+            client.portal.call(fill, memory_db, memory_db.sync)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+def call(client: TestClient, coroutine: Callable[..., Any], *args: Any) -> Any:
+    """Run a coroutine on the app's event loop (where the in-memory database is used)."""
+    return client.portal.call(coroutine, *args)
+
+
+async def is_paused(db: Any, name: str) -> bool:
+    async with bucketq.Queue(db, name=name) as queue:
+        return await queue.paused()
+
+
+def logged_in(client: TestClient) -> str:
+    """Log in with the token; the CSRF field of the session's forms."""
+    response = client.post("/login", data={"token": TOKEN, "next": "/"})
+    assert response.status_code == 303 and response.headers["location"] == "/"
+    assert SESSION_COOKIE in response.cookies
+    return CSRF.search(client.get("/").text).group(1)  # type: ignore[union-attr]
+
+
+# -- pages ---------------------------------------------------------------------------------------------------
+
+def test_pages_show_counts_reasons_and_reader_groups(open_app) -> None:
+    client = open_app()
+    overview = client.get("/")
+    assert overview.status_code == 200
+    orders_row = re.search(r'<a href="[^"]*/queues/orders">orders</a>.*?</tr>', overview.text, re.DOTALL).group()
+    # pending, ready, scheduled, in flight, dead, quarantined
+    assert re.findall(r"<td>([\d,]+)</td>", orders_row)[:6] == ["17", "17", "0", "0", "3", "1"]
+    emails_row = re.search(r'<a href="[^"]*/queues/emails">emails</a>.*?</tr>', overview.text, re.DOTALL).group()
+    assert re.findall(r"<td>([\d,]+)</td>", emails_row)[:4] == ["5", "5", "5", "0"]
+    assert re.search(r'/streams/events">events</a></td>\s*<td>\d+</td><td>2</td>\s*<td>30</td>', overview.text)
+
+    orders = html.unescape(client.get("/queues/orders").text)
+    for reason in ("card declined", "address unknown", "timeout calling the warehouse", "undecodable"):
+        assert reason in orders
+    assert "whole bucket, 1 messages" in orders
+    assert 'id="action-' not in orders  # read-only: no action offered
+
+    events = client.get("/streams/events").text
+    assert re.search(r"<td>audit</td><td>[^<]*</td><td>30</td>", events)
+    assert re.search(r"<td>billing</td><td>[^<]*</td><td>0</td>", events)
+    assert client.get("/queues/nope").status_code == 404
+    assert client.get("/streams/nope").status_code == 404
+
+
+def test_what_the_data_holds_is_shown_as_text_never_as_markup(open_app, memory_db) -> None:
+    client = open_app()
+
+    async def dead_letter_with_markup() -> None:
+        async with bucketq.Queue(memory_db, name="orders") as orders:
+            message = await orders.reserve(timeout=2)
+            assert message is not None
+            await message.dead_letter(error="<script>alert(1)</script>", wait=True)
+    call(client, dead_letter_with_markup)
+    page = client.get("/queues/orders").text
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_the_charts_draw_the_samples(open_app) -> None:
+    client = open_app()
+    dashboard = client.app.state.dashboard  # type: ignore[attr-defined]
+    assert "no samples yet" in client.get("/queues/orders").text
+    call(client, dashboard.sample)
+    call(client, dashboard.sample)
+    page = client.get("/queues/orders").text
+    assert page.count("<polyline") >= 3  # pending, ready and dead; in/out need change streams on the first sample
+    assert "<script" not in page and "http" not in page.split("<svg", 1)[1].split("</svg>", 1)[0]
+    stream = client.get("/streams/events").text
+    assert stream.count("<polyline") == 2  # one line per reader group
+
+
+# -- read-only, token, sessions, CSRF, confirmation ----------------------------------------------------------
+
+def test_read_only_refuses_every_post(open_app, memory_db) -> None:
+    for options in ({}, {"token": TOKEN}):  # no token; a token but no --allow-actions
+        client = open_app(**options)
+        if options:
+            csrf = logged_in(client)
+            assert client.get("/queues/orders/pause").status_code == 403  # no confirmation page either
+        else:
+            csrf = ""
+        response = client.post("/queues/orders/pause", data={"confirm": "yes", "csrf": csrf})
+        assert response.status_code == 403 and "read-only" in response.text
+        response = client.post("/streams/events/reset", data={"confirm": "yes", "csrf": csrf, "group": "audit",
+                                                               "to": "end"})
+        assert response.status_code == 403
+    assert call(client, is_paused, memory_db, "orders") is False
+
+
+def test_actions_need_a_token() -> None:
+    with pytest.raises(InvalidOption, match="token"):
+        create_app(bucketq.memory.MemoryClient()["db"], allow_actions=True)
+    result = CliRunner().invoke(cli, ["web", "--allow-actions", "--uri", "mongodb://127.0.0.1:1/db"],
+                                env={"BUCKETQ_WEB_TOKEN": ""})
+    assert result.exit_code == 2 and "needs a token" in result.output
+
+
+def test_with_a_token_every_page_asks_for_it(open_app) -> None:
+    client = open_app(token=TOKEN)
+    response = client.get("/queues/orders")
+    assert response.status_code == 303 and response.headers["location"].endswith("/login?next=%2Fqueues%2Forders")
+    assert client.get("/api/pending").status_code == 401
+    wrong = client.post("/login", data={"token": "guess", "next": "/"})
+    assert wrong.status_code == 401 and SESSION_COOKIE not in wrong.cookies
+    assert client.get("/api/pending", headers={"Authorization": "Bearer guess"}).status_code == 401
+    assert client.get("/api/pending", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    # a forged cookie is no session
+    client.cookies.set(SESSION_COOKIE, "abc.def")
+    assert client.get("/").status_code == 303
+    client.cookies.clear()
+    # log-in sends nobody to another site
+    response = client.post("/login", data={"token": TOKEN, "next": "//evil.example/x"})
+    assert response.headers["location"] == "http://testserver/"
+    assert client.get("/").status_code == 200
+
+
+def test_every_post_checks_token_csrf_origin_and_confirmation(open_app, memory_db) -> None:
+    client = open_app(token=TOKEN, allow_actions=True)
+    assert client.post("/queues/orders/pause", data={"confirm": "yes"}).status_code == 401  # no session
+    csrf = logged_in(client)
+    refused = [
+        client.post("/queues/orders/pause", data={"confirm": "yes"}),  # no CSRF field
+        client.post("/queues/orders/pause", data={"confirm": "yes", "csrf": "0" * 64}),  # a wrong one
+        client.post("/queues/orders/pause", data={"confirm": "yes", "csrf": csrf},
+                    headers={"Origin": "http://evil.example"}),  # another site's page
+    ]
+    assert [r.status_code for r in refused] == [403, 403, 403]
+    unconfirmed = client.post("/queues/orders/pause", data={"csrf": csrf})
+    assert unconfirmed.status_code == 400 and "not confirmed" in unconfirmed.text
+    assert call(client, is_paused, memory_db, "orders") is False
+
+    question = client.get("/queues/orders/pause")
+    assert question.status_code == 200 and 'name="confirm" value="yes"' in question.text
+    done = client.post("/queues/orders/pause", data={"confirm": "yes", "csrf": csrf},
+                       headers={"Origin": "http://testserver"})
+    assert done.status_code == 200 and "paused queue" in done.text
+    assert call(client, is_paused, memory_db, "orders") is True
+    # a script: the bearer header stands for session and CSRF field, the confirmation is still needed
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    client.cookies.clear()
+    assert client.post("/queues/orders/resume", headers=bearer).status_code == 400
+    assert client.post("/queues/orders/resume", data={"confirm": "yes"}, headers=bearer).status_code == 200
+    assert call(client, is_paused, memory_db, "orders") is False
+    # a session ends when the token changes: the cookie was signed with the old one
+    other = open_app(token="another-token", allow_actions=True)
+    other.cookies.set(SESSION_COOKIE, client.post("/login", data={"token": TOKEN}).cookies[SESSION_COOKIE])
+    assert other.post("/queues/orders/pause", data={"confirm": "yes", "csrf": csrf}).status_code == 401
+
+
+def test_requeue_dead_letters_and_reset_a_reader_group(open_app, memory_db) -> None:
+    client = open_app(token=TOKEN, allow_actions=True)
+    csrf = logged_in(client)
+    question = html.unescape(client.get("/queues/orders/requeue-dead").text)
+    assert "Put the 3 dead letter(s) of queue 'orders' back" in question
+    done = client.post("/queues/orders/requeue-dead", data={"confirm": "yes", "csrf": csrf})
+    assert "requeued 3 dead letter(s)" in done.text
+
+    async def counts() -> dict[str, Any]:
+        async with bucketq.Queue(memory_db, name="orders") as queue:
+            return await queue.stats()
+    row = call(client, counts)
+    assert (row["dead"], row["ready"]) == (0, 17 + 3)
+
+    question = html.unescape(client.get("/streams/events/reset?group=billing&to=beginning").text)
+    assert "Move reader group 'billing'" in question
+    client.post("/streams/events/reset", data={"confirm": "yes", "csrf": csrf, "group": "billing",
+                                                "to": "beginning"})
+
+    async def lag() -> int:
+        async with bucketq.Stream(memory_db, name="events") as events:
+            return (await events.stats())["groups"]["billing"]["lag_messages"]
+    assert call(client, lag) == 30
+
+
+def test_logout_ends_the_session(open_app) -> None:
+    client = open_app(token=TOKEN)
+    csrf = logged_in(client)
+    assert client.post("/logout", data={}).status_code == 403  # CSRF-checked like any POST
+    response = client.post("/logout", data={"csrf": csrf})
+    assert response.status_code == 303
+    client.cookies.clear()  # what the browser does with the expired cookie
+    assert client.get("/").status_code == 303
+
+
+# -- binding -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_loopback_needs_no_token(host: str) -> None:
+    check_bind(host, None)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "dashboard.example"])
+def test_other_addresses_need_a_token(host: str) -> None:
+    with pytest.raises(InvalidOption, match="without a token"):
+        check_bind(host, None)
+    check_bind(host, TOKEN)
+    result = CliRunner().invoke(cli, ["web", "--host", host, "--uri", "mongodb://127.0.0.1:1/db"],
+                                env={"BUCKETQ_WEB_TOKEN": ""})
+    assert result.exit_code == 2 and f"refusing to serve the dashboard on {host!r} without a token" in result.output
+
+
+# -- credentials, autoscaling ------------------------------------------------------------------------------
+
+def test_no_page_or_log_line_shows_the_password(closed_port: int, everything_logged) -> None:
+    uri = f"mongodb://alice:Pa55word@127.0.0.1:{closed_port}/shop?serverSelectionTimeoutMS=200"
+    with TestClient(create_app(uri, interval_s=3600)) as client:
+        page = client.get("/")
+        client.portal.call(eventually, lambda: "dashboard sample failed" in everything_logged())
+    assert page.status_code == 503 and "MongoDB error" in page.text
+    assert "127.0.0.1" in page.text and "Pa55word" not in page.text and "alice" not in page.text
+    assert f"127.0.0.1:{closed_port}" in everything_logged() and "Pa55word" not in everything_logged()
+
+
+def test_pending_endpoint_counts_messages_that_need_a_worker(open_app) -> None:
+    client = open_app()
+    assert client.get("/api/pending/orders").json() == {"queue": "orders", "pending": 17, "ready": 17,
+                                                        "in_flight": 0, "scheduled": 0}
+    assert client.get("/api/pending/emails").json()["pending"] == 5  # the 5 scheduled ones need no worker yet
+    every = client.get("/api/pending").json()
+    assert every["pending"] == 22 and set(every["queues"]) == {"orders", "emails"}
+    missing = client.get("/api/pending/nope")
+    assert missing.status_code == 404 and missing.json()["error"].startswith("no queue 'nope'")
+
+
+async def test_stats_json_adds_pending_and_keeps_its_keys(mongo_uri: str, db_name: str, sync_db) -> None:
+    async with bucketq.Queue(mongo_uri, db=db_name, name="events", bucket_max_wait=0.005) as queue:
+        await queue.push_many(list(range(12)))
+        await queue.push_many(list(range(4)), delay=3600)
+        held = await queue.reserve(timeout=2)  # its bucket of 12 goes in flight
+        assert held is not None
+        result = await asyncio.to_thread(CliRunner().invoke, cli, ["stats", "events", "--json", "--uri", mongo_uri,
+                                                                   "--db", db_name])
+        await held.nack(0)
+    row = json.loads(result.output)
+    assert {"ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s",
+            "groups"} < set(row)
+    assert (row["pending"], row["in_flight"], row["scheduled"]) == (12, 12, 4)
+
+
+def test_the_readme_mount_example_serves_the_dashboard(mongo_uri: str, db_name: str, monkeypatch) -> None:
+    scheme_hosts, _, query = mongo_uri.partition("/?")
+    monkeypatch.setenv("BUCKETQ_MONGODB_URI", f"{scheme_hosts.rstrip('/')}/{db_name}" + (f"?{query}" if query else ""))
+    spec = importlib.util.spec_from_file_location("dashboard_mount", ROOT / "examples" / "dashboard_mount.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with TestClient(module.app) as client:
+        assert client.post("/orders", json={"order": 1}).status_code == 202
+        page = client.get("/bucketq/")
+        assert page.status_code == 200 and 'href="http://testserver/bucketq/queues/orders"' in page.text
+        assert client.get("/bucketq/api/pending/orders").json()["pending"] == 1
+
+
+# -- the charts' history and drawing -------------------------------------------------------------------------
+
+@given(samples=st.lists(st.tuples(st.floats(0, 2000), st.one_of(st.none(), st.floats(0, 1e9))), max_size=400),
+       interval=st.sampled_from([1.0, 10.0, 60.0]))
+def test_history_keeps_the_last_hour_and_the_chart_stays_in_its_box(samples, interval: float) -> None:
+    history = History(interval)
+    times = list(itertools.accumulate(step for step, _ in samples)) or [0.0]
+    for at, (_, value) in zip(times, samples, strict=False):
+        history.add(("queue", "q", "pending"), at, value)
+    now = times[-1]
+    points = history.points(("queue", "q", "pending"), now)
+    kept = [(at, float(value)) for at, (_, value) in zip(times, samples, strict=False)
+            if value is not None and now - at <= history.span_s]
+    assert len(points) <= 3600 / interval + 1
+    assert points == kept[len(kept) - len(points):]  # the newest, oldest first
+    svg = ElementTree.fromstring(str(line_chart({"pending": points}, now=now, span_s=history.span_s)))
+    width, height = (float(n) for n in svg.get("viewBox", "").split()[2:])
+    lines = list(svg.iter("polyline"))
+    assert len(lines) == (len(points) >= 2)
+    for line in lines:
+        for x, y in (map(float, pair.split(",")) for pair in line.get("points", "").split()):
+            assert 0 <= x <= width and 0 <= y <= height
