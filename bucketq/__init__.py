@@ -9,7 +9,7 @@
 from bucketq.codecs import Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.connection import ServerUnreachable
 from bucketq.core.format import FORMAT_VERSION
-from bucketq.core.stream import Position
+from bucketq.core.stream_protocol import Position
 from bucketq.discovery import list_queues
 from bucketq.errors import (
     AlreadyResolved,

@@ -43,7 +43,7 @@ from bucketq.errors import InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
 from bucketq.options import check_database, check_delay, check_names, check_write_concern
 from bucketq.store.sync.base import retrying
-from bucketq.store.sync.queue import QueueStore
+from bucketq.store.sync.queue_store import QueueStore
 
 REAP_EVERY_S = 60.0
 

@@ -24,8 +24,8 @@ from bucketq.core.format import Slot, check_group, encode_slot
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.store.aio.base import retrying
-from bucketq.store.aio.queue import AsyncQueueStore
-from bucketq.store.aio.stream import AsyncStreamStore
+from bucketq.store.aio.queue_store import AsyncQueueStore
+from bucketq.store.aio.stream_store import AsyncStreamStore
 
 BUCKETS_PER_WRITE = 8
 

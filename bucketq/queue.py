@@ -37,7 +37,7 @@ from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
 from bucketq.setup import SetUp
-from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.transaction import check_session, push_in_transaction
 from bucketq.wakeup import Wakeup, Watched
 

@@ -25,15 +25,15 @@ from typing import Any
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
 from bucketq.connection import connect
-from bucketq.core import stream as core
+from bucketq.core import stream_protocol as core
 from bucketq.core.format import MAX_BUCKET_SIZE
-from bucketq.core.stream import GroupState, Lag, Partition, Position, RetentionCut
+from bucketq.core.stream_protocol import GroupState, Lag, Partition, Position, RetentionCut
 from bucketq.errors import InvalidOption
 from bucketq.lifecycle import Lifecycle
 from bucketq.options import StreamOptions, check_database, check_names
 from bucketq.producer import Outgoing, Producer
 from bucketq.setup import SetUp
-from bucketq.store.aio.stream import AsyncStreamStore
+from bucketq.store.aio.stream_store import AsyncStreamStore
 from bucketq.stream_reader import StreamReader
 
 HOUSEKEEPING_EVERY_S = 60.0

@@ -28,14 +28,14 @@ from pymongo.errors import PyMongoError
 
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
-from bucketq.core import stream as core
+from bucketq.core import stream_protocol as core
 from bucketq.core import stream_step
 from bucketq.core.claims import new_token, owner_name
-from bucketq.core.stream import GroupState, HeldBucket, HoleWatch, Partition, Position
+from bucketq.core.stream_protocol import GroupState, HeldStreamBucket, HoleWatch, Partition, Position
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.options import StreamOptions, check_timeout
 from bucketq.store.aio.base import raise_if_cancelled
-from bucketq.store.aio.stream import RECHECK_S, AsyncStreamStore
+from bucketq.store.aio.stream_store import RECHECK_S, AsyncStreamStore
 from bucketq.wakeup import Wakeup
 
 
@@ -65,7 +65,7 @@ class StreamMessage:
     __slots__ = ("position", "payload", "headers", "created", "_reader", "_held")
 
     def __init__(self, position: Position, payload: Any, headers: dict[str, Any], created: dt.datetime,
-                 reader: StreamReader, held: HeldBucket) -> None:
+                 reader: StreamReader, held: HeldStreamBucket) -> None:
         self.position = position
         self.payload = payload
         self.headers = headers
@@ -91,7 +91,7 @@ class StreamReader:
         self._start = start
         self._token = new_token()
         self._owner = owner_name()
-        self._held: dict[tuple[int, int], HeldBucket] = {}  # by (partition, sequence)
+        self._held: dict[tuple[int, int], HeldStreamBucket] = {}  # by (partition, sequence)
         self._lost: list[Position] = []  # buckets dropped since the last flush() call: their leases were lost
         self._holes: dict[int, HoleWatch] = {}  # by partition
         self._next_part = 0  # where the next look for a bucket to claim starts
@@ -253,7 +253,7 @@ class StreamReader:
         doc = await self._store.bucket(part, seq)
         if doc is None:  # deleted by retention since the scan: the next scan moves the group past it
             return True
-        held = HeldBucket.parse(doc, part, claim, group.epoch, self._token)
+        held = HeldStreamBucket.parse(doc, part, claim, group.epoch, self._token)
         if held.complete:  # every slot skipped (a reset into this bucket's last slot): nothing to read
             await self._finish(held)
             return True
@@ -262,7 +262,7 @@ class StreamReader:
 
     # -- acks ----------------------------------------------------------------------------------------------
 
-    async def ack(self, held: HeldBucket, slot: int) -> None:
+    async def ack(self, held: HeldStreamBucket, slot: int) -> None:
         if self._held.get(held.key) is not held:
             raise LeaseLost(f"this reader no longer holds bucket {held.position} of group {self.group!r}; "
                             "the message will be read again")
@@ -270,7 +270,7 @@ class StreamReader:
         if held.complete:
             await self._finish(held)
 
-    async def _finish(self, held: HeldBucket) -> None:
+    async def _finish(self, held: HeldStreamBucket) -> None:
         """Write the bucket's claim as finished (fenced by this reader's token), then commit what it settles."""
         self._held.pop(held.key, None)
         applied = await self._store.update_claim(core.claimed_by(held.cid, held.token),

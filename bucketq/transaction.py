@@ -13,7 +13,7 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from bucketq.core.format import Slot, bucket_document, message_id
 from bucketq.errors import InvalidOption
 from bucketq.motor_adapter import is_motor
-from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.store.aio.queue_store import AsyncQueueStore
 
 
 def single_bucket(bucket_id: ObjectId, slot: Slot, *, codec: str, now: dt.datetime,

@@ -17,7 +17,7 @@ from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
-from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
 
 pytestmark = pytest.mark.backends("memory", "server")

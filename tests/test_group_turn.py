@@ -21,7 +21,7 @@ from bucketq.core import claims, group_turn, groups
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.group_turn import GroupStep, Turn
 from bucketq.memory import MemoryClient, MemoryDatabase
-from bucketq.store.sync.queue import QueueStore
+from bucketq.store.sync.queue_store import QueueStore
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 LEASE_S = 30.0

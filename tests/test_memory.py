@@ -31,7 +31,7 @@ from bucketq.core import claims, sharding
 from bucketq.core.stats import stats_pipeline
 from bucketq.memory import MemoryClient, MemoryDatabase, Unsupported
 from bucketq.store.aio.base import insert_new
-from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.store.aio.queue_store import AsyncQueueStore
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.memory  # the tests that use mongo_uri are marked server too, and make unit skips them

@@ -1,4 +1,4 @@
-"""Properties of the stream core (bucketq/core/stream.py): positions, the commit rule, a held bucket's state
+"""Properties of the stream core (bucketq/core/stream_protocol.py): positions, the commit rule, a held bucket's state
 machine, retention cuts and hole watching."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bucketq import InvalidOption
-from bucketq.core.stream import HeldBucket, HoleWatch, Partition, Position, RetentionCut, advance
+from bucketq.core.stream_protocol import HeldStreamBucket, HoleWatch, Partition, Position, RetentionCut, advance
 
 positions = st.builds(Position, st.integers(0, 2**62), st.integers(0, 65535), st.integers(0, 1023))
 
@@ -47,7 +47,7 @@ def test_a_held_bucket_delivers_each_slot_once_in_order_and_completes_when_all_a
     done = {d for d in done if d < size}
     claim = {"_id": {"g": "g", "e": 0, "s": 1}, "done": sorted(done)}
     doc = {"_id": 1, "v": 1, "enc": "json", "created": dt.datetime(2026, 1, 1), "n": size, "p": ["x"] * size}
-    held = HeldBucket.parse(doc, Partition(), claim, 0, "token")
+    held = HeldStreamBucket.parse(doc, Partition(), claim, 0, "token")
     delivered: list[int] = []
     for n in [*takes, size]:
         delivered += held.take(n)

@@ -38,7 +38,7 @@ def test_the_rewriting_rules() -> None:
 
 def test_the_generated_sync_store_is_current() -> None:
     expected = unasync.generated()
-    assert {path.name for path in expected} == {"__init__.py", "base.py", "queue.py", "stream.py"}
+    assert {path.name for path in expected} == {"__init__.py", "base.py", "queue_store.py", "stream_store.py"}
     for path, text in expected.items():
         assert path.read_text() == text, f"{path} is stale: run `python -m devtools.unasync`"
         assert text.startswith("# Generated from bucketq/store/aio/")

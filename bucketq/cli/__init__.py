@@ -3,7 +3,7 @@
 One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``entries`` (dead, quarantine),
 ``worker``, ``relay`` (the outbox relay). Shared pieces: ``common`` (options, connection, finding queues, running,
 one-line redacted errors, signals), ``params`` (durations), ``output`` (JSON and human formats).
-``control`` has the operator controls (pause, resume, remove, purge); ``stream`` a stream's reader groups;
+``operator`` has the operator controls (pause, resume, remove, purge); ``streams`` a stream's reader groups;
 ``shard`` prints the commands that shard a queue (docs/SCALING.md); ``web`` serves the dashboard (``bucketq.web``).
 """
 
@@ -20,7 +20,7 @@ from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
 from bucketq.cli.relay import relay
 from bucketq.cli.shard import shard
-from bucketq.cli.stream import stream
+from bucketq.cli.streams import stream
 from bucketq.cli.web import web
 from bucketq.cli.worker import worker
 

@@ -37,7 +37,7 @@ from bucketq.core.sharding import Rotation
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
-from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from bucketq.clock import ServerClock
-from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.store.aio.queue_store import AsyncQueueStore
 
 
 class KeyRecorder:

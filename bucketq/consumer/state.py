@@ -20,7 +20,7 @@ from bucketq.core.held import Policy
 from bucketq.core.sharding import Rotation
 from bucketq.message import Message
 from bucketq.options import QueueOptions
-from bucketq.store.aio.queue import AsyncQueueStore
+from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
 
 T = TypeVar("T")

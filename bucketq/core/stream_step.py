@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bucketq.core.stream import HoleWatch, advance, missing_sequences
+from bucketq.core.stream_protocol import HoleWatch, advance, missing_sequences
 
 
 @dataclass(frozen=True)

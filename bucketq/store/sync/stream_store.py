@@ -1,8 +1,8 @@
-# Generated from bucketq/store/aio/stream.py by devtools/unasync.py; do not edit.
+# Generated from bucketq/store/aio/stream_store.py by devtools/unasync.py; do not edit.
 # Edit the async source and run `python -m devtools.unasync`.
 """``StreamStore``: every command bucketq sends to a stream's collections: ``S`` (buckets and gap markers),
 ``S.positions`` (the reader groups), ``S.claims`` (the groups' claims of buckets), ``S.seq`` (the sequence
-counter and retention floor). The filters and updates come from ``bucketq.core.stream``; this class runs them,
+counter and retention floor). The filters and updates come from ``bucketq.core.stream_protocol``; this class runs them,
 and every command on the buckets collection is a method here. Written async once; ``bucketq.store.sync``'s
 ``StreamStore`` is generated from it (``devtools/unasync.py``) for the Spark shells' range reads.
 
@@ -22,10 +22,10 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from bucketq.core import stream as core
+from bucketq.core import stream_protocol as core
 from bucketq.core.format import CLAIMS_SUFFIX, POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.scans import SCAN
-from bucketq.core.stream import GroupState, Partition
+from bucketq.core.stream_protocol import GroupState, Partition
 from bucketq.store.sync.base import collections, insert_new, retrying
 
 ALLOCATION_ATTEMPTS = 5

@@ -339,7 +339,7 @@ def commit(group: GroupState, part: Partition, seq: int, now: dt.datetime) -> tu
 
 
 @dataclass
-class HeldBucket:
+class HeldStreamBucket:
     """A bucket a reader holds under its group's claim: which slots were delivered, acked, and written."""
 
     seq: int
@@ -357,7 +357,7 @@ class HeldBucket:
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any], part: Partition, claim_doc: Mapping[str, Any], epoch: int,
-              token: str) -> HeldBucket:
+              token: str) -> HeldStreamBucket:
         payloads = doc.get("p")
         if (doc.get("v") != part.version or not isinstance(payloads, list) or doc.get("n") != len(payloads)
                 or not payloads or not isinstance(doc.get("enc"), str)

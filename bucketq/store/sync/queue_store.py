@@ -1,4 +1,4 @@
-# Generated from bucketq/store/aio/queue.py by devtools/unasync.py; do not edit.
+# Generated from bucketq/store/aio/queue_store.py by devtools/unasync.py; do not edit.
 # Edit the async source and run `python -m devtools.unasync`.
 """``QueueStore``: every command bucketq sends to a queue's collections, with retries on transient errors.
 
