@@ -157,14 +157,16 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
         out.append(("PASS" if all(b < o for b, o, _ in pairs) else "MISS", text,
                     f"worst {ours:,.0f} vs {theirs:,.0f} ms at {cell}"))
 
-    def cpu(scenario: str, factor: float | None, floor_scenario: str = "push") -> None:
-        """Issue 25: bucketq's client CPU per message over the floor's (its ``floor_scenario`` row, same cell), at
-        1 KiB, judged in the worst cell; without a ``factor``, reported only ("info")."""
+    def cpu(scenario: str, factor: float | None, floor_scenario: str = "push", against: str = "floor",
+            payload: int | None = 1024) -> None:
+        """Issue 25: bucketq's client CPU per message over the floor's (``against``'s ``floor_scenario`` row, same
+        cell), at ``payload`` bytes (None: any), judged in the worst cell; without a ``factor``, reported only
+        ("info")."""
         text = (f"bucketq {scenario} client CPU/msg" + (f" <= {factor:g}x" if factor else " vs")
-                + f" floor {floor_scenario} (1 KiB)")
+                + f" {against} {floor_scenario}" + (f" ({human_bytes(payload)})" if payload else ""))
         pairs = [(b["cpu_s_per_1000"] / f["cpu_s_per_1000"], b, f) for b in mine
-                 if b["scenario"] == scenario and b["payload_bytes"] == 1024 and b.get("cpu_s_per_1000")
-                 and (f := index.get(("floor", floor_scenario, *_key(b)[1:]))) and f.get("cpu_s_per_1000")]
+                 if b["scenario"] == scenario and payload in (None, b["payload_bytes"]) and b.get("cpu_s_per_1000")
+                 and (f := index.get((against, floor_scenario, *_key(b)[1:]))) and f.get("cpu_s_per_1000")]
         if not pairs:
             out.append(("n/a", text, "nothing to compare"))
             return
@@ -190,6 +192,10 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
     cpu("push", 2.0)  # push_nowait
     cpu("push_many", 2.0)
     cpu("latency", None, "latency")  # await push one by one, beside one insert_one a message
+    cpu("consume", 3.0, "consume")  # reserve + ack
+    cpu("consume_batch", 2.0, "consume")  # reserve_many + an ack of each
+    # the Spark JVM's CPU per row, buckets vs one document a message (the Spark cell runs at the first payload size)
+    cpu("spark_read", 1.0, "spark_read", against="naive", payload=None)
     return out
 
 

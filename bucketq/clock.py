@@ -15,6 +15,7 @@ docs/FORMAT.md ("Clocks").
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 from typing import Any
 
@@ -43,10 +44,12 @@ class ServerClock:
         self._mono_s = time.monotonic()
         self._error_s = 0.0  # at _mono_s; unknown until the first sync, which replaces it whatever it is
         self._synced_at: float | None = None
+        self._fresh_for = RESYNC_EVERY_S  # how long a sync lasts (``stale``): shorter while the error is large
         # The last reading, as (millisecond, datetime): a busy consumer reads the clock once a message, and one
         # datetime a millisecond is all it needs. One attribute, so that threads never pair a stale datetime
         # with a fresh millisecond.
         self._last: tuple[int, dt.datetime] = (-1, dt.datetime.fromtimestamp(0, UTC))
+        self._last_latest = self._last  # the same for latest(), which a consumer reads before serving each message
 
     def now(self) -> dt.datetime:
         # BSON dates have millisecond precision: truncate here so what we compare is what is stored.
@@ -65,18 +68,23 @@ class ServerClock:
         return self.now() - self.error()
 
     def latest(self) -> dt.datetime:
-        """The latest the server's clock can read now: what a holder compares its own lease with."""
-        return self.now() + self.error()
+        """The latest the server's clock can read now: what a holder compares its own lease with. Rounded up to
+        the millisecond (never earlier than the exact reading), so that one datetime a millisecond will do."""
+        since = time.monotonic() - self._mono_s  # now() plus _error_at(), written out: a call fewer a message
+        ms = math.ceil((self._server_s + since + self._error_s + MAX_DRIFT * abs(since)) * 1000)
+        last = self._last_latest
+        if last[0] != ms:
+            last = self._last_latest = (ms, dt.datetime.fromtimestamp(ms / 1000, UTC))
+        return last[1]
 
     def _error_at(self, mono: float) -> float:
         return self._error_s + MAX_DRIFT * abs(mono - self._mono_s)
 
     @property
     def stale(self) -> bool:
-        if self._synced_at is None:
-            return True
-        since = time.monotonic() - self._synced_at
-        return since > RESYNC_EVERY_S or (since > REFINE_EVERY_S and self._error_s > REFINE_ABOVE_S)
+        """Due for a sync: never synced, synced RESYNC_EVERY_S ago, or REFINE_EVERY_S ago with an error above
+        REFINE_ABOVE_S. Asked before every reserve: one comparison with the span set at the last sync."""
+        return self._synced_at is None or time.monotonic() - self._synced_at > self._fresh_for
 
     async def sync(self, database: Any) -> None:
         """Measure the server clock with one ``isMaster`` round trip (async clients)."""
@@ -102,6 +110,7 @@ class ServerClock:
                                                         self._error_at(point[1]), point[0], error)
                 self._mono_s = point[1]
         self._synced_at = time.monotonic()
+        self._fresh_for = REFINE_EVERY_S if self._error_s > REFINE_ABOVE_S else RESYNC_EVERY_S
 
 
 def combine(old_s: float, old_error_s: float, new_s: float, new_error_s: float) -> tuple[float, float]:

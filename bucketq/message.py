@@ -24,21 +24,41 @@ class Consumer(Protocol):
 
 class Message:
     """``payload``, ``id`` (stable across retries), ``tries`` (0 on first delivery), ``headers``,
-    ``enqueued_at`` and ``key`` (the dedupe key given to ``push``, if any)."""
+    ``enqueued_at`` and ``key`` (the dedupe key given to ``push``, if any).
 
-    __slots__ = ("payload", "id", "tries", "headers", "enqueued_at", "key", "_consumer", "_holding", "_slot")
+    The fields besides ``payload`` are read from the claimed bucket when asked for, not when the message is
+    made: most handlers read only the payload, and a consumer makes a message for each one it serves."""
 
-    def __init__(self, payload: Any, id: str, tries: int, headers: dict[str, Any], enqueued_at: dt.datetime,
-                 key: str | None, consumer: Consumer, holding: Holding, slot: int) -> None:
+    __slots__ = ("payload", "_consumer", "_holding", "_slot", "_headers")
+
+    def __init__(self, payload: Any, consumer: Consumer, holding: Holding, slot: int) -> None:
         self.payload = payload
-        self.id = id
-        self.tries = tries
-        self.headers = headers
-        self.enqueued_at = enqueued_at
-        self.key = key
         self._consumer = consumer
         self._holding = holding
         self._slot = slot
+        self._headers: dict[str, Any] | None = None
+
+    @property
+    def id(self) -> str:
+        return self._holding.held.bucket.message_id(self._slot)
+
+    @property
+    def tries(self) -> int:
+        return self._holding.held.tries(self._slot)
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        if self._headers is None:  # one dict for the message's lifetime, even when it had no headers
+            self._headers = self._holding.held.bucket.headers[self._slot] or {}
+        return self._headers
+
+    @property
+    def enqueued_at(self) -> dt.datetime:
+        return self._holding.held.bucket.enqueued_at(self._slot)
+
+    @property
+    def key(self) -> str | None:
+        return self._holding.held.bucket.keys[self._slot]
 
     @property
     def resolved(self) -> bool:

@@ -119,3 +119,23 @@ def test_client_cpu_goals_judge_the_worst_1_kib_cell_against_the_floor_push_of_t
     assert ("PASS", push_goal, "worst 1.95x at 1 KiB x2 (3.90 vs 2.00 us)") in goals(rows)
     without_floor = [r for r in rows if r["contender"] != "floor"]
     assert ("n/a", push_goal, "nothing to compare") in goals(without_floor)
+
+
+def test_consume_and_spark_cpu_goals_judge_against_the_floor_consume_and_the_naive_spark_read() -> None:
+    rows = [{**_row("floor", 300_000, client=0.002), "scenario": "consume"},
+            {**_row("bucketq", 40_000, client=0.0070), "scenario": "consume"},
+            {**_row("bucketq", 50_000, client=0.0050), "scenario": "consume_batch"},
+            {**_row("naive", 30_000, client=0.020), "scenario": "spark_read", "payload_bytes": 100},
+            {**_row("bucketq", 40_000, client=0.030), "scenario": "spark_read", "payload_bytes": 100}]
+    verdicts = {goal: (status, detail) for status, goal, detail in goals(rows)}
+    assert verdicts["bucketq consume client CPU/msg <= 3x floor consume (1 KiB)"] == (
+        "MISS", "worst 3.50x at 1 KiB x1 (7.00 vs 2.00 us)")
+    assert verdicts["bucketq consume_batch client CPU/msg <= 2x floor consume (1 KiB)"] == (
+        "MISS", "worst 2.50x at 1 KiB x1 (5.00 vs 2.00 us)")
+    assert verdicts["bucketq spark_read client CPU/msg <= 1x naive spark_read"] == (
+        "MISS", "worst 1.50x at 100 B x1 (30.00 vs 20.00 us)")
+    rows[1]["cpu_s_per_1000"], rows[2]["cpu_s_per_1000"], rows[4]["cpu_s_per_1000"] = 0.0060, 0.0040, 0.020
+    passed = {goal for status, goal, _ in goals(rows) if status == "PASS"}
+    assert {"bucketq consume client CPU/msg <= 3x floor consume (1 KiB)",
+            "bucketq consume_batch client CPU/msg <= 2x floor consume (1 KiB)",
+            "bucketq spark_read client CPU/msg <= 1x naive spark_read"} <= passed

@@ -54,6 +54,18 @@ async def test_message_fields(make_queue):
         await message.ack()
 
 
+async def test_a_message_without_headers_keeps_the_one_dict_a_handler_adds_to(make_queue):
+    """Messages read their fields from the bucket when asked: headers must still be one dict a message."""
+    q = make_queue(bucket_max_wait=0.01)
+    await q.push_many([1, 2])
+    first, second = await q.reserve_many(2, timeout=2)
+    first.headers["seen_by"] = "middleware"
+    assert first.headers == {"seen_by": "middleware"} and second.headers == {}
+    assert (first.key, first.tries, second.id.endswith(":1")) == (None, 0, True)
+    await first.ack()
+    await second.ack()
+
+
 async def test_pop_and_consume(make_queue):
     q = make_queue(bucket_max_wait=0.01)
     await q.push_many([1, 2, 3])

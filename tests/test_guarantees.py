@@ -464,6 +464,40 @@ def test_clock_readings_combine_to_the_overlap_of_their_errors():
     assert (clock.now() - base).total_seconds() > 3599 and clock.error().total_seconds() < 0.01
 
 
+def test_a_clock_reading_with_a_large_error_is_refined_sooner_than_a_good_one_is_renewed():
+    from bucketq.clock import REFINE_EVERY_S, RESYNC_EVERY_S, ServerClock
+
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    good, rough = ServerClock(), ServerClock()
+    assert good.stale and rough.stale  # never synced
+    mono = time.monotonic()
+    good._take(mono - 0.002, mono, {"localTime": base})  # +-2 ms
+    rough._take(mono - 1.0, mono, {"localTime": base})  # +-0.5 s: a sync made while something was busy
+    assert not good.stale and not rough.stale
+    for clock in (good, rough):
+        assert clock._synced_at is not None
+        clock._synced_at -= REFINE_EVERY_S + 1
+    assert not good.stale and rough.stale
+    assert good._synced_at is not None
+    good._synced_at -= RESYNC_EVERY_S
+    assert good.stale
+
+
+def test_clock_latest_is_never_earlier_than_the_reading_plus_its_error():
+    """``latest()`` keeps one datetime a millisecond: it must round up, or a holder would serve up to a
+    millisecond past what its lease allows."""
+    from bucketq.clock import ServerClock
+
+    clock = ServerClock()
+    mono = time.monotonic()
+    # an error with half a millisecond in it: rounding (a+e) down, or a down and e after, falls short half the time
+    clock._take(mono - 0.001, mono, {"localTime": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})
+    for _ in range(200):
+        exact = clock.now() + clock.error()  # now() is already down to the millisecond: at most the exact reading
+        assert clock.latest() >= exact
+        time.sleep(0.0001)
+
+
 # -- 11. one slow write does not starve the other leases ------------------------------------------------------
 
 async def test_a_slow_write_on_one_bucket_does_not_let_the_other_leases_expire(make_queue, memory_db):

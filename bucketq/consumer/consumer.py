@@ -178,16 +178,15 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         now = self._clock.latest()  # serve only while no reading of the clock could put the lease past its end
         for holding in self._holdings:
             held = holding.held
+            if not held.unserved:  # every slot handed out: the bucket waits for its acks and its final flush
+                continue
             slot = held.serve(now)
             if slot is None:
                 if held.finished:  # the last slots were dead-lettered unserved
                     self._schedule_flush(holding)
                 continue
-            bucket = held.bucket
             self._metrics.consumed(1)
-            return Message(holding.payloads[slot], bucket.message_id(slot), held.tries(slot),
-                           bucket.headers[slot] or {}, bucket.enqueued_at(slot), bucket.keys[slot], self, holding,
-                           slot)
+            return Message(holding.payloads[slot], self, holding, slot)
         return None
 
     # -- resolving -----------------------------------------------------------------------------------------

@@ -122,6 +122,8 @@ class ClaimedBucket:
         self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done) if bucket.done \
             else deque(range(bucket.size))
         self._unresolved = len(self._pending)
+        # Whether a slot may have used up its tries (leases that kept expiring): only then does serve check each.
+        self._may_expire = max(bucket.base_tries, default=0) + bucket.claims - 1 >= policy.max_attempts
         self._unflushed: dict[int, _Resolution] = {}
         self._plan: FlushPlan | None = None  # handed out, outcome not yet known
         # Group buckets: the slot being served (one at a time), and the nacked slot that holds the bucket back.
@@ -150,8 +152,7 @@ class ClaimedBucket:
             slot = self._pending.popleft()
             if self.state[slot] is not SlotState.PENDING:
                 continue
-            tries = self.tries(slot)
-            if tries >= self.policy.max_attempts:
+            if self._may_expire and (tries := self.tries(slot)) >= self.policy.max_attempts:
                 self._resolve(slot, _Resolution(SlotState.DEAD, error=dead_letter_reason_for_expired(tries)),
                               allowed=(SlotState.PENDING,))
                 continue
