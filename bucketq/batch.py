@@ -199,8 +199,8 @@ class BatchQueue:
         (``sharding.Rotation``, as the consumers): (the bucket, None), (None, None) when none is due in any, or
         (the bucket, why it must go to quarantine)."""
         clock = self._synced()
-        with self._reaching():
-            partitions = self.store.partition_count()  # the queue's: read once it has a layout
+        with self._reaching():  # the queue's count: read (retried, as the pause) until the queue has a layout
+            partitions = retrying(lambda _: self.store.partition_count(), timeout_s=self.op_timeout_s)
         for partition in self._rotation.round(partitions):
             spec = claims.ungrouped(claims.claim(clock.now(), self.lease, token, self.owner,
                                                  expired_by=clock.earliest(), partition=partition))
