@@ -222,15 +222,19 @@ async def test_restart_after_tombstones_are_reaped_relays_again(make_queue, sync
 @pytest.mark.parametrize("paused", ["before its queue write", "before its pull"])
 async def test_a_relay_overtaken_by_another_duplicates_nothing(make_queue, sync_db, paused):
     _seed(sync_db, docs=10, per_doc=3)
-    slow_queue, fast_queue = make_queue(), make_queue()  # two connections, as two processes would have
+    # two connections, as two processes would have; partitioned, so each writer picks the buckets' partitions
+    slow_queue, fast_queue = make_queue(partitions=8), make_queue(partitions=8)
     slow, fast = Outbox("orders", slow_queue), Outbox("orders", fast_queue)
     reached, go = asyncio.Event(), asyncio.Event()
     owner, name = (slow_queue._store, "insert_buckets") if paused == "before its queue write" else (slow, "_remove")
     step = getattr(owner, name)
+    slow_writes: list[dict] = []
 
     async def held(*args: Any, **kwargs: Any) -> Any:
         reached.set()
         await go.wait()
+        if name == "insert_buckets":
+            slow_writes.extend(args[0])  # given their partitions by the call: compared with the stored ones below
         return await step(*args, **kwargs)
 
     setattr(owner, name, held)
@@ -240,6 +244,9 @@ async def test_a_relay_overtaken_by_another_duplicates_nothing(make_queue, sync_
     go.set()
     assert await asyncio.wait_for(slow_pass, 10) == 30
     assert sync_db.events.count_documents({}) == 30
+    # On a sharded collection the slow relay's copy is refused only on the shard of the first: the same partition
+    stored = {d["_id"]: d["pt"] for d in sync_db.events.find({}, {"pt": 1})}
+    assert [d["pt"] for d in slow_writes] == [stored[d["_id"]] for d in slow_writes]
     assert sum(len(d["_outbox"]) for d in sync_db.orders.find()) == 0
     got = sorted((m.payload["order"], m.payload["seq"]) for m in await _consume_all(fast_queue))
     assert got == [(i, j) for i in range(10) for j in range(3)]

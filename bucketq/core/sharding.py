@@ -107,9 +107,11 @@ class Spread:
     def __init__(self) -> None:
         self._next: int | None = None  # drawn at the first write: the queue's count is known then
 
-    def assign(self, docs: Sequence[dict[str, Any]], partitions: int) -> None:
+    def assign(self, docs: Sequence[dict[str, Any]], partitions: int, *, by_id: bool = False) -> None:
         """Give each of ``docs`` without a partition its own among ``partitions`` (the queue's count; a copy
-        keeps the one of the bucket it came from)."""
+        keeps the one of the bucket it came from). ``by_id``: from the ``_id``, for buckets whose ``_id`` is the
+        same whoever writes them (an outbox event's): a second writer's insert must reach the shard that holds
+        the first, for on a sharded collection ``_id`` is unique within a shard only."""
         if self._next is None:
             self._next = random.randrange(partitions)
         for doc in docs:
@@ -118,6 +120,8 @@ class Spread:
             group = doc.get("g")
             if group is not None:
                 doc[PARTITION] = partition_of(group, partitions)
+            elif by_id:
+                doc[PARTITION] = partition_of(str(doc["_id"]), partitions)
             else:
                 doc[PARTITION] = self._next % partitions
                 self._next = (self._next + 1) % partitions

@@ -88,8 +88,9 @@ class QueueStore:
         """Insert buckets made whole outside the producer (``push(session=...)``, the outbox relay, a requeue).
         With a session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the
         whole transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets
-        (a requeue) are numbered first, to go to the end of their groups. Buckets without a partition get one."""
-        self.spread.assign(docs, self.partition_count())
+        (a requeue) are numbered first, to go to the end of their groups. Buckets without a partition get the one
+        their ``_id`` hashes to: the same for every writer of the same bucket (``Spread.assign``)."""
+        self.spread.assign(docs, self.partition_count(), by_id=True)
         if session is not None:
             self.buckets.insert_many(docs, session=session)
         else:
