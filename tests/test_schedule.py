@@ -17,6 +17,7 @@ import bucketq
 from bucketq.core import schedule_ticks
 from bucketq.core.schedule_ticks import tick_bucket_id
 from bucketq.schedule import Schedule
+from tests.helpers import eventually
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -163,6 +164,30 @@ async def test_a_dst_day_follows_the_cron_librarys_rules(make_queue):
     autumn = await schedule.run_once(now=dt.datetime(2026, 10, 26, 12, tzinfo=berlin))
     assert [t.astimezone(berlin).isoformat() for t in autumn][-3:] == [
         "2026-10-24T02:30:00+02:00", "2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
+
+
+async def test_run_sleeps_until_each_next_tick_of_its_clock(make_queue):
+    """``run()`` with a clock that reaches three ticks, each a millisecond after the run before it looked: it
+    enqueues the three, then sleeps on (the clock stops) until cancelled."""
+    q = make_queue(**QUICK)
+    ticks = every_minute(0, 3)
+    readings = iter([T0, *(r for t in ticks for r in (t - dt.timedelta(milliseconds=1), t))])
+    last = [T0]
+
+    def clock() -> dt.datetime:
+        last[0] = next(readings, last[0])
+        return last[0]
+
+    runner = asyncio.create_task(Schedule(q, EVERY_MINUTE, "x", name="runner", clock=clock).run())
+    await eventually(lambda: last[0] == ticks[-1], what="the clock's last reading")
+    received = []
+    while len(received) < 3 and (m := await q.reserve(timeout=5)) is not None:
+        received.append(m.id)
+        await m.ack()
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    assert set(received) == tick_ids("runner", ticks) and await q.reserve(timeout=0.2) is None
 
 
 @pytest.mark.parametrize("args, kwargs, says", [
