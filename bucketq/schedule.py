@@ -7,13 +7,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from pymongo.errors import PyMongoError
 
 from bucketq.core import schedule_ticks as ticks
 from bucketq.core.format import bucket_document, encode_slot
 from bucketq.queue import Queue
 
+log = logging.getLogger("bucketq.schedule")
 MAX_SLEEP_S = 60.0  # a scheduler re-reads the state at least this often (another one may have moved it)
 
 
@@ -65,9 +69,17 @@ class Schedule:
         return enqueued
 
     async def run(self) -> None:
-        """Run until cancelled: enqueue what is due, then sleep until the next tick (or ``MAX_SLEEP_S``)."""
+        """Run until cancelled: enqueue what is due, then sleep until the next tick (or ``MAX_SLEEP_S``). A
+        failure that outlasted the queue's retries (``write_timeout``) is logged and tried again a
+        ``poll_interval`` later: a scheduler outlives a server's outage, and the tick stays due meanwhile."""
         while True:
-            await self.run_once()
+            try:
+                await self.run_once()
+            except PyMongoError as exc:
+                retry_s = self.queue.options.poll_interval
+                log.warning("schedule %r: %s; trying again in %s s", self.name, exc, retry_s)
+                await asyncio.sleep(retry_s)
+                continue
             now = ticks.aware(self._clock())
             wait = (ticks.next_tick(self.cron, self.zone, now) - now).total_seconds()
             await asyncio.sleep(min(max(wait, 0.0), MAX_SLEEP_S))

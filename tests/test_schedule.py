@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq.core import schedule_ticks
@@ -188,6 +189,23 @@ async def test_run_sleeps_until_each_next_tick_of_its_clock(make_queue):
     with pytest.raises(asyncio.CancelledError):
         await runner
     assert set(received) == tick_ids("runner", ticks) and await q.reserve(timeout=0.2) is None
+
+
+async def test_run_logs_a_failure_and_tries_again(make_queue, memory_db, caplog):
+    q = make_queue(**QUICK)
+    schedule = Schedule(q, EVERY_MINUTE, "x", name="outage", clock=lambda: T0 + minutes(1))
+    await schedule.run_once(now=T0)
+    refused = memory_db.faults.refuse("find_one", collection="events.control",
+                                      where=lambda op: op.filter == {"_id": "schedule:outage"},
+                                      error=OperationFailure("not authorized", 13))
+    runner = asyncio.create_task(schedule.run())
+    try:
+        message = await q.reserve(timeout=5)
+    finally:
+        runner.cancel()
+    assert message is not None and message.id in tick_ids("outage", every_minute(0, 1))
+    await message.ack()
+    assert refused.hits == 1 and "schedule 'outage': not authorized; trying again" in caplog.text
 
 
 @pytest.mark.parametrize("args, kwargs, says", [
