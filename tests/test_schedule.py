@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import random
+import subprocess
+import sys
 import zoneinfo
 from collections.abc import Callable
 from typing import Any
@@ -71,6 +74,29 @@ async def test_two_schedulers_racing_over_many_ticks_enqueue_each_tick_exactly_o
     assert {m.id for m in messages} == tick_ids("report", every_minute(0, 40))
     assert all(m.payload == {"job": "report"} for m in messages)
     assert {m.key for m in messages} == {schedule_ticks.tick_key("report", t) for t in every_minute(0, 40)}
+
+
+async def test_scheduler_processes_racing_enqueue_each_tick_exactly_once(mongo_uri, db_name, sync_db):
+    """Three processes (``tests/scheduler_proc.py``) run one schedule over the same 60 ticks at once: every tick
+    is enqueued by exactly one of them, and the queue holds one bucket per tick."""
+    count = 60
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.scheduler_proc", mongo_uri, db_name, str(count)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        sync_db.barrier.insert_one({"_id": "go"})
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert all(proc.returncode == 0 for proc in procs)
+    by_process = [[dt.datetime.fromisoformat(t) for t in json.loads(out)] for out in outputs]
+    assert sorted(t for ticks in by_process for t in ticks) == every_minute(0, count)
+    assert {doc["_id"] for doc in sync_db.events.find({}, {"_id": 1})} == {
+        tick_bucket_id("events", "race", t) for t in every_minute(0, count)}
 
 
 async def test_the_first_run_enqueues_no_tick_from_before_it(make_queue):
