@@ -191,6 +191,17 @@ async def test_a_dst_day_follows_the_cron_librarys_rules(make_queue):
     autumn = await schedule.run_once(now=dt.datetime(2026, 10, 26, 12, tzinfo=berlin))
     assert [t.astimezone(berlin).isoformat() for t in autumn][-3:] == [
         "2026-10-24T02:30:00+02:00", "2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
+    # every half hour, run every quarter of an hour through the repeated hour: both of its 02:00 and 02:30
+    half_hourly = Schedule(q, "*/30 * * * *", "x", name="half-hourly", tz="Europe/Berlin")
+    start = dt.datetime(2026, 10, 24, 23, 10, tzinfo=UTC)
+    enqueued = []
+    for quarter in range(17):
+        enqueued += await half_hourly.run_once(now=start + quarter * dt.timedelta(minutes=15))
+    assert [t.astimezone(berlin).strftime("%H:%M%z") for t in enqueued] == [
+        "01:30+0200", "02:00+0200", "02:30+0200", "02:00+0100", "02:30+0100", "03:00+0100", "03:30+0100",
+        "04:00+0100"]
+    assert enqueued == [dt.datetime(2026, 10, 24, 23, 30, tzinfo=UTC) + i * dt.timedelta(minutes=30)
+                        for i in range(8)]
 
 
 async def test_run_sleeps_until_each_next_tick_of_its_clock(make_queue):
