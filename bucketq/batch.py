@@ -87,7 +87,7 @@ class BatchQueue:
                  name: str, db: str | None = None, lease: float = 300.0, max_attempts: int = 5,
                  backoff: Backoff | None = None, codecs: Iterable[str] = ("json",),
                  write_concern: int | str | None = None, op_timeout_s: float = 30.0,
-                 tombstone_retention: float = 600.0, partitions: int = 1) -> None:
+                 tombstone_retention: float = 600.0, partitions: int | None = None) -> None:
         check_names(name, db)
         check_write_concern(write_concern)
         if check_delay(tombstone_retention) <= op_timeout_s:
@@ -96,8 +96,9 @@ class BatchQueue:
             raise InvalidOption("lease must be between 1 and 86400 seconds")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidOption("max_attempts must be an int >= 1")
-        if not check_partitions(partitions):
-            raise InvalidOption(f"partitions must be an int from 1 to {MAX_PARTITIONS} (the queue's)")
+        if partitions is not None and not check_partitions(partitions):
+            raise InvalidOption(f"partitions must be an int from 1 to {MAX_PARTITIONS} (the queue's), or None "
+                                "(the default: adopt the queue's)")
         self._owned: MongoClient | None = None
         self._uri = target if isinstance(target, str) else None  # shown only redacted
         database: Any
@@ -121,7 +122,7 @@ class BatchQueue:
         self.database = database
         self.store = QueueStore(database, name, write_concern=write_concern, op_timeout_s=op_timeout_s,
                                 partitions=partitions)
-        self._rotation = Rotation(partitions)
+        self._rotation = Rotation()
         self.lease = float(lease)
         self.policy = AttemptPolicy(max_attempts, backoff or Backoff(), frozenset(codecs))
         self.op_timeout_s = op_timeout_s
@@ -198,7 +199,9 @@ class BatchQueue:
         (``sharding.Rotation``, as the consumers): (the bucket, None), (None, None) when none is due in any, or
         (the bucket, why it must go to quarantine)."""
         clock = self._synced()
-        for partition in self._rotation.round():
+        with self._reaching():  # the queue's count: read (retried, as the pause) until the queue has a layout
+            partitions = retrying(lambda _: self.store.partition_count(), timeout_s=self.op_timeout_s)
+        for partition in self._rotation.round(partitions):
             spec = claims.ungrouped(claims.claim(clock.now(), self.lease, token, self.owner,
                                                  expired_by=clock.earliest(), partition=partition))
             with self._reaching():

@@ -54,8 +54,9 @@ class QueueOptions:
         tombstone_retention: seconds a finished bucket's tombstone is kept, so that an insert of it retried
             late (its first reply was lost) cannot store it again; must exceed every producer's write_timeout.
         partitions: the routing unit of a sharded queue (docs/SCALING.md), from 1 to 1024: producers spread
-            buckets over them (an ordered group keeps to one), consumers claim in one at a time, in turn. Every
-            client of a queue must use the same value.
+            buckets over them (an ordered group keeps to one), consumers claim in one at a time, in turn. Fixed
+            when the queue is created (stored in ``<name>.control``). None (the default): the queue's own, 1 for a
+            new queue. A count that differs from the queue's raises ``InvalidOption``.
     """
 
     bucket_max_size: int = 1024
@@ -82,7 +83,7 @@ class QueueOptions:
     change_streams: bool | None = None
     drain_timeout: float = 10.0
     tombstone_retention: float = 600.0
-    partitions: int = 1
+    partitions: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -121,7 +122,8 @@ class QueueOptions:
         _check(self.drain_timeout >= 0, "drain_timeout", "zero or more")
         _check(self.write_timeout < self.tombstone_retention <= MAX_DELAY_S, "tombstone_retention",
                f"more than write_timeout ({self.write_timeout:g} s), at most {MAX_DELAY_S:.0f} seconds")
-        _check(check_partitions(self.partitions), "partitions", f"an int from 1 to {MAX_PARTITIONS}")
+        _check(self.partitions is None or check_partitions(self.partitions), "partitions",
+               f"an int from 1 to {MAX_PARTITIONS} (or None: the queue's own, 1 for a new one)")
 
 
 _INT = (int,)
@@ -134,7 +136,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "quarantine_retention": _NUM, "inbox_retention": _NUM, "tombstone_retention": _NUM, "poll_interval": _NUM,
     "drain_timeout": _NUM, "dedupe": (bool,), "change_streams": (bool,),
 }
-_NULLABLE = {"change_streams", "quarantine_retention", "inbox_retention"}
+_NULLABLE = {"change_streams", "quarantine_retention", "inbox_retention", "partitions"}
 MAX_W = 50  # members a replica set can have: a larger w is never satisfied
 
 

@@ -193,7 +193,7 @@ class Queue:
             return []
         await self._ready(write=False)
         out: list[dict[str, Any]] = []
-        cursor = self._store.live_buckets()
+        cursor = await self._store.live_buckets()
         async for doc in cursor:
             try:
                 bucket = parse_bucket(doc)

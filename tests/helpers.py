@@ -27,10 +27,12 @@ async def eventually(condition: Callable[[], bool | Awaitable[bool]], timeout: f
         await asyncio.sleep(0.01)
 
 
-async def read_all(reader: Any, *, ack: bool = True, timeout: float = 0.3, n: int = 100) -> list[Any]:
-    """Every message a ``bucketq.StreamReader`` gets until none comes for ``timeout`` seconds, acked."""
-    out = []
-    while batch := await reader.read_many(n, timeout=timeout):
+async def read_all(reader: Any, *, ack: bool = True, timeout: float = 0.3, n: int = 100,
+                   want: int | None = None) -> list[Any]:
+    """Every message a ``bucketq.StreamReader`` gets until none comes for ``timeout`` seconds (or, given ``want``,
+    until it has that many: a test that knows what must come need not wait out the silence after it), acked."""
+    out: list[Any] = []
+    while (want is None or len(out) < want) and (batch := await reader.read_many(n, timeout=timeout)):
         for message in batch:
             if ack:
                 await message.ack()

@@ -79,7 +79,8 @@ class Claiming(ConsumerState):
         token = claims.new_token()
         ordered_groups_held = self._ordered_groups_held()
         doc = unclaimable = None
-        for partition in self._rotation.round(first=hinted) if only is None else [only["pt"]]:
+        partitions = await self._store.partition_count()  # the queue's, learned at set-up
+        for partition in self._rotation.round(partitions, first=hinted) if only is None else [only["pt"]]:
             spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner, expired_by=expired_by,
                                             partition=partition), ordered_groups_held)
             if only is not None:

@@ -68,7 +68,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         self._ahead_unstarted = False  # it is spawned and has not run yet
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
-        self._rotation = Rotation(store.partitions)
+        self._rotation = Rotation()
         # Claims that took a bucket (True) or found none (False), for the bench's measure of claim conflicts
         self.claim_counts: Counter[bool] = Counter()
 

@@ -47,19 +47,25 @@ def check_partitions(partitions: Any) -> bool:
 LAYOUT = {"_id": "layout"}  # in ``Q.control``: the queue's partition count, written by its first set-up
 
 
-def layout_update(partitions: int) -> dict[str, Any]:
-    """The upsert that stores a queue's partition count unless it is stored already (it never changes)."""
-    return {"$setOnInsert": {"partitions": partitions}}
+def layout_update(wanted: int | None) -> dict[str, Any]:
+    """The upsert that stores a queue's partition count unless it is stored already (it never changes): ``wanted``,
+    1 when None (a new queue has one partition unless its first client asks for more)."""
+    return {"$setOnInsert": {"partitions": wanted or 1}}
 
 
-def check_layout(layout: dict[str, Any] | None, partitions: int) -> None:
-    """``InvalidOption`` naming both counts when the queue's stored partition count is not ``partitions``: a
-    client with another count would claim only some partitions, or write buckets no other client claims."""
-    stored = (layout or {}).get("partitions", partitions)
-    if stored != partitions:
+def adopted_partitions(layout: dict[str, Any] | None, wanted: int | None) -> int:
+    """The queue's partition count: its layout's, else (a queue without one: not created yet, or from before
+    layouts, when queues had one partition) ``wanted``, 1 when None. ``InvalidOption`` naming both counts when
+    ``wanted`` is not the stored count: a client with another count would claim only some partitions, or write
+    buckets no other client claims."""
+    stored = (layout or {}).get("partitions")
+    if stored is None:
+        return wanted or 1
+    if wanted is not None and stored != wanted:
         raise InvalidOption(f"the queue has {stored} partitions, this client was opened with partitions="
-                            f"{partitions}: every client of a queue uses the queue's count (changing it is not "
-                            "supported yet; docs/SCALING.md)")
+                            f"{wanted}: every client of a queue uses the queue's count (leave partitions out to "
+                            "adopt it; changing it is not supported yet; docs/SCALING.md)")
+    return int(stored)
 
 
 def partition_of(group: str, partitions: int) -> int:
@@ -98,21 +104,23 @@ class Spread:
     """Where a producer's buckets go: ordered groups to ``partition_of(group)``, the others round-robin,
     starting at a random partition (producers started together do not all fill partition 0 first)."""
 
-    def __init__(self, partitions: int) -> None:
-        self.partitions = partitions
-        self._next = random.randrange(partitions)
+    def __init__(self) -> None:
+        self._next: int | None = None  # drawn at the first write: the queue's count is known then
 
-    def assign(self, docs: Sequence[dict[str, Any]]) -> None:
-        """Give each of ``docs`` without a partition its own (a copy keeps the one of the bucket it came from)."""
+    def assign(self, docs: Sequence[dict[str, Any]], partitions: int) -> None:
+        """Give each of ``docs`` without a partition its own among ``partitions`` (the queue's count; a copy
+        keeps the one of the bucket it came from)."""
+        if self._next is None:
+            self._next = random.randrange(partitions)
         for doc in docs:
             if PARTITION in doc:
                 continue
             group = doc.get("g")
             if group is not None:
-                doc[PARTITION] = partition_of(group, self.partitions)
+                doc[PARTITION] = partition_of(group, partitions)
             else:
-                doc[PARTITION] = self._next
-                self._next = (self._next + 1) % self.partitions
+                doc[PARTITION] = self._next % partitions
+                self._next = (self._next + 1) % partitions
 
 
 class Rotation:
@@ -120,22 +128,24 @@ class Rotation:
     last successful claim left off plus one, so a busy partition cannot starve the others; the first round
     starts at a random partition (consumers started together do not all contend for partition 0)."""
 
-    def __init__(self, partitions: int) -> None:
-        self.partitions = partitions
-        self._start = random.randrange(partitions)
+    def __init__(self) -> None:
+        self._start: int | None = None  # drawn at the first round: the queue's count is known then
 
-    def round(self, first: Iterable[int] = ()) -> Iterator[int]:
-        """The partitions of one round; ``first`` (those a wake-up named) before the others."""
-        named = [p for p in dict.fromkeys(first) if 0 <= p < self.partitions]
+    def round(self, partitions: int, first: Iterable[int] = ()) -> Iterator[int]:
+        """The partitions of one round among ``partitions`` (the queue's count); ``first`` (those a wake-up
+        named) before the others."""
+        if self._start is None:
+            self._start = random.randrange(partitions)
+        named = [p for p in dict.fromkeys(first) if 0 <= p < partitions]
         yield from named
         start = self._start
-        for i in range(self.partitions):
-            if (partition := (start + i) % self.partitions) not in named:
+        for i in range(partitions):
+            if (partition := (start + i) % partitions) not in named:
                 yield partition
 
     def claimed(self, partition: int) -> None:
         """A claim in ``partition`` took a bucket: the next claim starts at the partition after it."""
-        self._start = (partition + 1) % self.partitions
+        self._start = partition + 1
 
 
 def shard_commands(db: str, name: str, partitions: int, keys: dict[str, dict[str, Any]] = QUEUE_SHARD_KEYS,

@@ -85,7 +85,7 @@ class BatchJob:
                  max_buckets: int = 100, lease: float = 300.0, max_attempts: int = 5, backoff: Backoff | None = None,
                  read: ReadOptions | None = None, json_options: Mapping[str, str] | None = None,
                  malformed: str = "quarantine", progress: Progress | None = None,
-                 progress_interval: float = 0.5, partitions: int = 1) -> None:
+                 progress_interval: float = 0.5, partitions: int | None = None) -> None:
         if malformed not in MALFORMED_CHOICES:
             raise InvalidOption(f"malformed must be one of {', '.join(MALFORMED_CHOICES)}, got {malformed!r}")
         decode_options(json_options)

@@ -24,18 +24,19 @@ from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBO
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
-from bucketq.core.sharding import LAYOUT, PARTITION, Spread, check_layout, every_partition, layout_update
+from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.store.sync.base import collections, insert_copies, insert_new, retrying
 
 
 class QueueStore:
     def __init__(self, database: Any, name: str, *, write_concern: int | str | None = None,
-                 op_timeout_s: float = 30.0, partitions: int = 1) -> None:
+                 op_timeout_s: float = 30.0, partitions: int | None = None) -> None:
         self.database = database
         self.name = name
-        self.partitions = partitions
-        self.spread = Spread(partitions)  # the partitions of the buckets this process writes
+        self.wanted = partitions  # the client's count, checked against the queue's; None: adopt the queue's
+        self._partitions: int | None = None  # the queue's count once stored (``partition_count``)
+        self.spread = Spread()  # the partitions of the buckets this process writes
         self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
             database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
             GROUPS_SUFFIX)
@@ -53,8 +54,21 @@ class QueueStore:
         self.quarantine.create_index("at")
         self.inbox.create_index("at")
         self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
-        check_layout(self.control.find_one_and_update(LAYOUT, layout_update(self.partitions), upsert=True,
-                                                            return_document=ReturnDocument.AFTER), self.partitions)
+        layout = self.control.find_one_and_update(LAYOUT, layout_update(self.wanted), upsert=True,
+                                                        return_document=ReturnDocument.AFTER)
+        self._partitions = adopted_partitions(layout, self.wanted)
+
+    def partition_count(self) -> int:
+        """The queue's partition count (``sharding.adopted_partitions``): learned at set-up (``ensure_indexes``),
+        or before it (read-only calls) from one read of the layout, kept once the queue has one. A queue without
+        a layout (not created yet) is read again next time: its first set-up may give it more partitions."""
+        if self._partitions is None:
+            layout = self.control.find_one(LAYOUT)
+            count = adopted_partitions(layout, self.wanted)
+            if layout is None:
+                return count
+            self._partitions = count
+        return self._partitions
 
     # -- producer ------------------------------------------------------------------------------------------
 
@@ -62,7 +76,7 @@ class QueueStore:
         """One attempt at the producer's write: group buckets numbered, then all inserted (``insert_new``).
         Returns the ``_id``s that failed for good; raises on transient errors (the producer retries). Buckets get
         their partitions first (``sharding.Spread``)."""
-        self.spread.assign(docs)
+        self.spread.assign(docs, self.partition_count())
         self.number_groups(docs)
         return insert_new(self.buckets, docs)
 
@@ -75,7 +89,7 @@ class QueueStore:
         With a session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the
         whole transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets
         (a requeue) are numbered first, to go to the end of their groups. Buckets without a partition get one."""
-        self.spread.assign(docs)
+        self.spread.assign(docs, self.partition_count())
         if session is not None:
             self.buckets.insert_many(docs, session=session)
         else:
@@ -156,7 +170,7 @@ class QueueStore:
 
     def reap_tombstones(self, query: dict) -> int:
         """Delete the tombstones ``query`` (``claims.reap``) matches, in every partition."""
-        return (self.buckets.delete_many(every_partition(query, self.partitions))).deleted_count
+        return (self.buckets.delete_many(every_partition(query, self.partition_count()))).deleted_count
 
     def read_pause(self) -> bool:
         """Whether the queue is paused (``Queue.pause``), read from the server now."""
@@ -222,7 +236,7 @@ class QueueStore:
     def next_due(self, after: dt.datetime) -> dt.datetime | None:
         """The earliest ``due`` after ``after`` among live buckets (an unclaimed bucket's due time, or a claimed
         one's lease end), or None: one document read through the ``pt, due`` index in each partition (merged)."""
-        query = every_partition({"due": {"$gt": after, "$lt": TOMBSTONE_DUE}}, self.partitions)
+        query = every_partition({"due": {"$gt": after, "$lt": TOMBSTONE_DUE}}, self.partition_count())
         doc = self.buckets.find_one(query, {"_id": 0, "due": 1}, sort=[("due", 1)])
         return doc["due"] if doc is not None else None
 
@@ -245,7 +259,7 @@ class QueueStore:
 
     def live_buckets(self) -> Any:
         """A cursor over the unfinished buckets in claim order, a few at a time (``Queue.peek``)."""
-        return self.buckets.find(every_partition(LIVE, self.partitions), sort=[("due", 1)], batch_size=4)
+        return self.buckets.find(every_partition(LIVE, self.partition_count()), sort=[("due", 1)], batch_size=4)
 
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
 
