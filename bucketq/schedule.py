@@ -87,8 +87,9 @@ class Schedule:
     async def _enqueue(self, tick: dt.datetime, now: dt.datetime) -> None:
         """Insert the tick's bucket (a duplicate key: already stored), then mark the state sent."""
         slot = self._slot._replace(key=ticks.tick_key(self.name, tick))
+        partitions = await self.queue._store.partition_count()  # the queue's: options.partitions may be None
         bucket = bucket_document(ticks.tick_bucket_id(self.queue.name, self.name, tick), [slot],
                                  codec=self.queue.codec.name, created=now, due=tick,
-                                 partition=ticks.tick_partition(self.name, self.queue.options.partitions))
+                                 partition=ticks.tick_partition(self.name, partitions))
         await self.queue._store.insert_buckets([bucket])
         await self.queue._store.mark_tick_sent(self._state, tick)
