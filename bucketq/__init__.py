@@ -30,6 +30,7 @@ from bucketq.options import QueueOptions, StreamOptions
 from bucketq.outbox import Outbox
 from bucketq.producer import Outgoing
 from bucketq.queue import Queue
+from bucketq.schedule import Schedule
 from bucketq.stream import Stream
 from bucketq.stream_reader import StreamMessage, StreamReader
 from bucketq.worker import BatchTiming, Reject, Retry, Worker
@@ -38,7 +39,7 @@ __all__ = [
     "FORMAT_VERSION", "AlreadyResolved", "BatchTiming", "BucketqError", "BufferFull", "Codec", "CodecUnavailable",
     "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket", "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
-    "Position", "Reject", "Retry", "ServerUnreachable", "Stream", "StreamMessage", "StreamOptions", "StreamReader",
-    "Worker", "WriteFailed",
+    "Position", "Reject", "Retry", "Schedule", "ServerUnreachable", "Stream", "StreamMessage", "StreamOptions",
+    "StreamReader", "Worker", "WriteFailed",
     "list_queues",
 ]

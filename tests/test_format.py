@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import zlib
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,26 @@ async def test_group_documents_match_the_format(make_queue, sync_db):
     assert lock["token"] == again._holding.held.token  # slot 1 is next
     await (await q.reserve(timeout=2)).ack(wait=True)
     assert sync_db["events.groups"].find_one({"_id": "g"}) is None, "a free group leaves no document"
+
+
+async def test_schedule_documents_match_the_format(make_queue, sync_db):
+    """A schedule's state document in ``Q.control`` and the bucket of a tick, with its ``_id``, ``pt`` and key."""
+    from bucketq import Schedule
+    from bucketq.core.schedule_ticks import tick_bucket_id
+
+    start = dt.datetime(2026, 1, 5, 9, 0, 30, tzinfo=dt.timezone.utc)
+    await make_queue(partitions=3).push("set up with 3 partitions")
+    schedule = Schedule(make_queue(), "* * * * *", {"job": 1}, name="report")  # adopts the queue's count
+    await schedule.run_once(now=start)
+    (tick,) = await schedule.run_once(now=start + dt.timedelta(minutes=1))
+    state = sync_db["events.control"].find_one({"_id": "schedule:report"})
+    check(state, "control-schedule-fields")
+    assert as_utc(state["tick"]) == tick and state["sent"] is True
+    bucket = sync_db.events.find_one({"_id": tick_bucket_id("events", "report", tick)})
+    check_bucket(bucket)
+    assert bucket["_id"].generation_time == tick
+    assert bucket["pt"] == zlib.crc32(b"report") % 3 and bucket["k"] == ["schedule:report@2026-01-05T09:01:00+00:00"]
+    assert as_utc(bucket["due"]) == tick
 
 
 @pytest.mark.parametrize("value, expression, ok", [

@@ -131,8 +131,8 @@ async def test_a_bucket_without_pt_is_served_in_partition_0(make_queue, sync_db)
 @pytest.mark.server
 async def test_every_command_on_the_buckets_names_the_shard_key(mongo_uri, db_name, sync_db):
     """push, push_many, consume with acks, a nack (retry bucket), dead letters and their requeue, an ordered
-    group (lock, wait, hand-off), the outbox relay, peek, stats, remove, purge, purge_expired, and the
-    BatchQueue's claim, commit and release: no command on the buckets lacks ``pt``, and only the admin
+    group (lock, wait, hand-off), the outbox relay, a schedule's tick, peek, stats, remove, purge, purge_expired,
+    and the BatchQueue's claim, commit and release: no command on the buckets lacks ``pt``, and only the admin
     commands (stats, remove's copy lookup, purge) scan."""
     audit = ShardKeyAudit(db_name, sharding.audit_keys("events"))
     client = AsyncMongoClient(mongo_uri, event_listeners=[audit])
@@ -158,7 +158,11 @@ async def test_every_command_on_the_buckets_names_the_shard_key(mongo_uri, db_na
         assert await q.requeue_dead() == 1
         await client[db_name].orders.insert_one({"_id": "x", "_outbox": [event({"o": 1}), event({"o": 2})]})
         assert await Outbox(client[db_name].orders, q).run_once() == 2
-        assert len(await consume_all(q, timeout=0.5)) == 3  # the requeued letter and the two events
+        schedule = bucketq.Schedule(q, "* * * * *", {"s": 1}, name="audit")
+        start = dt.datetime(2026, 1, 5, 9, 0, 30, tzinfo=dt.timezone.utc)
+        await schedule.run_once(now=start)
+        assert len(await schedule.run_once(now=start + dt.timedelta(minutes=1))) == 1
+        assert len(await consume_all(q, timeout=0.5)) == 4  # the requeued letter, the two events and the tick
         await q.close()
         q = bucketq.Queue(client, name="events", db=db_name, partitions=4, lease=5)
         assert not audit.scans, "no scan outside the admin commands"

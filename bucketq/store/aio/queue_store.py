@@ -323,3 +323,34 @@ class AsyncQueueStore:
     async def replace_buckets(self, ops: list[Any]) -> None:
         """Idempotent ``ReplaceOne``s (tombstones fenced by a purge's token), in one bulk write, retried."""
         await retrying(lambda _: self.buckets.bulk_write(ops, ordered=False), timeout_s=self.op_timeout_s)
+    # async-only: begin
+
+    # -- schedules (core.schedule_ticks): one state document per schedule in ``name.control`` -------------
+
+    async def read_schedule(self, state: dict) -> dict | None:
+        return await self.control.find_one(state)
+
+    async def claim_tick(self, state: dict, prev: dt.datetime | None, update: dict) -> bool:
+        """Move the schedule's state from its last tick ``prev`` (None: no state yet) on with ``update``;
+        False when another scheduler moved it first. A retry after a lost reply checks whether the state is the
+        one this claim writes: then this claim got through (or another one with the same tick, whose insert is
+        the same idempotent one)."""
+
+        async def op(retry: bool) -> bool:
+            if prev is None:
+                try:
+                    await self.control.insert_one({**state, **update["$set"]})
+                    return True
+                except DuplicateKeyError:
+                    pass
+            elif (await self.control.update_one({**state, "tick": prev}, update)).matched_count:
+                return True
+            return retry and (await self.control.find_one(state)) == {**state, **update["$set"]}
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def mark_tick_sent(self, state: dict, tick: dt.datetime) -> None:
+        await retrying(lambda _: self.control.update_one({**state, "tick": tick}, {"$set": {"sent": True}}),
+                       timeout_s=self.op_timeout_s)
+
+    # async-only: end
