@@ -159,6 +159,15 @@ async def adb(async_client: AsyncMongoClient, db_name: str) -> AsyncIterator:
     await async_client.drop_database(db_name)
 
 
+async def _close_all(made: list[Any]) -> None:
+    """Close what ``make_queue`` or ``make_stream`` made, whatever state a test left it in."""
+    for thing in made:
+        try:
+            await thing.close()
+        except Exception:  # a test may have left it failing on purpose (cut connection, stopped server)
+            pass
+
+
 @pytest.fixture
 async def make_queue(queue_target: Any, db_name: str, sync_db) -> AsyncIterator:
     """``make_queue(name="events", target=None, **options)``: Queues on the test's database, closed after."""
@@ -172,11 +181,7 @@ async def make_queue(queue_target: Any, db_name: str, sync_db) -> AsyncIterator:
         return queue
 
     yield make
-    for queue in made:
-        try:
-            await queue.close()
-        except Exception:  # a test may have left it failing on purpose (cut connection, stopped server)
-            pass
+    await _close_all(made)
 
 
 @pytest.fixture
@@ -193,8 +198,4 @@ async def make_stream(queue_target: Any, db_name: str, sync_db) -> AsyncIterator
         return stream
 
     yield make
-    for stream in made:
-        try:
-            await stream.close()
-        except Exception:  # a test may have left it failing on purpose
-            pass
+    await _close_all(made)
