@@ -52,10 +52,13 @@ class ServerClock:
         self._last_latest = self._last  # the same for latest(), which a consumer reads before serving each message
 
     def now(self) -> dt.datetime:
+        """The server's clock as best estimated, to the millisecond; never earlier than a previous reading."""
         # BSON dates have millisecond precision: truncate here so what we compare is what is stored.
         ms = int((self._server_s + (time.monotonic() - self._mono_s)) * 1000)
         last = self._last
-        if last[0] != ms:
+        # Never earlier than a reading already given: a resync may move the estimate back within its error,
+        # and a due time written by one call must not be in the future for the next (a release then a claim).
+        if last[0] < ms:
             last = self._last = (ms, dt.datetime.fromtimestamp(ms / 1000, UTC))
         return last[1]
 
@@ -103,11 +106,14 @@ class ServerClock:
         point = anchor(sent, received, reply.get("localTime"))
         if point is not None:
             error = (received - sent) / 2 + LOCAL_TIME_RESOLUTION_S
-            if self._synced_at is None:
+            carried, carried_error = self._server_s + (point[1] - self._mono_s), self._error_at(point[1])
+            if self._synced_at is None or abs(carried - point[0]) > carried_error + error:
+                # The first sync replaces the host's guess, and a stepped server clock is followed: both may
+                # go back in time, past what now() has already read.
                 self._server_s, self._mono_s, self._error_s = point[0], point[1], error
+                self._last = (-1, self._last[1])
             else:
-                self._server_s, self._error_s = combine(self._server_s + (point[1] - self._mono_s),
-                                                        self._error_at(point[1]), point[0], error)
+                self._server_s, self._error_s = combine(carried, carried_error, point[0], error)
                 self._mono_s = point[1]
         self._synced_at = time.monotonic()
         self._fresh_for = REFINE_EVERY_S if self._error_s > REFINE_ABOVE_S else RESYNC_EVERY_S
@@ -115,9 +121,7 @@ class ServerClock:
 
 def combine(old_s: float, old_error_s: float, new_s: float, new_error_s: float) -> tuple[float, float]:
     """``(estimate, error)`` of the server's clock from the previous reading carried forward and a new one, at
-    the same instant: the overlap of their intervals, so that a sync slowed down by load cannot widen a good
-    reading; the new reading alone when they do not overlap (the server's clock was stepped)."""
+    the same instant, when their intervals overlap: the overlap, so that a sync slowed down by load cannot
+    widen a good reading."""
     low, high = max(old_s - old_error_s, new_s - new_error_s), min(old_s + old_error_s, new_s + new_error_s)
-    if low > high:
-        return new_s, new_error_s
     return (low + high) / 2, (high - low) / 2

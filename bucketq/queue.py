@@ -181,7 +181,9 @@ class Queue:
         they wait for (``served``, ``ready``, ``retry``, ``waiting``: see ``bucketq.core.stats.GROUP_STATES``),
         each ``{groups, messages, until}``. Writes nothing."""
         await self._ready(write=False)
-        now = self._clock.now()
+        # By the latest reading of the server's clock: a message another client pushed a moment ago, due by its
+        # own reading, counts as ready here even when this host's estimate is a millisecond behind that one's.
+        now = self._clock.latest()
         rows, dead, quarantined, groups = await self._store.stats(now)
         row = shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
         row["pending"] = metrics.record_pending(self.name, self.database.name, row)

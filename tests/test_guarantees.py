@@ -464,6 +464,36 @@ def test_clock_readings_combine_to_the_overlap_of_their_errors():
     assert (clock.now() - base).total_seconds() > 3599 and clock.error().total_seconds() < 0.01
 
 
+def test_a_clock_never_reads_earlier_than_it_did_unless_the_server_clock_was_stepped_back():
+    from bucketq.clock import ServerClock
+
+    clock = ServerClock()
+    mono = time.monotonic()
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    clock._take(mono - 0.02, mono, {"localTime": base})  # +-11 ms
+    first = clock.now()
+    # A resync within the error that puts the estimate 5 ms back: what was already read stays the floor,
+    # so a due time written at the first reading is never in the future for the next one.
+    clock._take(mono - 0.002, mono, {"localTime": first - dt.timedelta(milliseconds=5)})
+    assert clock.now() >= first
+    clock._take(mono - 0.002, mono, {"localTime": base - dt.timedelta(hours=1)})  # stepped back: followed
+    assert (base - clock.now()).total_seconds() > 3590
+
+
+async def test_stats_count_a_message_pushed_by_a_clock_ahead_of_this_ones_as_ready():
+    from bucketq.memory import MemoryDatabase
+
+    async with bucketq.Queue(MemoryDatabase(), name="skew", **QUICK) as producer:
+        await producer.push("x")
+        async with bucketq.Queue(producer.database, name="skew", **QUICK) as reader:
+            await reader.stats()  # synced
+            # A reading a second behind the producer's, within its error of two (a sync on a loaded host)
+            reader._clock._server_s -= 1.0
+            reader._clock._error_s = 2.0
+            reader._clock._last = (-1, reader._clock._last[1])
+            assert (await reader.stats())["ready"] == 1
+
+
 def test_a_clock_reading_with_a_large_error_is_refined_sooner_than_a_good_one_is_renewed():
     from bucketq.clock import REFINE_EVERY_S, RESYNC_EVERY_S, ServerClock
 
