@@ -9,6 +9,7 @@
 from bucketq.codecs import Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.connection import ServerUnreachable
 from bucketq.core.format import FORMAT_VERSION
+from bucketq.core.rate_window import RateLimit
 from bucketq.core.stream_protocol import Position
 from bucketq.discovery import list_queues
 from bucketq.errors import (
@@ -39,7 +40,6 @@ __all__ = [
     "FORMAT_VERSION", "AlreadyResolved", "BatchTiming", "BucketqError", "BufferFull", "Codec", "CodecUnavailable",
     "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket", "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
-    "Position", "Reject", "Retry", "Schedule", "ServerUnreachable", "Stream", "StreamMessage", "StreamOptions",
-    "StreamReader", "Worker", "WriteFailed",
-    "list_queues",
+    "Position", "RateLimit", "Reject", "Retry", "Schedule", "ServerUnreachable", "Stream", "StreamMessage",
+    "StreamOptions", "StreamReader", "Worker", "WriteFailed", "list_queues",
 ]

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from bucketq.core.backoff import MAX_DELAY_S
 from bucketq.core.backoff import check_delay as check_delay  # where the shells take it from, with the other checks
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
+from bucketq.core.rate_window import RateLimit
 from bucketq.core.sharding import MAX_PARTITIONS, check_partitions
 from bucketq.errors import InvalidOption
 
@@ -57,6 +58,9 @@ class QueueOptions:
             buckets over them (an ordered group keeps to one), consumers claim in one at a time, in turn. Fixed
             when the queue is created (stored in ``<name>.control``). None (the default): the queue's own, 1 for a
             new queue. A count that differs from the queue's raises ``InvalidOption``.
+        rate_limit: ``RateLimit(limit, per=seconds)``: at most ``limit`` messages served per window of ``per``
+            seconds by every consumer of the queue together, counted in ``<name>.rate``; None: no limit.
+            Every consumer of a queue must name the same limit.
     """
 
     bucket_max_size: int = 1024
@@ -84,6 +88,7 @@ class QueueOptions:
     drain_timeout: float = 10.0
     tombstone_retention: float = 600.0
     partitions: int | None = None
+    rate_limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -134,9 +139,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "write_timeout": _NUM, "lease": _NUM,
     "state_flush_period": _NUM, "retry_base": _NUM, "retry_factor": _NUM, "retry_max": _NUM, "retry_jitter": _NUM,
     "quarantine_retention": _NUM, "inbox_retention": _NUM, "tombstone_retention": _NUM, "poll_interval": _NUM,
-    "drain_timeout": _NUM, "dedupe": (bool,), "change_streams": (bool,),
+    "drain_timeout": _NUM, "dedupe": (bool,), "change_streams": (bool,), "rate_limit": (RateLimit,),
 }
-_NULLABLE = {"change_streams", "quarantine_retention", "inbox_retention", "partitions"}
+_NULLABLE = {"change_streams", "quarantine_retention", "inbox_retention", "partitions", "rate_limit"}
 MAX_W = 50  # members a replica set can have: a larger w is never satisfied
 
 

@@ -1,5 +1,5 @@
 """A consumer process for the crash tests: ``python -m tests.consumer_proc URI DB QUEUE [--dedupe]
-[--die-after N]``.
+[--die-after N] [--rate-limit LIMIT/PER]``.
 
 Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, start, end, tries}) before it is
 acked. With ``--die-after N`` the process kills itself with SIGKILL right after acking its Nth message, while
@@ -26,9 +26,15 @@ async def main() -> None:
     parser.add_argument("queue")
     parser.add_argument("--dedupe", action="store_true")
     parser.add_argument("--die-after", type=int, default=0)
+    parser.add_argument("--rate-limit", help="LIMIT/PER: the queue's rate limit (bucketq.RateLimit)")
     args = parser.parse_args()
     client: AsyncMongoClient = AsyncMongoClient(args.uri, tz_aware=True)
-    q = bucketq.Queue(client, name=args.queue, db=args.db, lease=2.0, state_flush_period=0.5, dedupe=args.dedupe)
+    rate_limit = None
+    if args.rate_limit:
+        limit, per = args.rate_limit.split("/")
+        rate_limit = bucketq.RateLimit(int(limit), per=float(per))
+    q = bucketq.Queue(client, name=args.queue, db=args.db, lease=2.0, state_flush_period=0.5, dedupe=args.dedupe,
+                      rate_limit=rate_limit)
     processed = client[args.db].processed
     handled = 0
     async for message in q.consume(idle_timeout=3.0):

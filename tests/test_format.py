@@ -274,3 +274,17 @@ async def test_stream_documents_match_the_format(queue_target, db_name, sync_db,
         check(doc["lease"], "lease-fields")
         key = {"g": doc["g"], "e": doc["e"], **({"pt": doc["pt"]} if v2 else {}), "s": doc["s"]}
         assert doc["_id"] == key
+
+
+async def test_rate_limit_windows_match_the_format(make_queue, sync_db):
+    import bucketq
+
+    limit = bucketq.RateLimit(3, per=3600)
+    await make_queue(bucket_max_wait=0.01).push_many(list(range(5)))
+    q = make_queue(rate_limit=limit)
+    while (m := await q.reserve(timeout=0)) is not None:
+        await m.ack()
+    (window,) = sync_db["events.rate"].find()
+    check(window, "rate-fields")
+    assert window["_id"].replace(tzinfo=None) == limit.window(q._clock.now()).replace(tzinfo=None)
+    assert window["n"] >= limit.limit

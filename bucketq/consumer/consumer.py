@@ -37,6 +37,7 @@ from bucketq.core.sharding import Rotation
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
+from bucketq.permits import Permits
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
 
@@ -69,16 +70,29 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
         self._rotation = Rotation()
+        self._permits = Permits(store, clock, options.rate_limit) if options.rate_limit is not None else None
         # Claims that took a bucket (True) or found none (False), for the bench's measure of claim conflicts
         self.claim_counts: Counter[bool] = Counter()
 
     # -- reserving -----------------------------------------------------------------------------------------
 
     async def reserve(self, timeout: float | None = None) -> Message | None:
-        """The next message, or None when none arrives within ``timeout`` seconds (None: wait forever)."""
+        """The next message, or None when none arrives within ``timeout`` seconds (None: wait forever). Under a
+        rate limit, a permit is taken first (waiting for the next window while this one's are spent)."""
         if self._draining:
             raise QueueClosed("the consumer is draining or closed")
         timeout = check_timeout(timeout)
+        if self._permits is None:
+            return await self._reserve(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not await self._permits.wait_for_one(deadline, lambda: self._draining):
+            return None
+        message = await self._reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if message is None:
+            self._permits.give_back(1)
+        return message
+
+    async def _reserve(self, timeout: float | None) -> Message | None:
         self._start()
         deadline = None if timeout is None else time.monotonic() + timeout
         claimed = False
@@ -122,8 +136,16 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         if first is None:
             return []
         batch = [first]
+        # under a rate limit, as many further messages as the window has permits left for, without waiting
+        allowed = n
+        if self._permits is not None:
+            try:
+                allowed = 1 + await self._permits.take(n - 1)
+            except PyMongoError as exc:  # the message at hand is held: hand it over
+                log.warning("asking for rate-limit permits failed, returning the message at hand: %s", exc)
+                allowed = 1
         fruitless = False  # the last claim took a bucket with nothing to serve (an ordered group's that must wait)
-        while len(batch) < n and not self._draining:
+        while len(batch) < allowed and not self._draining:
             message = self._next_message()
             if message is None:
                 if fruitless:  # claim no further: each such claim only pushes another ordered group's bucket back
@@ -140,6 +162,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                 fruitless = False
             if message is not None:
                 batch.append(message)
+        if self._permits is not None:
+            self._permits.give_back(allowed - len(batch))
         return batch
 
     async def consume(self, idle_timeout: float | None = None) -> AsyncIterator[Message]:

@@ -39,12 +39,12 @@ COPY_FIELDS_BYTES = 11 + 48 + 15
 
 UTC = dt.timezone.utc
 
-# Queue ``Q``'s side collections are ``Q.dead``, ``Q.quarantine``, ``Q.inbox`` and ``Q.control`` (docs/FORMAT.md,
-# Collections): named here once, so that the store, the batch shell and the CLI name them alike and the name check
-# refuses a queue named like another queue's side collection.
+# Queue ``Q``'s side collections are ``Q.dead``, ``Q.quarantine``, ``Q.inbox``, ``Q.control``, ``Q.groups`` and
+# ``Q.rate`` (docs/FORMAT.md, Collections): named here once, so that the store, the batch shell and the CLI name them
+# alike and the name check refuses a queue named like another queue's side collection.
 DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX = ".dead", ".quarantine", ".inbox", ".control"
-GROUPS_SUFFIX = ".groups"
-QUEUE_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX, GROUPS_SUFFIX)
+GROUPS_SUFFIX, RATE_SUFFIX = ".groups", ".rate"
+QUEUE_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX, GROUPS_SUFFIX, RATE_SUFFIX)
 # Stream ``S``'s side collections (docs/FORMAT.md, Streams): its reader groups' positions, their claims, its counter.
 POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX = ".positions", ".claims", ".seq"
 STREAM_SUFFIXES = (POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX)

@@ -18,7 +18,7 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.core import groups
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
-from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX, RATE_SUFFIX
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
@@ -37,9 +37,9 @@ class AsyncQueueStore:
         self.wanted = partitions  # the client's count, checked against the queue's; None: adopt the queue's
         self._partitions: int | None = None  # the queue's count once stored (``partition_count``)
         self.spread = Spread()  # the partitions of the buckets this process writes
-        self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
+        self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups, self.rate = collections(
             database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
-            GROUPS_SUFFIX)
+            GROUPS_SUFFIX, RATE_SUFFIX)
         # async-only: begin
         # shared: a pause this process writes holds for its consumer at once
         self.pause = PauseGate(self.read_pause)
@@ -352,5 +352,26 @@ class AsyncQueueStore:
     async def mark_tick_sent(self, state: dict, tick: dt.datetime) -> None:
         await retrying(lambda _: self.control.update_one({**state, "tick": tick}, {"$set": {"sent": True}}),
                        timeout_s=self.op_timeout_s)
+
+    # -- the rate limit (core.rate_window): one counter per window in ``name.rate`` -----------------------
+
+    async def ask_permits(self, window: dt.datetime, update: dict) -> int:
+        """Apply an ask to the counter of ``window`` (created by the first ask) and return the counter after it.
+        A retry after a lost reply asks again: its permits are counted twice, and fewer are granted."""
+
+        async def op(retry: bool) -> int:
+            def once() -> Any:
+                return self.rate.find_one_and_update({"_id": window}, update, upsert=True,
+                                                     return_document=ReturnDocument.AFTER)
+            try:
+                doc = await once()
+            except DuplicateKeyError:  # two first asks raced on the upsert: the counter exists now
+                doc = await once()
+            return int(doc["n"])
+
+        return await retrying(op, timeout_s=self.op_timeout_s)
+
+    async def reap_windows(self, query: dict) -> None:
+        await retrying(lambda _: self.rate.delete_many(query), timeout_s=self.op_timeout_s)
 
     # async-only: end

@@ -20,7 +20,7 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.core import groups
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
-from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
+from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX, RATE_SUFFIX
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
@@ -37,9 +37,9 @@ class QueueStore:
         self.wanted = partitions  # the client's count, checked against the queue's; None: adopt the queue's
         self._partitions: int | None = None  # the queue's count once stored (``partition_count``)
         self.spread = Spread()  # the partitions of the buckets this process writes
-        self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups = collections(
+        self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups, self.rate = collections(
             database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
-            GROUPS_SUFFIX)
+            GROUPS_SUFFIX, RATE_SUFFIX)
         self.op_timeout_s = op_timeout_s
 
     def ensure_indexes(self) -> None:
