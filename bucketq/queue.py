@@ -89,15 +89,20 @@ class Queue:
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                    headers: Mapping[str, Any] | None = None, key: str | None = None, session: Any = None,
-                   group: str | None = None) -> str:
+                   group: str | None = None, unique_for: float | dt.timedelta | None = None) -> str:
         """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
         ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key; ``group`` makes it
-        part of an ordered group (delivered in push order, one at a time: README, Ordered groups). With ``session``
+        part of an ordered group (delivered in push order, one at a time: README, Ordered groups). With
+        ``unique_for`` (seconds), a push of ``key`` while a job of that key is pending or in flight, for at most
+        ``unique_for`` seconds, is merged into it: it returns that job's id (README, Unique jobs). With ``session``
         (a session of this queue's client, in a transaction) the message is written at once in that transaction,
         unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
         if session is not None:
             if group is not None:
                 raise InvalidOption("group cannot be combined with session (a transaction's bucket is not ordered)")
+            if unique_for is not None:
+                raise InvalidOption("unique_for cannot be combined with session (its key is held outside the "
+                                    "transaction)")
             # open before the transaction: the first write creates the collection and indexes, outside any
             check_session(session, self.database.client)
             await self._ready()
@@ -106,13 +111,15 @@ class Queue:
                                              now=self._clock.now(), due=due)
         if self._life.closed or self._life.pending():
             await self._ready()
-        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group)
+        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group,
+                                         unique_for=unique_for)
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                     headers: Mapping[str, Any] | None = None, key: str | None = None,
-                    group: str | None = None) -> asyncio.Future[str]:
+                    group: str | None = None, unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
         """Buffer a message and return a future of its id, for callers who pipeline."""
-        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key, group=group)
+        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key, group=group,
+                                          unique_for=unique_for)
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None) -> list[str]:
