@@ -196,7 +196,8 @@ class Producer:
                 raise InvalidOption("a grouped message takes no delay or at: it would hold back its whole group")
         slot, size = encode_slot(self._codec, payload, headers, key)
         if unique_for is not None:
-            slot, size = slot._replace(unique=unique_until(unique_for, key, self._clock.now())), size + UNIQUE_SLOT_BYTES
+            slot = slot._replace(unique=unique_until(unique_for, key, self._clock.now()))
+            size += UNIQUE_SLOT_BYTES
         if size > self._acc.max_slot_bytes:
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")

@@ -98,6 +98,22 @@ async def test_a_key_frees_once_unique_for_has_passed(make_queue, monkeypatch):
     assert {m.id for m in await drained(q)} == {first, second}
 
 
+async def test_producers_racing_to_take_over_expired_keys_make_one_job_per_key(make_queue, monkeypatch):
+    """The takeover of an expired key is conditional: the producers that lose it read the key again and merge."""
+    first = make_queue("jobs", **QUICK)
+    keys = [f"k{i}" for i in range(20)]
+    old = set(await asyncio.gather(*(first.push(k, key=k, unique_for=60) for k in keys)))
+    producers = [make_queue("jobs", **QUICK) for _ in range(3)]
+    for q in producers:
+        later(q, monkeypatch, 61)
+    ids = await asyncio.gather(*(q.push(k, key=k, unique_for=60) for k in keys for q in producers))
+    by_key = [set(ids[i * 3:i * 3 + 3]) for i in range(len(keys))]
+    assert all(len(found) == 1 for found in by_key), by_key
+    new = {found.pop() for found in by_key}
+    assert not new & old
+    assert {m.id for m in await drained(producers[0])} == old | new  # its clock: the new ones are due
+
+
 async def test_two_producers_racing_over_the_same_keys_make_one_job_per_key(make_queue, sync_db):
     producers = [make_queue("jobs", **QUICK) for _ in range(3)]
     keys = [f"k{i}" for i in range(40)]
