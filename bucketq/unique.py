@@ -16,6 +16,7 @@ from bucketq.core.held import SlotState
 from bucketq.errors import InvalidOption
 from bucketq.store.aio.base import retrying
 from bucketq.store.aio.queue_store import AsyncQueueStore
+from bucketq.store.aio.stream_store import AsyncStreamStore
 
 log = logging.getLogger("bucketq")
 
@@ -31,7 +32,8 @@ def unique_until(unique_for: float | dt.timedelta, key: str | None, now: dt.date
     return now + dt.timedelta(seconds=seconds)
 
 
-async def hold_keys(store: Any, batch: list[SealedBucket], now: dt.datetime, timeout_s: float) -> list[dict]:
+async def hold_keys(store: AsyncQueueStore | AsyncStreamStore, batch: list[SealedBucket], now: dt.datetime,
+                    timeout_s: float) -> list[dict[str, Any]]:
     """Hold the keys of the unique messages of ``batch`` (retried); mark the messages whose key another live job
     holds done in their buckets, and resolve them to that job's id (``SealedBucket.merged``). Returns the
     documents left to insert (a bucket whose every message merged is not written)."""

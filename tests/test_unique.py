@@ -86,6 +86,19 @@ async def test_the_key_is_held_while_in_flight_and_retried_and_freed_when_the_jo
     assert await q.push("job", key="k", unique_for=HOUR) not in (first, second)  # a dead letter frees it too
 
 
+async def test_delayed_and_grouped_unique_jobs_merge_too(make_queue):
+    q = make_queue("jobs", **QUICK)
+    grouped = await q.push("g", key="g", group="account-1", unique_for=HOUR)
+    ids = await asyncio.gather(q.push("g", key="g", group="account-1", unique_for=HOUR),
+                               q.push("after", group="account-1"))
+    assert ids[0] == grouped and ids[1] != grouped
+    delayed = await q.push("d", key="d", delay=0.05, unique_for=HOUR)
+    assert await q.push("d", key="d", unique_for=HOUR) == delayed
+    messages = await drained(q)
+    assert sorted(m.payload for m in messages) == ["after", "d", "g"]
+    assert [m.id for m in messages if m.payload != "d"] == [grouped, ids[1]]  # the group's order
+
+
 async def test_a_key_frees_once_unique_for_has_passed(make_queue, monkeypatch):
     q = make_queue("jobs", **QUICK)
     first = await q.push("job", key="k", unique_for=60)
