@@ -15,7 +15,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.connection import connect
 from bucketq.consumer import Consumer
-from bucketq.core import claims, sharding
+from bucketq.core import claims, sharding, unique_keys
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.operator_writes import (
@@ -355,8 +355,9 @@ class Queue:
         """Delete every message in the queue (ready, scheduled or in flight) and return how many there were.
         Their buckets end as finished ones do, as tombstones, so a producer's late insert retry cannot store
         one again; a consumer holding one has its writes refused (``LeaseLost``). Dead letters, quarantine
-        and dedupe keys are kept. Messages pushed while it runs may be purged or kept; a message nacked while it
-        runs is purged with its retry copy, also one whose insert lands after the purge (``claims.guard``)."""
+        and dedupe keys are kept; the keys of the unique jobs it deletes are freed. Messages pushed while it runs
+        may be purged or kept; a message nacked while it runs is purged with its retry copy, also one whose insert
+        lands after the purge (``claims.guard``)."""
         await self._ready()
         now = self._clock.now()
         # ``late`` marks retry copies that landed after the mark: each repeats a message its original counts.
@@ -364,13 +365,16 @@ class Queue:
         await self._store.mark_buckets(LIVE, purge_mark(now, token), scan=True)
         total = 0
         while batch := await self._store.marked_buckets(purged_by(token, late),
-                                                        {"n": 1, "done": 1, "r": 1, "fin.token": 1, "pt": 1},
-                                                        limit=PURGE_CHUNK):
+                                                        {"n": 1, "done": 1, "r": 1, "fin.token": 1, "pt": 1,
+                                                         "k": 1, "o": 1, "u": 1}, limit=PURGE_CHUNK):
             total += sum(unfinished_messages(doc) for doc in batch if doc["fin"]["token"] == token)
             await self._purge_copies([c for doc in batch for c in copies_on_their_way(doc)], now, late)
             tombstones = [ReplaceOne(claims.finished_by(sharding.key(doc), doc["fin"]["token"]),
                                      claims.finish(now, doc["fin"]["token"], doc.get("pt"))) for doc in batch]
             await self._store.replace_buckets(tombstones)
+            held = {key: m for doc in batch for key, m in unique_keys.held_by(doc).items()}
+            if held:  # the purged unique jobs' keys: free now, not at their ``until``
+                await self._store.release_keys(held)
         return total
 
     async def _purge_copies(self, copies: list[dict[str, Any]], now: dt.datetime, late: str) -> None:

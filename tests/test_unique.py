@@ -99,6 +99,19 @@ async def test_delayed_and_grouped_unique_jobs_merge_too(make_queue):
     assert [m.id for m in messages if m.payload != "d"] == [grouped, ids[1]]  # the group's order
 
 
+async def test_a_purge_frees_the_keys_of_the_jobs_it_deletes(make_queue, sync_db):
+    q = make_queue("jobs", **QUICK)
+    first = await q.push("job", key="k", unique_for=HOUR)
+    held = await q.push("other", key="held", unique_for=HOUR)
+    message = await q.reserve(timeout=5)
+    assert message is not None and message.id == first
+    await message.nack(0, wait=True)  # its retry copy holds the key under the same id
+    assert await q.purge() == 2
+    assert sync_db["jobs.unique"].count_documents({}) == 0
+    assert await q.push("job", key="k", unique_for=HOUR) != first
+    assert await q.push("other", key="held", unique_for=HOUR) != held
+
+
 async def test_a_key_frees_once_unique_for_has_passed(make_queue, monkeypatch):
     q = make_queue("jobs", **QUICK)
     first = await q.push("job", key="k", unique_for=60)

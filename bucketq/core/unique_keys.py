@@ -75,6 +75,13 @@ def merge(docs: list[dict[str, Any]], merged: Mapping[Hold, str]) -> list[dict[s
     return [doc for doc in docs if len(doc["done"]) < doc["n"]]
 
 
+def held_by(doc: Mapping[str, Any]) -> dict[str, str]:
+    """The keys the unfinished unique messages of a stored bucket hold, ``{key: message id}`` (a purge frees them)."""
+    unique, keys, origins, done = doc.get("u") or (), doc.get("k") or (), doc.get("o") or (), set(doc["done"])
+    return {keys[slot]: (origins[slot] if origins and origins[slot] else message_id(doc["_id"], slot))
+            for slot, until in enumerate(unique) if until is not None and slot not in done and keys[slot]}
+
+
 def finished(slots: Mapping[str, str]) -> dict[str, Any]:
     """The key documents still held by finished messages (``{key: message id}``), to delete: each message holds at
     most its own key, so matching the keys and the ids as sets matches no one else's."""
