@@ -26,8 +26,10 @@ from bucketq.options import QueueOptions, check_delay
 from bucketq.store.aio.base import retrying
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.store.aio.stream_store import AsyncStreamStore
+from bucketq.unique import hold_keys, unique_until
 
 BUCKETS_PER_WRITE = 8
+UNIQUE_SLOT_BYTES = 16  # a date in the bucket's ``u`` array (unique jobs)
 
 
 class Outgoing:
@@ -35,17 +37,18 @@ class Outgoing:
     ``await q.push_many([Outgoing(order, key=order["id"]), Outgoing(reminder, delay=3600), plain_payload])``.
     Not a payload itself: no codec encodes it, so passing one to ``push`` fails instead of storing its fields."""
 
-    __slots__ = ("payload", "key", "delay", "at", "headers", "group")
+    __slots__ = ("payload", "key", "delay", "at", "headers", "group", "unique_for")
 
     def __init__(self, payload: Any, *, key: str | None = None, delay: float | dt.timedelta | None = None,
                  at: dt.datetime | None = None, headers: Mapping[str, Any] | None = None,
-                 group: str | None = None) -> None:
+                 group: str | None = None, unique_for: float | dt.timedelta | None = None) -> None:
         self.payload = payload
         self.key = key
         self.delay = delay
         self.at = at
         self.headers = headers
         self.group = group
+        self.unique_for = unique_for
 
     def __repr__(self) -> str:
         options = "".join(f", {name}={getattr(self, name)!r}" for name in self.__slots__[1:]
@@ -123,10 +126,10 @@ class Producer:
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                     headers: Mapping[str, Any] | None = None, key: str | None = None,
-                    group: str | None = None) -> asyncio.Future[str]:
+                    group: str | None = None, unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
         """Buffer a message now; the future resolves to its id once stored. Raises ``BufferFull`` instead of
         waiting when ``max_buffered_bytes`` is reached."""
-        slot, size, due = self._prepare(payload, delay, at, headers, key, group)
+        slot, size, due = self._prepare(payload, delay, at, headers, key, group, unique_for)
         buffered = self._acc.buffered_bytes
         if buffered and buffered + size > self._options.max_buffered_bytes:
             raise BufferFull(f"{buffered} bytes buffered (max_buffered_bytes); await push() instead")
@@ -135,8 +138,9 @@ class Producer:
         return future
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
-                   headers: Mapping[str, Any] | None = None, key: str | None = None, group: str | None = None) -> str:
-        slot, size, due = self._prepare(payload, delay, at, headers, key, group)
+                   headers: Mapping[str, Any] | None = None, key: str | None = None, group: str | None = None,
+                   unique_for: float | dt.timedelta | None = None) -> str:
+        slot, size, due = self._prepare(payload, delay, at, headers, key, group, unique_for)
         buffered = self._acc.buffered_bytes
         if buffered and buffered + size > self._options.max_buffered_bytes:
             await self._wait_for_space(size)
@@ -157,7 +161,7 @@ class Producer:
                     timed = item.delay is not None or item.at is not None
                     prepared.append(self._prepare(item.payload, item.delay if timed else delay, item.at,
                                                   headers if item.headers is None else item.headers, item.key,
-                                                  item.group))
+                                                  item.group, item.unique_for))
                     groups.append(item.group)
                 else:
                     prepared.append(self._prepare(item, delay, None, headers, None))
@@ -182,8 +186,8 @@ class Producer:
         return await many.future
 
     def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
-                 headers: Mapping[str, Any] | None, key: str | None,
-                 group: str | None = None) -> tuple[Slot, int, dt.datetime | None]:
+                 headers: Mapping[str, Any] | None, key: str | None, group: str | None = None,
+                 unique_for: float | dt.timedelta | None = None) -> tuple[Slot, int, dt.datetime | None]:
         if self._closed:
             raise QueueClosed("the queue was drained or closed; it takes no more pushes")
         if group is not None:
@@ -191,6 +195,9 @@ class Producer:
             if delay is not None or at is not None:
                 raise InvalidOption("a grouped message takes no delay or at: it would hold back its whole group")
         slot, size = encode_slot(self._codec, payload, headers, key)
+        if unique_for is not None:
+            slot = slot._replace(unique=unique_until(unique_for, key, self._clock.now()))
+            size += UNIQUE_SLOT_BYTES
         if size > self._acc.max_slot_bytes:
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
@@ -294,12 +301,14 @@ class Producer:
             for bucket in batch:
                 if bucket.immediate:
                     bucket.document["due"] = now
-            docs = [b.document for b in batch]
+            # unique jobs: their keys first; a message merged into another job is written done, or not at all
+            docs = await hold_keys(self._store, batch, now, self._options.write_timeout)
 
             async def insert(retry: bool) -> dict[Any, BaseException]:
                 return await self._store.write_buckets(docs)
 
-            failed = await retrying(insert, timeout_s=self._options.write_timeout)
+            if docs:
+                failed = await retrying(insert, timeout_s=self._options.write_timeout)
         except Exception as exc:
             failed = {b.id: exc for b in batch}
         for bucket in batch:

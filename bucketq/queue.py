@@ -15,7 +15,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.connection import connect
 from bucketq.consumer import Consumer
-from bucketq.core import claims, sharding
+from bucketq.core import claims, sharding, unique_keys
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.operator_writes import (
@@ -89,15 +89,20 @@ class Queue:
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                    headers: Mapping[str, Any] | None = None, key: str | None = None, session: Any = None,
-                   group: str | None = None) -> str:
+                   group: str | None = None, unique_for: float | dt.timedelta | None = None) -> str:
         """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
         ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key; ``group`` makes it
-        part of an ordered group (delivered in push order, one at a time: README, Ordered groups). With ``session``
+        part of an ordered group (delivered in push order, one at a time: README, Ordered groups). With
+        ``unique_for`` (seconds), a push of ``key`` while a job of that key is pending or in flight, for at most
+        ``unique_for`` seconds, is merged into it: it returns that job's id (README, Unique jobs). With ``session``
         (a session of this queue's client, in a transaction) the message is written at once in that transaction,
         unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
         if session is not None:
             if group is not None:
                 raise InvalidOption("group cannot be combined with session (a transaction's bucket is not ordered)")
+            if unique_for is not None:
+                raise InvalidOption("unique_for cannot be combined with session (its key is held outside the "
+                                    "transaction)")
             # open before the transaction: the first write creates the collection and indexes, outside any
             check_session(session, self.database.client)
             await self._ready()
@@ -106,13 +111,15 @@ class Queue:
                                              now=self._clock.now(), due=due)
         if self._life.closed or self._life.pending():
             await self._ready()
-        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group)
+        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group,
+                                         unique_for=unique_for)
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                     headers: Mapping[str, Any] | None = None, key: str | None = None,
-                    group: str | None = None) -> asyncio.Future[str]:
+                    group: str | None = None, unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
         """Buffer a message and return a future of its id, for callers who pipeline."""
-        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key, group=group)
+        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key, group=group,
+                                          unique_for=unique_for)
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None) -> list[str]:
@@ -348,8 +355,9 @@ class Queue:
         """Delete every message in the queue (ready, scheduled or in flight) and return how many there were.
         Their buckets end as finished ones do, as tombstones, so a producer's late insert retry cannot store
         one again; a consumer holding one has its writes refused (``LeaseLost``). Dead letters, quarantine
-        and dedupe keys are kept. Messages pushed while it runs may be purged or kept; a message nacked while it
-        runs is purged with its retry copy, also one whose insert lands after the purge (``claims.guard``)."""
+        and dedupe keys are kept; the keys of the unique jobs it deletes are freed. Messages pushed while it runs
+        may be purged or kept; a message nacked while it runs is purged with its retry copy, also one whose insert
+        lands after the purge (``claims.guard``)."""
         await self._ready()
         now = self._clock.now()
         # ``late`` marks retry copies that landed after the mark: each repeats a message its original counts.
@@ -357,13 +365,16 @@ class Queue:
         await self._store.mark_buckets(LIVE, purge_mark(now, token), scan=True)
         total = 0
         while batch := await self._store.marked_buckets(purged_by(token, late),
-                                                        {"n": 1, "done": 1, "r": 1, "fin.token": 1, "pt": 1},
-                                                        limit=PURGE_CHUNK):
+                                                        {"n": 1, "done": 1, "r": 1, "fin.token": 1, "pt": 1,
+                                                         "k": 1, "o": 1, "u": 1}, limit=PURGE_CHUNK):
             total += sum(unfinished_messages(doc) for doc in batch if doc["fin"]["token"] == token)
             await self._purge_copies([c for doc in batch for c in copies_on_their_way(doc)], now, late)
             tombstones = [ReplaceOne(claims.finished_by(sharding.key(doc), doc["fin"]["token"]),
                                      claims.finish(now, doc["fin"]["token"], doc.get("pt"))) for doc in batch]
             await self._store.replace_buckets(tombstones)
+            held = {key: m for doc in batch for key, m in unique_keys.held_by(doc).items()}
+            if held:  # the purged unique jobs' keys: free now, not at their ``until``
+                await self._store.release_keys(held)
         return total
 
     async def _purge_copies(self, copies: list[dict[str, Any]], now: dt.datetime, late: str) -> None:

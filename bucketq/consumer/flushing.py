@@ -16,6 +16,7 @@ from bucketq.core import group_turn, groups
 from bucketq.core.held import FlushPlan
 from bucketq.core.retry import is_too_large
 from bucketq.errors import LeaseLost, WriteFailed
+from bucketq.unique import release_keys
 
 log = logging.getLogger("bucketq")
 
@@ -80,6 +81,8 @@ class Flushing(ConsumerState):
                                   "unflushed messages come back when the lease expires")
             applied = False
         held.outcome(plan, applied)
+        if applied and held.bucket.unique:  # before the acks return: a push of the key after one is not merged
+            await release_keys(self._store, held.bucket, plan.slots)
         self._metrics.flushed(plan, applied)
         if refused is not None:
             log.error("%s", refused)

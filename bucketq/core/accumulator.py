@@ -54,6 +54,7 @@ class SealedBucket:
     size_bytes: int
     immediate: bool  # due at once: the writer stamps ``due`` when it writes the bucket
     group: str | None = None
+    merged: dict[int, str] = field(default_factory=dict)  # unique jobs: slot -> the id of the job it merged into
 
     @property
     def id(self) -> ObjectId:
@@ -66,9 +67,10 @@ class SealedBucket:
         waiters, self.waiters = self.waiters, []
         prefix = str(self.id)  # message ids are "<bucket id>:<slot>" (format.message_id), built in one pass
         if error is None:
+            merged = self.merged
             for slot, waiter in enumerate(waiters):
                 if not waiter.done():
-                    waiter.set_result(f"{prefix}:{slot}")
+                    waiter.set_result(merged[slot] if merged and slot in merged else f"{prefix}:{slot}")
             return
         for waiter in waiters:
             if not waiter.done():

@@ -39,12 +39,13 @@ COPY_FIELDS_BYTES = 11 + 48 + 15
 
 UTC = dt.timezone.utc
 
-# Queue ``Q``'s side collections are ``Q.dead``, ``Q.quarantine``, ``Q.inbox``, ``Q.control``, ``Q.groups`` and
-# ``Q.rate`` (docs/FORMAT.md, Collections): named here once, so that the store, the batch shell and the CLI name them
-# alike and the name check refuses a queue named like another queue's side collection.
+# Queue ``Q``'s side collections are ``Q.dead``, ``Q.quarantine``, ``Q.inbox``, ``Q.control``, ``Q.groups``,
+# ``Q.unique`` and ``Q.rate`` (docs/FORMAT.md, Collections): named here once, so that the store, the batch shell and
+# the CLI name them alike and the name check refuses a queue named like another queue's side collection.
 DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX = ".dead", ".quarantine", ".inbox", ".control"
-GROUPS_SUFFIX, RATE_SUFFIX = ".groups", ".rate"
-QUEUE_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX, GROUPS_SUFFIX, RATE_SUFFIX)
+GROUPS_SUFFIX, UNIQUE_SUFFIX, RATE_SUFFIX = ".groups", ".unique", ".rate"
+QUEUE_SUFFIXES = (DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX, GROUPS_SUFFIX, UNIQUE_SUFFIX,
+                  RATE_SUFFIX)
 # Stream ``S``'s side collections (docs/FORMAT.md, Streams): its reader groups' positions, their claims, its counter.
 POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX = ".positions", ".claims", ".seq"
 STREAM_SUFFIXES = (POSITIONS_SUFFIX, CLAIMS_SUFFIX, SEQ_SUFFIX)
@@ -64,6 +65,7 @@ class Slot(NamedTuple):
     tries: int = 0
     origin: str | None = None
     enqueued_at: dt.datetime | None = None
+    unique: dt.datetime | None = None  # ``push(unique_for=...)``: the message holds its key in ``Q.unique`` until then
 
 
 # The fields of a Slot after ``key`` at their defaults: ``encode_slot`` builds its Slot with ``tuple.__new__``,
@@ -208,6 +210,8 @@ def bucket_document(
         doc["o"] = list(column["origin"])
     if column["enqueued_at"].count(None) != n:
         doc["e"] = [e or created for e in column["enqueued_at"]]
+    if column["unique"].count(None) != n:
+        doc["u"] = list(column["unique"])
     if group is not None:
         doc["v"], doc["g"] = GROUP_FORMAT_VERSION, group
     if partition is not None:
@@ -233,6 +237,7 @@ class StoredBucket:
     group: str | None = None
     order: int = 0  # ``s``: the bucket's place in its group
     partition: int | None = 0  # ``pt``; None: written without one (partition 0, ``sharding.in_partition``)
+    unique: list[dt.datetime | None] | None = None  # ``u``: the slots that hold their key in ``Q.unique``, if any
 
     @property
     def ref(self) -> dict[str, Any]:
@@ -262,6 +267,7 @@ class StoredBucket:
             tries=tries,
             origin=self.message_id(index),
             enqueued_at=self.enqueued_at(index),
+            unique=self.unique[index] if self.unique else None,  # the copy holds the key on, under the same id
         )
 
 
@@ -321,6 +327,7 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         group=group,
         order=doc.get("s", 0),
         partition=partition,
+        unique=_optional_array(doc, "u", n, dt.datetime) if "u" in doc else None,
     )
 
 

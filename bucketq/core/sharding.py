@@ -15,7 +15,15 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX, RATE_SUFFIX
+from bucketq.core.format import (
+    CONTROL_SUFFIX,
+    DEAD_SUFFIX,
+    GROUPS_SUFFIX,
+    INBOX_SUFFIX,
+    QUARANTINE_SUFFIX,
+    RATE_SUFFIX,
+    UNIQUE_SUFFIX,
+)
 from bucketq.errors import InvalidOption
 
 PARTITION = "pt"  # the field of every bucket and tombstone
@@ -35,6 +43,7 @@ QUEUE_UNSHARDED: dict[str, str] = {
     CONTROL_SUFFIX: "one document (the pause)",
     GROUPS_SUFFIX: "one counter per partition and one lock per group being served",
     RATE_SUFFIX: "one counter per window of the rate limit, the last two kept",
+    UNIQUE_SUFFIX: "one key per unique job pending or in flight, read and written by _id",
 }
 # Collections whose shard key leads with ``pt`` are split into one zone per partition range.
 ZONED = {"": PARTITION}

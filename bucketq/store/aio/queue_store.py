@@ -1,7 +1,8 @@
 """``AsyncQueueStore``: every command bucketq sends to a queue's collections, with retries on transient errors.
 
 Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``,
-``name.control`` (operator controls: the pause document), ``name.groups`` (locks of ordered groups). The
+``name.control`` (operator controls: the pause document), ``name.groups`` (locks of ordered groups), ``name.unique``
+(the keys unique jobs hold). The
 filters and updates come from the sans-I/O core (``bucketq.core``); this class runs them. Every command on the
 buckets collection is a method here, so that a change to all of them (a shard key in every filter) is made in
 this one class. Written async once; ``bucketq.store.sync.QueueStore`` is generated from it
@@ -14,18 +15,26 @@ import datetime as dt
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure
 
-from bucketq.core import groups
+from bucketq.core import groups, unique_keys
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
-from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX, RATE_SUFFIX
+from bucketq.core.format import (
+    CONTROL_SUFFIX,
+    DEAD_SUFFIX,
+    GROUPS_SUFFIX,
+    INBOX_SUFFIX,
+    QUARANTINE_SUFFIX,
+    RATE_SUFFIX,
+    UNIQUE_SUFFIX,
+)
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.pause_gate import PauseGate  # async-only
-from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
+from bucketq.store.aio.base import DUPLICATE_KEY, collections, insert_copies, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
 
 
@@ -37,9 +46,9 @@ class AsyncQueueStore:
         self.wanted = partitions  # the client's count, checked against the queue's; None: adopt the queue's
         self._partitions: int | None = None  # the queue's count once stored (``partition_count``)
         self.spread = Spread()  # the partitions of the buckets this process writes
-        self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups, self.rate = collections(
-            database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX, CONTROL_SUFFIX,
-            GROUPS_SUFFIX, RATE_SUFFIX)
+        (self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups, self.unique,
+         self.rate) = collections(database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX,
+                                  CONTROL_SUFFIX, GROUPS_SUFFIX, UNIQUE_SUFFIX, RATE_SUFFIX)
         # async-only: begin
         # shared: a pause this process writes holds for its consumer at once
         self.pause = PauseGate(self.read_pause)
@@ -57,6 +66,8 @@ class AsyncQueueStore:
         await self.dead.create_index("at")
         await self.quarantine.create_index("at")
         await self.inbox.create_index("at")
+        # A real MongoDB deletes expired unique keys; elsewhere the next push of the key takes it over.
+        await self.unique.create_index("until", expireAfterSeconds=0)
         await self.control.update_one(PAUSE, initial_pause(), upsert=True)  # never overwrites a pause
         layout = await self.control.find_one_and_update(LAYOUT, layout_update(self.wanted), upsert=True,
                                                         return_document=ReturnDocument.AFTER)
@@ -205,6 +216,52 @@ class AsyncQueueStore:
 
     async def record_keys(self, keys: list[str], now: dt.datetime) -> None:
         await self.insert_copies(self.inbox, [{"_id": k, "at": now} for k in keys])
+
+    # -- unique jobs (core.unique_keys) ----------------------------------------------------------------------
+
+    async def hold_keys(self, holds: list[unique_keys.Hold], now: dt.datetime) -> dict[unique_keys.Hold, str]:
+        """Insert the key documents of ``holds`` (``unique_keys``); return those merged into another message, each
+        with the id of the message that holds its key. One attempt: raises on transient errors, and the retry of
+        the whole of it finds the keys a lost attempt inserted as its own (``unique_keys.OWN``)."""
+        merged: dict[unique_keys.Hold, str] = {}
+        pending = holds
+        while pending:
+            clashes = await self._insert_keys(pending)
+            if not clashes:
+                break
+            cursor = self.unique.find({"_id": {"$in": [h.key for h in clashes]}})
+            found = {d["_id"]: d for d in await cursor.to_list(None)}
+            pending = []
+            for hold in clashes:
+                said = unique_keys.verdict(hold, found.get(hold.key), now)
+                if said == unique_keys.EXPIRED:
+                    query, update = unique_keys.takeover(hold, now)
+                    if not (await self.unique.update_one(query, update)).matched_count:
+                        pending.append(hold)  # another producer took it over first: read it again
+                elif said == unique_keys.GONE:
+                    pending.append(hold)  # its holder finished meanwhile: insert again
+                elif said != unique_keys.OWN:
+                    merged[hold] = said
+        return merged
+
+    async def _insert_keys(self, holds: list[unique_keys.Hold]) -> list[unique_keys.Hold]:
+        """Insert the key documents; return the holds whose key was already there (a duplicate key)."""
+        try:
+            await self.unique.insert_many([h.document for h in holds], ordered=False)
+        except BulkWriteError as exc:
+            if exc.details.get("writeConcernErrors"):
+                raise ConnectionFailure(f"write concern not satisfied: {exc.details['writeConcernErrors']}") from exc
+            errors = exc.details.get("writeErrors", [])
+            if any(e.get("code") != DUPLICATE_KEY for e in errors):
+                raise
+            return [holds[e["index"]] for e in errors]
+        except DuplicateKeyError:
+            return holds  # which ones is not said: the holds inserted read as their own
+        return []
+
+    async def release_keys(self, held: dict[str, str]) -> None:
+        """Delete the keys (``{key: message id}``) still held by those messages, now finished; retried."""
+        await retrying(lambda _: self.unique.delete_many(unique_keys.finished(held)), timeout_s=self.op_timeout_s)
 
     # -- ordered groups (core.groups) ----------------------------------------------------------------------
 
