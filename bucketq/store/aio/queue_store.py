@@ -20,6 +20,7 @@ from bucketq.core import groups
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
 from bucketq.core.format import CONTROL_SUFFIX, DEAD_SUFFIX, GROUPS_SUFFIX, INBOX_SUFFIX, QUARANTINE_SUFFIX
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
+from bucketq.core.priorities import PRIORITY
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
@@ -47,9 +48,11 @@ class AsyncQueueStore:
         self.op_timeout_s = op_timeout_s
 
     async def ensure_indexes(self) -> None:
-        """Claims pin a partition and sort by ``due``; tombstones, dead letters and quarantine are listed or
+        """Claims pin a partition and sort by level (``pr``, highest first) and ``due``, or by ``due`` alone (claims by
+        age, the next due time); tombstones, dead letters and quarantine are listed or
         purged by time. (The test server accepts and ignores non-unique indexes.)"""
         await self.buckets.create_index([(PARTITION, 1), ("due", 1)])
+        await self.buckets.create_index([(PARTITION, 1), (PRIORITY, -1), ("due", 1)])  # claims by priority
         await self.buckets.create_index("fin.at", sparse=True)
         # live group buckets only (ungrouped ones and tombstones have neither field); a group's queries also pin
         # its partition, which the shard key routes by
