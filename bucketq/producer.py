@@ -21,7 +21,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
 from bucketq.core.format import Slot, check_group, encode_slot
-from bucketq.core.priorities import check_priority
+from bucketq.core.priorities import MAX_PRIORITY, check_priority
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.store.aio.base import retrying
@@ -154,7 +154,7 @@ class Producer:
         headers, group, priority); ``delay``, ``headers`` and ``priority`` apply to the items that set none (a
         grouped item takes no delay, and no priority: level 0)."""
         prepared = []
-        groups: list[tuple[str | None, int]] = []
+        routes: list[tuple[str | None, int]] = []  # each item's group and level
         for index, item in enumerate(payloads):
             try:
                 if isinstance(item, Outgoing):
@@ -163,10 +163,10 @@ class Producer:
                     prepared.append(self._prepare(item.payload, item.delay if timed else delay, item.at,
                                                   headers if item.headers is None else item.headers, item.key,
                                                   item.group, level))
-                    groups.append((item.group, level))
+                    routes.append((item.group, level))
                 else:
                     prepared.append(self._prepare(item, delay, None, headers, None, None, priority))
-                    groups.append((None, priority))
+                    routes.append((None, priority))
             except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
                 raise type(exc)(f"payload {index}: {exc}") from exc
         if not prepared:
@@ -175,7 +175,7 @@ class Producer:
         limit = self._options.max_buffered_bytes
         run: _Run | None = None  # the waiter of the messages just added to the open bucket of messages due now
         for index, (slot, size, due) in enumerate(prepared):
-            group, level = groups[index]
+            group, level = routes[index]
             plain = due is None and group is None and not level  # of the open bucket of messages due now
             if self._acc.buffered_bytes + size > limit:
                 await self._wait_for_space(size)
@@ -192,7 +192,9 @@ class Producer:
                  group: str | None = None, priority: int = 0) -> tuple[Slot, int, dt.datetime | None]:
         if self._closed:
             raise QueueClosed("the queue was drained or closed; it takes no more pushes")
-        check_priority(priority)
+        # an int in range passes at the cost of a comparison (every push comes here); the rest is checked in full
+        if priority.__class__ is not int or not 0 <= priority <= MAX_PRIORITY:
+            check_priority(priority)  # raises, or takes an int subclass
         if group is not None:
             check_group(group)
             if delay is not None or at is not None:
