@@ -193,7 +193,8 @@ class Queue:
         return {**row, "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
-        """The next ``n`` unfinished messages in claim order, without claiming them (nor writing anything)."""
+        """The next ``n`` unfinished messages in due order, without claiming them (nor writing anything). This is
+        the order of claims except for priorities: claims take the due messages of higher levels first."""
         if n <= 0:
             return []
         await self._ready(write=False)

@@ -279,7 +279,8 @@ class AsyncQueueStore:
         return rows, dead, quarantined, group_rows
 
     async def live_buckets(self) -> Any:
-        """A cursor over the unfinished buckets in claim order, a few at a time (``Queue.peek``)."""
+        """A cursor over the unfinished buckets in due order (claims take higher priority levels first), a few at a
+        time (``Queue.peek``)."""
         return self.buckets.find(every_partition(LIVE, await self.partition_count()), sort=[("due", 1)], batch_size=4)
 
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
