@@ -9,6 +9,7 @@ from typing import Any
 from bson import ObjectId
 
 from bucketq.core.format import Slot, as_utc, bucket_documents, parse_bucket
+from bucketq.core.priorities import stored_priority
 from bucketq.errors import InvalidOption, MalformedBucket
 from bucketq.options import check_delay
 
@@ -44,17 +45,18 @@ def entry_filter(*, older_than_s: float | None = None, error_contains: str | Non
 
 def requeued_buckets(entries: list[dict[str, Any]], *, now: dt.datetime) -> list[dict[str, Any]]:
     """Fresh buckets holding dead-letter or quarantine entries, claimable now. Messages keep their ids and
-    get their tries reset; they are grouped by codec and group and split so that no bucket exceeds the size limits."""
+    get their tries reset; they are grouped by codec, group and priority (a bucket holds one level) and split so that
+    no bucket exceeds the size limits."""
     docs = [doc for e in entries if e.get("kind") == "bucket" for doc in requeued_original(e, now=now)]
-    by_codec: dict[tuple[str, str | None], list[Slot]] = {}
+    by_codec: dict[tuple[str, str | None, int], list[Slot]] = {}
     for e in entries:
         if e.get("kind") != "bucket":
             enqueued = as_utc(e["enqueued_at"]) if e.get("enqueued_at") else None
-            by_codec.setdefault((e["enc"], e.get("g")), []).append(
+            by_codec.setdefault((e["enc"], e.get("g"), stored_priority(e)), []).append(
                 Slot(payload=e["p"], headers=e.get("h"), key=e.get("k"), tries=0, origin=str(e["_id"]),
                      enqueued_at=enqueued))
-    for (codec, group), slots in by_codec.items():  # a dead letter of a group goes back at the end of its group
-        docs += bucket_documents(slots, codec=codec, created=now, due=now, group=group)
+    for (codec, group, priority), slots in by_codec.items():  # a dead letter of a group goes back at its end
+        docs += bucket_documents(slots, codec=codec, created=now, due=now, group=group, priority=priority)
     return docs
 
 
@@ -70,4 +72,5 @@ def requeued_original(entry: dict[str, Any], *, now: dt.datetime) -> list[dict[s
         doc.update(_id=ObjectId(), due=now, lease=None, c=0)
         return [doc]
     slots = [bucket.slot(i, tries=bucket.base_tries[i]) for i in range(bucket.size) if i not in bucket.done]
-    return bucket_documents(slots, codec=bucket.codec, created=now, due=now, group=bucket.group)
+    return bucket_documents(slots, codec=bucket.codec, created=now, due=now, group=bucket.group,
+                            priority=bucket.priority)

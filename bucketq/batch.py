@@ -38,6 +38,7 @@ from bucketq.core.backoff import Backoff
 from bucketq.core.batch_attempt import AttemptPolicy, BatchStep, ClaimNext, GiveBack, Quarantine, ReleaseWithBackoff
 from bucketq.core.conversation import carry
 from bucketq.core.format import StoredBucket, as_utc, parse_bucket, quarantined_bucket, quarantined_message
+from bucketq.core.priorities import DEFAULT_FAIRNESS, Turns
 from bucketq.core.sharding import MAX_PARTITIONS, Rotation, check_partitions, key
 from bucketq.errors import InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
@@ -87,8 +88,10 @@ class BatchQueue:
                  name: str, db: str | None = None, lease: float = 300.0, max_attempts: int = 5,
                  backoff: Backoff | None = None, codecs: Iterable[str] = ("json",),
                  write_concern: int | str | None = None, op_timeout_s: float = 30.0,
-                 tombstone_retention: float = 600.0, partitions: int | None = None) -> None:
+                 tombstone_retention: float = 600.0, partitions: int | None = None,
+                 priority_fairness: int = DEFAULT_FAIRNESS) -> None:
         check_names(name, db)
+        self._turns = Turns(priority_fairness)  # claims by priority, every ``priority_fairness``-th by age
         check_write_concern(write_concern)
         if check_delay(tombstone_retention) <= op_timeout_s:
             raise InvalidOption("tombstone_retention must exceed op_timeout_s (see QueueOptions.tombstone_retention)")
@@ -201,13 +204,15 @@ class BatchQueue:
         clock = self._synced()
         with self._reaching():  # the queue's count: read (retried, as the pause) until the queue has a layout
             partitions = retrying(lambda _: self.store.partition_count(), timeout_s=self.op_timeout_s)
+        sort = self._turns.sort()
         for partition in self._rotation.round(partitions):
             spec = claims.ungrouped(claims.claim(clock.now(), self.lease, token, self.owner,
-                                                 expired_by=clock.earliest(), partition=partition))
+                                                 expired_by=clock.earliest(), partition=partition, sort=sort))
             with self._reaching():
                 doc, reason = self.store.claim(spec)
             if doc is not None:
                 self._rotation.claimed(partition)
+                self._turns.took(sort)
                 return doc, reason
         return None, None
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from bucketq.core.backoff import MAX_DELAY_S
 from bucketq.core.backoff import check_delay as check_delay  # where the shells take it from, with the other checks
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
+from bucketq.core.priorities import DEFAULT_FAIRNESS, check_fairness
 from bucketq.core.rate_window import RateLimit
 from bucketq.core.sharding import MAX_PARTITIONS, check_partitions
 from bucketq.errors import InvalidOption
@@ -51,6 +52,10 @@ class QueueOptions:
         dedupe: skip messages whose ``key`` was already acknowledged (keys kept in an inbox collection).
         poll_interval: longest wait between claim attempts when no change stream wakes the consumer.
         change_streams: use change streams for wake-ups; None detects support at run time.
+        priority_fairness: claims take the due bucket of the highest ``push(priority=...)`` level first, except
+            every ``priority_fairness``-th bucket a consumer takes, which is the oldest due one whatever its level,
+            so that lower levels are never starved (README, Priorities). 0: strict priorities (lower levels wait
+            while higher ones are due); 1: due order only.
         drain_timeout: seconds ``drain()`` waits for in-flight handlers.
         tombstone_retention: seconds a finished bucket's tombstone is kept, so that an insert of it retried
             late (its first reply was lost) cannot store it again; must exceed every producer's write_timeout.
@@ -89,6 +94,7 @@ class QueueOptions:
     tombstone_retention: float = 600.0
     partitions: int | None = None
     rate_limit: RateLimit | None = None
+    priority_fairness: int = DEFAULT_FAIRNESS
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -129,13 +135,15 @@ class QueueOptions:
                f"more than write_timeout ({self.write_timeout:g} s), at most {MAX_DELAY_S:.0f} seconds")
         _check(self.partitions is None or check_partitions(self.partitions), "partitions",
                f"an int from 1 to {MAX_PARTITIONS} (or None: the queue's own, 1 for a new one)")
+        check_fairness(self.priority_fairness)
 
 
 _INT = (int,)
 _NUM = (int, float)
 _TYPES: dict[str, tuple[type, ...]] = {
     "bucket_max_size": _INT, "bucket_max_bytes": _INT, "max_buffered_bytes": _INT, "max_in_flight_writes": _INT,
-    "max_attempts": _INT, "partitions": _INT, "bucket_max_wait": _NUM, "bucket_min_wait": _NUM, "due_granularity": _NUM,
+    "max_attempts": _INT, "partitions": _INT, "priority_fairness": _INT, "bucket_max_wait": _NUM,
+    "bucket_min_wait": _NUM, "due_granularity": _NUM,
     "write_timeout": _NUM, "lease": _NUM,
     "state_flush_period": _NUM, "retry_base": _NUM, "retry_factor": _NUM, "retry_max": _NUM, "retry_jitter": _NUM,
     "quarantine_retention": _NUM, "inbox_retention": _NUM, "tombstone_retention": _NUM, "poll_interval": _NUM,

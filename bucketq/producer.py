@@ -21,6 +21,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
 from bucketq.core.format import Slot, check_group, encode_slot
+from bucketq.core.priorities import MAX_PRIORITY, check_priority
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.store.aio.base import retrying
@@ -37,17 +38,19 @@ class Outgoing:
     ``await q.push_many([Outgoing(order, key=order["id"]), Outgoing(reminder, delay=3600), plain_payload])``.
     Not a payload itself: no codec encodes it, so passing one to ``push`` fails instead of storing its fields."""
 
-    __slots__ = ("payload", "key", "delay", "at", "headers", "group", "unique_for")
+    __slots__ = ("payload", "key", "delay", "at", "headers", "group", "priority", "unique_for")
 
     def __init__(self, payload: Any, *, key: str | None = None, delay: float | dt.timedelta | None = None,
                  at: dt.datetime | None = None, headers: Mapping[str, Any] | None = None,
-                 group: str | None = None, unique_for: float | dt.timedelta | None = None) -> None:
+                 group: str | None = None, priority: int | None = None,
+                 unique_for: float | dt.timedelta | None = None) -> None:
         self.payload = payload
         self.key = key
         self.delay = delay
         self.at = at
         self.headers = headers
         self.group = group
+        self.priority = priority  # None: the priority of the push_many call
         self.unique_for = unique_for
 
     def __repr__(self) -> str:
@@ -126,46 +129,49 @@ class Producer:
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                     headers: Mapping[str, Any] | None = None, key: str | None = None,
-                    group: str | None = None, unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
+                    group: str | None = None, priority: int = 0,
+                    unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
         """Buffer a message now; the future resolves to its id once stored. Raises ``BufferFull`` instead of
         waiting when ``max_buffered_bytes`` is reached."""
-        slot, size, due = self._prepare(payload, delay, at, headers, key, group, unique_for)
+        slot, size, due = self._prepare(payload, delay, at, headers, key, group, priority, unique_for)
         buffered = self._acc.buffered_bytes
         if buffered and buffered + size > self._options.max_buffered_bytes:
             raise BufferFull(f"{buffered} bytes buffered (max_buffered_bytes); await push() instead")
         future: asyncio.Future[str] = self._new_future()
-        self._add(slot, size, due, future, group)
+        self._add(slot, size, due, future, group, priority)
         return future
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                    headers: Mapping[str, Any] | None = None, key: str | None = None, group: str | None = None,
-                   unique_for: float | dt.timedelta | None = None) -> str:
-        slot, size, due = self._prepare(payload, delay, at, headers, key, group, unique_for)
+                   priority: int = 0, unique_for: float | dt.timedelta | None = None) -> str:
+        slot, size, due = self._prepare(payload, delay, at, headers, key, group, priority, unique_for)
         buffered = self._acc.buffered_bytes
         if buffered and buffered + size > self._options.max_buffered_bytes:
             await self._wait_for_space(size)
         future: asyncio.Future[str] = self._new_future()
-        self._add(slot, size, due, future, group)
+        self._add(slot, size, due, future, group, priority)
         return await future
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
-                        headers: Mapping[str, Any] | None = None) -> list[str]:
+                        headers: Mapping[str, Any] | None = None, priority: int = 0) -> list[str]:
         """Push every payload; all are encoded and checked first, so one bad payload or option fails the call
         before any is pushed. An item may be an ``Outgoing`` carrying options of its own (key, delay or at,
-        headers, group); ``delay`` and ``headers`` apply to the items that set none (a grouped item takes no delay)."""
+        headers, group, priority); ``delay``, ``headers`` and ``priority`` apply to the items that set none (a
+        grouped item takes no delay, and no priority: level 0)."""
         prepared = []
-        groups: list[str | None] = []
+        routes: list[tuple[str | None, int]] = []  # each item's group and level
         for index, item in enumerate(payloads):
             try:
                 if isinstance(item, Outgoing):
                     timed = item.delay is not None or item.at is not None
+                    level = item.priority if item.priority is not None else 0 if item.group is not None else priority
                     prepared.append(self._prepare(item.payload, item.delay if timed else delay, item.at,
                                                   headers if item.headers is None else item.headers, item.key,
-                                                  item.group, item.unique_for))
-                    groups.append(item.group)
+                                                  item.group, level, item.unique_for))
+                    routes.append((item.group, level))
                 else:
-                    prepared.append(self._prepare(item, delay, None, headers, None))
-                    groups.append(None)
+                    prepared.append(self._prepare(item, delay, None, headers, None, None, priority))
+                    routes.append((None, priority))
             except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
                 raise type(exc)(f"payload {index}: {exc}") from exc
         if not prepared:
@@ -174,26 +180,32 @@ class Producer:
         limit = self._options.max_buffered_bytes
         run: _Run | None = None  # the waiter of the messages just added to the open bucket of messages due now
         for index, (slot, size, due) in enumerate(prepared):
-            group = groups[index]
+            group, level = routes[index]
+            plain = due is None and group is None and not level  # of the open bucket of messages due now
             if self._acc.buffered_bytes + size > limit:
                 await self._wait_for_space(size)
                 run = None  # other pushes may have come in between
-            if run is not None and due is None and group is None and self._acc.append(slot, size, run):
+            if run is not None and plain and self._acc.append(slot, size, run):
                 continue  # the next message of the run, in the same bucket
             waiter = _Run(many, index)
-            self._add(slot, size, due, waiter, group)
-            run = waiter if due is None and group is None else None
+            self._add(slot, size, due, waiter, group, level)
+            run = waiter if plain else None
         return await many.future
 
     def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
-                 headers: Mapping[str, Any] | None, key: str | None, group: str | None = None,
+                 headers: Mapping[str, Any] | None, key: str | None, group: str | None = None, priority: int = 0,
                  unique_for: float | dt.timedelta | None = None) -> tuple[Slot, int, dt.datetime | None]:
         if self._closed:
             raise QueueClosed("the queue was drained or closed; it takes no more pushes")
+        # an int in range passes at the cost of a comparison (every push comes here); the rest is checked in full
+        if priority.__class__ is not int or not 0 <= priority <= MAX_PRIORITY:
+            check_priority(priority)  # raises, or takes an int subclass
         if group is not None:
             check_group(group)
             if delay is not None or at is not None:
                 raise InvalidOption("a grouped message takes no delay or at: it would hold back its whole group")
+            if priority:
+                raise InvalidOption("a grouped message takes no priority: its group's order comes first")
         slot, size = encode_slot(self._codec, payload, headers, key)
         if unique_for is not None:
             slot = slot._replace(unique=unique_until(unique_for, key, self._clock.now()))
@@ -220,12 +232,13 @@ class Producer:
         self._start()
         return self._new_future()
 
-    def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, group: str | None = None) -> None:
+    def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, group: str | None = None,
+             priority: int = 0) -> None:
         # Most pushes join the open bucket of messages due now: no clock read, nothing sealed.
         sealed = None
-        if due is not None or group is not None or not self._acc.append(slot, size, waiter):
+        if due is not None or group is not None or priority or not self._acc.append(slot, size, waiter):
             sealed = self._acc.add(slot, size, waiter, due=due, now_wall=self._clock.now(), now_mono=time.monotonic(),
-                                   group=group)
+                                   group=group, priority=priority)
         if not self._commit_soon:
             # Not now: after the pushes already queued on the loop, so that a burst shares one bucket.
             self._commit_soon = True

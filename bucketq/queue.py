@@ -89,10 +89,12 @@ class Queue:
 
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                    headers: Mapping[str, Any] | None = None, key: str | None = None, session: Any = None,
-                   group: str | None = None, unique_for: float | dt.timedelta | None = None) -> str:
+                   group: str | None = None, priority: int = 0,
+                   unique_for: float | dt.timedelta | None = None) -> str:
         """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
         ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key; ``group`` makes it
-        part of an ordered group (delivered in push order, one at a time: README, Ordered groups). With
+        part of an ordered group (delivered in push order, one at a time: README, Ordered groups); ``priority``
+        (0, the default, to 9) puts it before the due messages of lower levels (README, Priorities). With
         ``unique_for`` (seconds), a push of ``key`` while a job of that key is pending or in flight, for at most
         ``unique_for`` seconds, is merged into it: it returns that job's id (README, Unique jobs). With ``session``
         (a session of this queue's client, in a transaction) the message is written at once in that transaction,
@@ -106,25 +108,26 @@ class Queue:
             # open before the transaction: the first write creates the collection and indexes, outside any
             check_session(session, self.database.client)
             await self._ready()
-            slot, _, due = self._producer._prepare(payload, delay, at, headers, key)
+            slot, _, due = self._producer._prepare(payload, delay, at, headers, key, None, priority)
             return await push_in_transaction(self._store, session, slot, codec=self.codec.name,
-                                             now=self._clock.now(), due=due)
+                                             now=self._clock.now(), due=due, priority=priority)
         if self._life.closed or self._life.pending():
             await self._ready()
         return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group,
-                                         unique_for=unique_for)
+                                         priority=priority, unique_for=unique_for)
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                     headers: Mapping[str, Any] | None = None, key: str | None = None,
-                    group: str | None = None, unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
+                    group: str | None = None, priority: int = 0,
+                    unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
         """Buffer a message and return a future of its id, for callers who pipeline."""
         return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key, group=group,
-                                          unique_for=unique_for)
+                                          priority=priority, unique_for=unique_for)
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
-                        headers: Mapping[str, Any] | None = None) -> list[str]:
+                        headers: Mapping[str, Any] | None = None, priority: int = 0) -> list[str]:
         await self._ready()
-        return await self._producer.push_many(payloads, delay=delay, headers=headers)
+        return await self._producer.push_many(payloads, delay=delay, headers=headers, priority=priority)
 
     async def flush(self) -> None:
         """Write every open bucket now and wait for all writes, without closing the queue."""
@@ -197,7 +200,8 @@ class Queue:
         return {**row, "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
-        """The next ``n`` unfinished messages in claim order, without claiming them (nor writing anything)."""
+        """The next ``n`` unfinished messages in due order, without claiming them (nor writing anything). This is
+        the order of claims except for priorities: claims take the due messages of higher levels first."""
         if n <= 0:
             return []
         await self._ready(write=False)

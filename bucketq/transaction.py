@@ -17,9 +17,9 @@ from bucketq.store.aio.queue_store import AsyncQueueStore
 
 
 def single_bucket(bucket_id: ObjectId, slot: Slot, *, codec: str, now: dt.datetime,
-                  due: dt.datetime | None) -> dict[str, Any]:
+                  due: dt.datetime | None, priority: int = 0) -> dict[str, Any]:
     """A bucket holding one message, due at ``due`` (None: now): a transaction's push, an outbox event."""
-    return bucket_document(bucket_id, [slot], codec=codec, created=now, due=due or now)
+    return bucket_document(bucket_id, [slot], codec=codec, created=now, due=due or now, priority=priority)
 
 
 def check_session(session: Any, client: Any) -> None:
@@ -39,9 +39,9 @@ def check_session(session: Any, client: Any) -> None:
 
 
 async def push_in_transaction(store: AsyncQueueStore, session: Any, slot: Slot, *, codec: str, now: dt.datetime,
-                              due: dt.datetime | None) -> str:
+                              due: dt.datetime | None, priority: int = 0) -> str:
     """Write one message, already checked and encoded as a push's is (``slot``), in ``session``'s transaction,
     once: its errors are the caller's (a retry belongs to the whole transaction). Returns its id."""
-    doc = single_bucket(ObjectId(), slot, codec=codec, now=now, due=due)
+    doc = single_bucket(ObjectId(), slot, codec=codec, now=now, due=due, priority=priority)
     await store.insert_buckets([doc], session=session)
     return message_id(doc["_id"], 0)

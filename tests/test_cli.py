@@ -767,6 +767,17 @@ def test_push_group_stores_an_ordered_group_and_refuses_a_delay_or_a_bad_group(b
     assert refused.returncode != 0 and "non-empty string" in refused.stderr
 
 
+def test_push_priority_stores_the_level_and_refuses_a_bad_one_or_a_group(bq: Run, sync_db) -> None:
+    assert "pushed 1 message(s)" in ok(bq("push", "alerts", "1")).stdout
+    assert "pushed 2 message(s)" in ok(bq("push", "alerts", "--priority", "9", "2", "3")).stdout
+    assert sorted((d["p"], d.get("pr")) for d in sync_db["alerts"].find()) == [(["1"], None), (["2", "3"], 9)]
+    assert jsonl(ok(bq("drain", "alerts", "--idle-timeout", "0.5")).stdout) == [2, 3, 1]
+    refused = bq("push", "alerts", "--priority", "10", "1")
+    assert refused.returncode != 0 and "0<=x<=9" in refused.stderr
+    refused = bq("push", "alerts", "--group", "g", "--priority", "1", "1")
+    assert refused.returncode != 0 and "--group takes no --priority" in refused.stderr
+
+
 def test_shard_prints_the_sharding_commands_of_a_queue_and_connects_to_nothing() -> None:
     """``bucketq shard``: the shard key's index, sh.shardCollection, one zone per range of partitions, and the
     unsharded side collections with their reasons; the database from --db, else bucketq."""

@@ -190,6 +190,31 @@ async def test_group_documents_match_the_format(make_queue, sync_db):
     assert sync_db["events.groups"].find_one({"_id": "g"}) is None, "a free group leaves no document"
 
 
+async def test_priority_documents_match_the_format(make_queue, sync_db):
+    """A bucket with a level (``pr``), its retry bucket, its dead letter and a quarantined message of it."""
+    q = make_queue(bucket_max_wait=0.01, max_attempts=1, malformed="skip")
+    await q.push_many(["a", "b"], priority=4)
+    message = await q.reserve(timeout=2)
+    (claimed,) = list(sync_db.events.find())
+    check_bucket(claimed)
+    assert claimed["pr"] == 4
+    await message.nack(error="dead", wait=True)
+    (dead,) = list(sync_db["events.dead"].find())
+    check(dead, "dead-fields")
+    assert dead["pr"] == 4
+    await (await q.reserve(timeout=2)).ack(wait=True)
+    now = dt.datetime.now(dt.timezone.utc)
+    sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": now, "due": now, "n": 2,
+                               "p": ["{bad", "1"], "done": [], "c": 0, "lease": None, "pr": 2})
+    served = await q.reserve(timeout=2)
+    assert served.payload == 1
+    await served.ack()
+    await q.drain()
+    (entry,) = list(sync_db["events.quarantine"].find())
+    check(entry, "quarantine-fields")
+    assert entry["pr"] == 2
+
+
 async def test_schedule_documents_match_the_format(make_queue, sync_db):
     """A schedule's state document in ``Q.control`` and the bucket of a tick, with its ``_id``, ``pt`` and key."""
     from bucketq import Schedule

@@ -23,7 +23,8 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 pushes = st.lists(st.tuples(st.integers(1, 3000),                     # payload length
                             st.one_of(st.none(), st.floats(0, 30)),   # delay
-                            st.floats(0, 0.3)),                       # seconds until the next push
+                            st.floats(0, 0.3),                        # seconds until the next push
+                            st.sampled_from([0, 0, 0, 1, 9])),        # priority level
                   min_size=1, max_size=300)
 
 
@@ -31,13 +32,15 @@ pushes = st.lists(st.tuples(st.integers(1, 3000),                     # payload 
 @given(pushes, st.integers(1, 50), st.integers(4096, 40_000), st.floats(0.01, 5))
 def test_accumulator_places_every_message_once_within_limits(items, max_size, max_bytes, granularity):
     acc = Accumulator(max_size=max_size, max_bytes=max_bytes, max_wait=0.5, granularity=granularity, codec="json")
-    sealed, dues, clock = [], {}, 0.0
-    for n, (length, delay, gap) in enumerate(items):
+    sealed, dues, levels, clock = [], {}, {}, 0.0
+    for n, (length, delay, gap, level) in enumerate(items):
         now = T0 + dt.timedelta(seconds=clock)
         payload = f"{n:06d}" + "x" * length
         due = now + dt.timedelta(seconds=delay) if delay else None
         dues[payload[:6]] = due
-        full = acc.add(Slot(payload), slot_bytes(payload), None, due=due, now_wall=now, now_mono=clock)
+        levels[payload[:6]] = level
+        full = acc.add(Slot(payload), slot_bytes(payload), None, due=due, now_wall=now, now_mono=clock,
+                       priority=level)
         sealed += full
         clock += gap
         sealed += acc.ready(T0 + dt.timedelta(seconds=clock), clock)
@@ -48,6 +51,8 @@ def test_accumulator_places_every_message_once_within_limits(items, max_size, ma
         doc = bucket.document
         assert 1 <= doc["n"] <= max_size
         assert bucket.size_bytes <= max_bytes or doc["n"] == 1
+        assert {levels[p[:6]] for p in doc["p"]} == {doc.get("pr", 0)}, "a bucket holds one level, stored as pr"
+        assert doc.get("pr") != 0, "level 0 is written as no pr"
         own = [dues[p[:6]] for p in doc["p"]]
         if bucket.immediate:
             assert all(d is None or d <= doc["due"] for d in own)

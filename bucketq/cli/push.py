@@ -18,6 +18,7 @@ import orjson
 from bucketq.cli.common import CliError, Target, connection_options, open_queue, run
 from bucketq.cli.params import DURATION
 from bucketq.core.format import check_group
+from bucketq.core.priorities import MAX_PRIORITY
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, WriteFailed
 from bucketq.queue import Queue
 
@@ -34,11 +35,13 @@ class BadInput(Exception):
               help="Deliver the messages after this long: 90, 30s, 5m, 2h.")
 @click.option("--group", metavar="GROUP",
               help="Push into this ordered group: delivered in push order, one at a time (no --delay).")
+@click.option("--priority", type=click.IntRange(0, MAX_PRIORITY), default=0, show_default=True,
+              help=f"Priority level, 0 to {MAX_PRIORITY}: consumers take higher levels first (no --group).")
 @click.option("--progress/--no-progress", default=None,
               help="Force the progress bar on or off (default: on a terminal, for inputs over 1000 lines).")
 @connection_options
 def push(target: Target, queue: str, payloads: tuple[str, ...], delay: float | None, group: str | None,
-         progress: bool | None) -> None:
+         priority: int, progress: bool | None) -> None:
     """Push JSON payloads to QUEUE, from arguments or else from stdin (one JSON value per line).
 
     The queue is created if it does not exist. Blank lines are skipped. Arguments are all checked before
@@ -51,25 +54,29 @@ def push(target: Target, queue: str, payloads: tuple[str, ...], delay: float | N
       bucketq push events < events.jsonl
       bucketq drain old --limit 1000 | bucketq push new
       bucketq push orders --group order-17 '{"step": "paid"}' '{"step": "shipped"}'
+      bucketq push alerts --priority 9 '{"page": "on-call"}'
     """
     if group is not None:
         if delay is not None:
             raise click.UsageError("--group takes no --delay: a delayed message would hold back its whole group")
+        if priority:
+            raise click.UsageError("--group takes no --priority: a group's order comes first")
         try:
             check_group(group)
         except InvalidOption as exc:
             raise click.BadParameter(str(exc), param_hint="--group") from None
     source = _arguments(payloads) if payloads else _stdin()
-    run(_push(target, queue, source, delay, PushProgress(progress, _stdin_size() if not payloads else None), group))
+    run(_push(target, queue, source, delay, PushProgress(progress, _stdin_size() if not payloads else None), group,
+              priority))
 
 
 async def _push(target: Target, name: str, source: AsyncIterator[tuple[str, Any, int]], delay: float | None,
-                progress: PushProgress, group: str | None = None) -> None:
+                progress: PushProgress, group: str | None = None, priority: int = 0) -> None:
     started = time.monotonic()
     failure: BadInput | None = None
     count = 0
     async with open_queue(target, name, must_exist=False) as queue:
-        pusher = Pusher(queue, delay=delay, group=group)
+        pusher = Pusher(queue, delay=delay, group=group, priority=priority)
         try:
             async for where, payload, consumed in source:
                 try:
@@ -149,10 +156,12 @@ WINDOW = 8192  # pending pushes before waiting for the oldest; several buckets' 
 class Pusher:
     """Many pushes in flight at once, in order, with a bounded window of pending ids."""
 
-    def __init__(self, queue: Queue, *, delay: float | None = None, group: str | None = None) -> None:
+    def __init__(self, queue: Queue, *, delay: float | None = None, group: str | None = None,
+                 priority: int = 0) -> None:
         self._queue = queue
         self._delay = delay
         self._group = group
+        self._priority = priority
         self._pending: deque[asyncio.Future[str]] = deque()
         self.stored = 0
         self.failed = 0
@@ -162,11 +171,13 @@ class Pusher:
         """Buffer one payload (``EncodeError``/``PayloadTooLarge`` raise here); waits only to bound the window."""
         while True:
             try:
-                future = self._queue.push_nowait(payload, delay=self._delay, group=self._group)
+                future = self._queue.push_nowait(payload, delay=self._delay, group=self._group,
+                                                 priority=self._priority)
                 break
             except BufferFull:
                 if not self._pending:
-                    future = asyncio.ensure_future(self._queue.push(payload, delay=self._delay, group=self._group))
+                    future = asyncio.ensure_future(self._queue.push(payload, delay=self._delay, group=self._group,
+                                                                    priority=self._priority))
                     break
                 await self._settle(self._pending.popleft())
         self._pending.append(future)

@@ -79,16 +79,19 @@ class Claiming(ConsumerState):
         token = claims.new_token()
         ordered_groups_held = self._ordered_groups_held()
         doc = unclaimable = None
+        sort = self._turns.sort()  # by priority, or by age to keep lower levels from starving
         partitions = await self._store.partition_count()  # the queue's, learned at set-up
         for partition in self._rotation.round(partitions, first=hinted) if only is None else [only["pt"]]:
             spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner, expired_by=expired_by,
-                                            partition=partition), ordered_groups_held)
+                                            partition=partition, sort=sort), ordered_groups_held)
             if only is not None:
                 spec = groups.instead(spec, only)
             doc, unclaimable = await self._store.claim(spec)
             self.claim_counts[doc is not None] += 1
             if doc is not None:
                 self._rotation.claimed(partition)
+                if only is None:
+                    self._turns.took(sort)
                 break
         if doc is not None and unclaimable is not None:
             self._wakeup.hit()

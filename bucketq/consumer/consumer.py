@@ -32,6 +32,7 @@ from bucketq.consumer.holding import Holding
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.held import Policy, SlotState
+from bucketq.core.priorities import Turns
 from bucketq.core.retry import is_transient
 from bucketq.core.sharding import Rotation
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
@@ -71,6 +72,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         self._metrics = metrics.for_queue(store.name, store.database.name)
         self._rotation = Rotation()
         self._permits = Permits(store, clock, options.rate_limit) if options.rate_limit is not None else None
+        self._turns = Turns(options.priority_fairness)
         # Claims that took a bucket (True) or found none (False), for the bench's measure of claim conflicts
         self.claim_counts: Counter[bool] = Counter()
 

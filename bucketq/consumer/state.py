@@ -17,6 +17,7 @@ from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket
 from bucketq.core.group_turn import GroupStep
 from bucketq.core.held import Policy
+from bucketq.core.priorities import Turns
 from bucketq.core.sharding import Rotation
 from bucketq.message import Message
 from bucketq.options import QueueOptions
@@ -46,6 +47,7 @@ class ConsumerState:
     _keys: KeyRecorder
     _metrics: metrics.Metrics
     _rotation: Rotation
+    _turns: Turns
     claim_counts: Counter[bool]
 
     if TYPE_CHECKING:  # what the parts call of each other

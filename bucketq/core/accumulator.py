@@ -1,6 +1,9 @@
 """The producer's accumulator: groups pushed messages into buckets by due window, count, bytes and age,
 and decides when an open bucket is written (group commit).
 
+A bucket holds messages of one priority level: the key of a level above 0 is the pair (key, level), so that the
+default level's keys, and the cheap path of the common push (``append``), are those of a queue without priorities.
+
 Group buckets (``push(group=...)``) are keyed by their group: a bucket holds one group only, and at most one
 bucket of a group is written at a time, so that they take their places in the group (``s``, from the group's
 counter, taken when written) in the order they were sealed: a later one waits, sealed, until the earlier write
@@ -31,8 +34,9 @@ GROUP_OVERHEAD = MAX_GROUP_BYTES + 32
 GROUP_SLOT_BYTES = 11
 
 # Key of the bucket for messages due at once; delayed messages are keyed by their due window's index, grouped
-# ones by their group (a str).
+# ones by their group (a str); either with its priority level when above 0.
 NOW = -1
+Key = int | str | tuple[int, int]
 
 
 class Waiter(Protocol):
@@ -89,6 +93,7 @@ class _OpenBucket:
     size_bytes: int = BUCKET_OVERHEAD
     latest_due: dt.datetime | None = None
     group: str | None = None
+    priority: int = 0
 
 
 class Accumulator:
@@ -110,7 +115,7 @@ class Accumulator:
         self.min_wait = min_wait
         self.granularity = granularity
         self.codec = codec
-        self._open: dict[int | str, _OpenBucket] = {}
+        self._open: dict[Key, _OpenBucket] = {}
         self.buffered_bytes = 0
         self.in_flight = 0  # buckets handed out to write and not yet reported ``written``
         # Groups with a bucket being written, each with its later sealed buckets waiting for that write to end.
@@ -126,22 +131,25 @@ class Accumulator:
         now_wall: dt.datetime,
         now_mono: float,
         group: str | None = None,
+        priority: int = 0,
     ) -> list[SealedBucket]:
         """Buffer one message; return the buckets to write now that this add sealed (at most two). A grouped
-        message is due at once (the caller refuses a delay with a group)."""
-        key: int | str
+        message is due at once and of level 0 (the caller refuses a delay or a priority with a group)."""
+        key: Key
         if group is not None:
             key = group
             slot_size += GROUP_SLOT_BYTES
         else:
             key = NOW if due is None or due <= now_wall else math.floor(due.timestamp() / self.granularity)
+            if priority:
+                key = (key, priority)
         sealed: list[SealedBucket] = []
         bucket = self._open.get(key)
         if bucket is not None and bucket.size_bytes + slot_size > self.max_bytes:
             sealed += self._seal(key, now_wall)
             bucket = None
         if bucket is None:
-            bucket = self._open[key] = _OpenBucket(ObjectId(), now_mono, now_wall, group=group)
+            bucket = self._open[key] = _OpenBucket(ObjectId(), now_mono, now_wall, group=group, priority=priority)
             if group is not None:
                 bucket.size_bytes += GROUP_OVERHEAD
                 self.buffered_bytes += GROUP_OVERHEAD  # given back with the rest by ``written``
@@ -149,7 +157,7 @@ class Accumulator:
         bucket.waiters.append(waiter)
         bucket.size_bytes += slot_size
         self.buffered_bytes += slot_size
-        if key != NOW and due is not None and (bucket.latest_due is None or due > bucket.latest_due):
+        if _window(key) != NOW and due is not None and (bucket.latest_due is None or due > bucket.latest_due):
             bucket.latest_due = due
         if len(bucket.slots) >= self.max_size or bucket.size_bytes >= self.max_bytes:
             sealed += self._seal(key, now_wall)
@@ -209,18 +217,18 @@ class Accumulator:
         self.in_flight += 1
         return [waiting.popleft()]
 
-    def _seal(self, key: int | str, now_wall: dt.datetime) -> list[SealedBucket]:
+    def _seal(self, key: Key, now_wall: dt.datetime) -> list[SealedBucket]:
         """Close the open bucket of ``key``; return it to write now, or nothing while its group has a write in
         flight (``written`` hands it out when that write ends)."""
         bucket = self._open.pop(key)
         # Due at once: visible from the moment it is written. Delayed: the latest due time of its messages,
         # which is at most one window (granularity) after any member's own due time.
         group = bucket.group
-        immediate = key == NOW or group is not None
+        immediate = _window(key) == NOW or group is not None
         due = now_wall if immediate else bucket.latest_due
         assert due is not None  # every add to a delayed bucket sets latest_due
         document = bucket_document(bucket.id, bucket.slots, codec=self.codec, created=bucket.created, due=due,
-                                   group=group)
+                                   group=group, priority=bucket.priority)
         sealed = SealedBucket(document, bucket.waiters, bucket.size_bytes, immediate=immediate, group=group)
         if group is not None:
             waiting = self._writing.get(group)
@@ -230,3 +238,8 @@ class Accumulator:
             self._writing[group] = deque()
         self.in_flight += 1
         return [sealed]
+
+
+def _window(key: Key) -> int | str:
+    """The key without its priority level."""
+    return key[0] if isinstance(key, tuple) else key

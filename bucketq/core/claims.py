@@ -2,8 +2,8 @@
 
 Every write a claimant makes after the claim is fenced by its token (``fenced``), so a consumer whose lease
 expired, and whose bucket someone else claimed, matches nothing: its write is refused, never applied.
-A bucket's ``due`` doubles as its lease expiry while it is claimed, so a single index on ``due`` serves
-both "ready" and "lease expired" claims.
+A bucket's ``due`` doubles as its lease expiry while it is claimed, so one index on ``due`` (after the level
+``pr``, for claims by priority) serves both "ready" and "lease expired" claims.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 from bson import ObjectId
 
 from bucketq.core.format import MAX_COUNT
+from bucketq.core.priorities import BY_PRIORITY
 from bucketq.core.sharding import PARTITION, in_partition
 
 
@@ -31,9 +32,10 @@ def owner_name() -> str:
 
 
 def claim(now: dt.datetime, lease_s: float, token: str, owner: str, *, expired_by: dt.datetime,
-          partition: int | None) -> tuple[dict, dict, list]:
-    """(filter, update, sort) for findOneAndUpdate: the oldest due bucket of ``partition`` whose lease, if any,
-    has expired (a claim targets one partition: ``core.sharding``).
+          partition: int | None, sort: list[tuple[str, int]] = BY_PRIORITY) -> tuple[dict, dict, list]:
+    """(filter, update, sort) for findOneAndUpdate: the due bucket of ``partition`` whose lease, if any, has
+    expired (a claim targets one partition: ``core.sharding``), first in ``sort`` order: of the highest level, then
+    the oldest (``priorities.BY_PRIORITY``), or the oldest whatever its level (``BY_AGE``, ``priorities.Turns``).
 
     ``expired_by`` is the earliest the server's clock can read (``ServerClock.earliest``): another consumer's lease
     is taken over only once it ended by then, so that a reading ahead of the server's clock cannot take a bucket
@@ -46,7 +48,7 @@ def claim(now: dt.datetime, lease_s: float, token: str, owner: str, *, expired_b
         {**in_partition(partition), "due": {"$lte": now},
          "$or": [{"lease": None}, {"lease.until": {"$not": {"$gt": expired_by}}}]},
         {"$set": {"due": until, "lease": {"token": token, "owner": owner, "until": until}}, "$inc": {"c": 1}},
-        [("due", 1)],
+        sort,
     )
 
 

@@ -15,6 +15,7 @@ import bson
 from bson import ObjectId
 from bson.raw_bson import RawBSONDocument
 
+from bucketq.core.priorities import MAX_PRIORITY, PRIORITY
 from bucketq.errors import EncodeError, InvalidOption, MalformedBucket
 
 FORMAT_VERSION = 1
@@ -141,13 +142,14 @@ def copy_bytes(slot: Slot) -> int:
 
 def bucket_documents(slots: Sequence[Slot], *, codec: str, created: dt.datetime, due: dt.datetime,
                      max_size: int = MAX_BUCKET_SIZE, max_bytes: int = MAX_BUCKET_BYTES,
-                     group: str | None = None, partition: int | None = None) -> list[dict[str, Any]]:
+                     group: str | None = None, partition: int | None = None,
+                     priority: int = 0) -> list[dict[str, Any]]:
     """New buckets holding ``slots`` in order, as many as it takes to keep each within ``max_size`` slots
     and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds. Buckets of a
     ``group`` get their place in it (``s``) when written, in list order (``Store.number_groups``). Without a
     ``partition`` the store gives them one when it writes them (``sharding.Spread``)."""
     return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due, group=group,
-                            partition=partition)
+                            partition=partition, priority=priority)
             for chunk in _chunks(slots, max_size, max_bytes)]
 
 
@@ -179,10 +181,12 @@ def bucket_document(
     due: dt.datetime,
     group: str | None = None,
     partition: int | None = None,
+    priority: int = 0,
 ) -> dict[str, Any]:
     """A new bucket document (``partition``: its ``pt``, else the store's choice when it writes it). Optional
     per-slot arrays are written only when some slot has the field; a group bucket always has ``t``, so that a nack
-    can add a try to one slot, and gets ``s`` when it is written."""
+    can add a try to one slot, and gets ``s`` when it is written. ``priority`` is written as ``pr`` only above 0:
+    a bucket of the default level is the same document as before priorities."""
     n = len(slots)
     # The slots' fields as columns, transposed in C: each optional array is then tested by a C loop instead of
     # a generator (a producer builds one bucket of up to 65,536 slots per write).
@@ -216,6 +220,8 @@ def bucket_document(
         doc["v"], doc["g"] = GROUP_FORMAT_VERSION, group
     if partition is not None:
         doc["pt"] = partition
+    if priority:
+        doc[PRIORITY] = priority
     return doc
 
 
@@ -238,6 +244,7 @@ class StoredBucket:
     order: int = 0  # ``s``: the bucket's place in its group
     partition: int | None = 0  # ``pt``; None: written without one (partition 0, ``sharding.in_partition``)
     unique: list[dt.datetime | None] | None = None  # ``u``: the slots that hold their key in ``Q.unique``, if any
+    priority: int = 0  # ``pr``: its level, which its copies keep
 
     @property
     def ref(self) -> dict[str, Any]:
@@ -312,6 +319,11 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     partition = doc.get("pt")
     if partition is not None and not _count(partition):
         raise MalformedBucket("pt must be an integer from 0 (the bucket's partition)")
+    priority = doc.get(PRIORITY, 0)
+    if not (isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= MAX_PRIORITY):
+        raise MalformedBucket(f"pr must be an integer from 0 to {MAX_PRIORITY} (the bucket's priority)")
+    if priority and group is not None:
+        raise MalformedBucket("a group bucket (field g) has no priority (field pr)")
     return StoredBucket(
         id=bucket_id,
         codec=codec,
@@ -328,6 +340,7 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         order=doc.get("s", 0),
         partition=partition,
         unique=_optional_array(doc, "u", n, dt.datetime) if "u" in doc else None,
+        priority=priority,
     )
 
 
@@ -373,6 +386,8 @@ def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: 
     }
     if bucket.group is not None:
         letter["g"] = bucket.group  # a requeue puts it back at the end of its group
+    if bucket.priority:
+        letter[PRIORITY] = bucket.priority  # a requeue keeps its level
     return within_limit(letter, "error")
 
 
@@ -391,10 +406,13 @@ def quarantined_bucket(doc: Mapping[str, Any], *, reason: str, at: dt.datetime, 
 def quarantined_message(bucket: StoredBucket, slot: int, *, reason: str, at: dt.datetime, host: str,
                         pid: int) -> dict[str, Any]:
     """A quarantine entry for one message of an otherwise good bucket (``malformed="skip"``)."""
-    return within_limit({"_id": bucket.message_id(slot), "kind": "message", "reason": reason[:MAX_REASON_CHARS],
-                         "enc": bucket.codec, "p": bucket.payloads[slot], "h": bucket.headers[slot],
-                         "k": bucket.keys[slot], "origin": {"bucket": bucket.id, "slot": slot},
-                         "pt": bucket.partition, "at": at, "host": host, "pid": pid}, "reason")
+    entry: dict[str, Any] = {"_id": bucket.message_id(slot), "kind": "message", "reason": reason[:MAX_REASON_CHARS],
+                             "enc": bucket.codec, "p": bucket.payloads[slot], "h": bucket.headers[slot],
+                             "k": bucket.keys[slot], "origin": {"bucket": bucket.id, "slot": slot},
+                             "pt": bucket.partition, "at": at, "host": host, "pid": pid}
+    if bucket.priority:
+        entry[PRIORITY] = bucket.priority  # a requeue keeps its level
+    return within_limit(entry, "reason")
 
 
 def within_limit(entry: dict[str, Any], text: str) -> dict[str, Any]:

@@ -319,7 +319,8 @@ class ClaimedBucket:
             due = max(retry_at[s] for s in slots)
             copies = [self.bucket.slot(s, tries=self.tries(s) + 1) for s in sorted(slots)]
             docs += bucket_documents(copies, codec=self.bucket.codec, created=now, due=due,
-                                     partition=self.bucket.partition or 0)  # in its bucket's partition
+                                     partition=self.bucket.partition or 0,  # in its bucket's partition
+                                     priority=self.bucket.priority)
         return docs
 
 

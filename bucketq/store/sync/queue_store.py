@@ -31,6 +31,7 @@ from bucketq.core.format import (
     UNIQUE_SUFFIX,
 )
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
+from bucketq.core.priorities import PRIORITY
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
@@ -52,9 +53,11 @@ class QueueStore:
         self.op_timeout_s = op_timeout_s
 
     def ensure_indexes(self) -> None:
-        """Claims pin a partition and sort by ``due``; tombstones, dead letters and quarantine are listed or
+        """Claims pin a partition and sort by level (``pr``, highest first) and ``due``, or by ``due`` alone (claims by
+        age, the next due time); tombstones, dead letters and quarantine are listed or
         purged by time. (The test server accepts and ignores non-unique indexes.)"""
         self.buckets.create_index([(PARTITION, 1), ("due", 1)])
+        self.buckets.create_index([(PARTITION, 1), (PRIORITY, -1), ("due", 1)])  # claims by priority
         self.buckets.create_index("fin.at", sparse=True)
         # live group buckets only (ungrouped ones and tombstones have neither field); a group's queries also pin
         # its partition, which the shard key routes by
@@ -316,7 +319,8 @@ class QueueStore:
         return rows, dead, quarantined, group_rows
 
     def live_buckets(self) -> Any:
-        """A cursor over the unfinished buckets in claim order, a few at a time (``Queue.peek``)."""
+        """A cursor over the unfinished buckets in due order (claims take higher priority levels first), a few at a
+        time (``Queue.peek``)."""
         return self.buckets.find(every_partition(LIVE, self.partition_count()), sort=[("due", 1)], batch_size=4)
 
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
