@@ -19,15 +19,24 @@ import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
+from tests.helpers import PATIENCE_S
 
 pytestmark = pytest.mark.backends("memory", "server")
 
 
-async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0) -> list[bucketq.Message]:
+async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0, want: int | None = None) -> list[bucketq.Message]:
+    """Every message ``q`` delivers until none comes for ``timeout`` seconds, each acked. Given ``want``, a test
+    that knows how many must come: they may take up to PATIENCE_S, each ack is written before the next reserve
+    (the silence gave the last ones time to be), and then no other may come within a short silence."""
     got = []
-    while (message := await q.reserve(timeout=timeout)) is not None:
+    while want is None or len(got) < want:
+        if (message := await q.reserve(timeout=timeout if want is None else PATIENCE_S)) is None:
+            break
         got.append(message)
-        await message.ack()
+        await message.ack(wait=want is not None)
+    if want is not None:
+        extra = await q.reserve(timeout=0.1)
+        assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
     return got
 
 
@@ -177,7 +186,7 @@ async def test_malformed_bucket_goes_to_quarantine_and_the_consumer_goes_on(make
     q = make_queue(bucket_max_wait=0.01)
     bad_id = _insert_raw(sync_db, corruption)
     await q.push({"good": True})
-    got = await consume_all(q, timeout=0.5)
+    got = await consume_all(q, want=1)
     assert [m.payload for m in got] == [{"good": True}]
     entries = await q.quarantined()
     assert len(entries) == 1
@@ -192,7 +201,7 @@ async def test_malformed_bucket_goes_to_quarantine_and_the_consumer_goes_on(make
 async def test_skip_mode_quarantines_only_the_bad_message(make_queue, sync_db):
     q = make_queue(malformed="skip")
     bad_id = _insert_raw(sync_db, {"p": ['{"ok":1}', "{broken", '{"ok":3}'], "n": 3})
-    got = await consume_all(q, timeout=0.5)
+    got = await consume_all(q, want=2)
     assert [m.payload for m in got] == [{"ok": 1}, {"ok": 3}]
     await q.drain()
     entries = await q.quarantined()
@@ -242,7 +251,7 @@ async def test_drain_hands_back_unserved_messages_with_no_tries_added(make_queue
     doc = sync_db.events.find_one()
     assert doc["lease"] is None and doc["done"] == [0] and doc["c"] == 0
     second = make_queue()
-    got = await consume_all(second, timeout=0.5)
+    got = await consume_all(second, want=9)
     assert [m.payload for m in got] == list(range(1, 10))
     assert all(m.tries == 0 for m in got)
 
@@ -267,7 +276,8 @@ async def test_next_bucket_is_claimed_ahead_while_one_is_served_and_handed_back_
     assert len(unfinished) == 2 and all(d["lease"] is None and d["c"] == 0 for d in unfinished), \
         "the bucket claimed ahead goes back unserved, with no try counted"
     other = make_queue()
-    assert sorted(m.payload for m in await consume_all(other, timeout=0.5)) == sorted(set(range(40)) - set(served))
+    rest = sorted(set(range(40)) - set(served))
+    assert sorted(m.payload for m in await consume_all(other, want=len(rest))) == rest
 
 
 async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(make_queue, sync_db, mongo_uri):
@@ -315,7 +325,7 @@ async def test_drain_nacks_handlers_that_do_not_finish(make_queue):
     await q.reserve(timeout=2)  # never resolved
     await q.drain()
     other = make_queue()
-    got = await consume_all(other, timeout=1)
+    got = await consume_all(other, want=2)
     assert sorted((m.payload, m.tries) for m in got) == [(1, 1), (2, 0)]
 
 
@@ -402,7 +412,7 @@ async def test_dedupe_skips_a_known_key(make_queue):
     await (await q.reserve(timeout=2)).ack()
     await q.push({"n": 2}, key="order-1")  # the same order, sent again
     await q.push({"n": 3}, key="order-2")
-    got = await consume_all(q, timeout=0.5)
+    got = await consume_all(q, want=1)
     assert [m.payload for m in got] == [{"n": 3}]
 
 
