@@ -154,6 +154,6 @@ async def test_a_reader_started_before_the_stream_exists_learns_its_partitions(m
     stream = make_stream()
     positions = await push_writes(stream, 4, per_write=1)
     assert (await stream.stats())["groups"]["other"]["position"] == "1:0 1/1:0 2/1:0 3/1:0"
-    got = await read_all(reader, timeout=1.5)  # it looks again within RECHECK_S; its group spreads over them
+    got = await read_all(reader, timeout=1.5, want=4)  # it looks again within RECHECK_S; its group spreads over them
     assert sorted(m.position for m in got) == sorted(positions) and len(early.store.parts) == 4
     assert (await stream.store.group("g")).positions == tuple(Position(2, 0, pt) for pt in range(4))
