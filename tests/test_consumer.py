@@ -93,11 +93,11 @@ async def test_nacked_message_returns_after_its_delay_while_siblings_go_on(make_
     q = make_queue(bucket_max_wait=0.01)
     await q.push_many(["a", "b", "c"])
     first = await q.reserve(timeout=2)
-    await first.nack(delay=2.0)
+    await first.nack(delay=1.0)
     nacked_at = time.monotonic()
-    siblings = [await q.reserve(timeout=1.5) for _ in range(2)]
+    siblings = [await q.reserve(timeout=0.9) for _ in range(2)]
     assert [m and m.payload for m in siblings] == ["b", "c"], "siblings were held back by the nack"
-    assert time.monotonic() - nacked_at < 2.0, "the siblings came only once the nack's delay was over"
+    assert time.monotonic() - nacked_at < 1.0, "the siblings came only once the nack's delay was over"
     for message in siblings:
         await message.ack()
     again = await q.reserve(timeout=20)
@@ -105,7 +105,7 @@ async def test_nacked_message_returns_after_its_delay_while_siblings_go_on(make_
     assert again.payload == "a" and again.id == first.id
     assert again.tries == 1
     # not before its delay; and well before anything else would bring it back (its lease ends after 30 s)
-    assert 2.0 - 0.05 <= waited < 15, f"came back after {waited:.2f}s, not its own 2 s delay"
+    assert 1.0 - 0.05 <= waited < 15, f"came back after {waited:.2f}s, not its own 1 s delay"
     await again.ack()
 
 
