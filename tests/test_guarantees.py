@@ -58,8 +58,7 @@ async def _take_over(make_queue: Callable[..., bucketq.Queue], payloads: list[An
     mine = [await a.reserve(timeout=5) for _ in payloads]
     a._consumer._flusher.cancel()  # A hangs (a GC pause, a partition): its lease is not extended
     a._consumer._flusher = None
-    await asyncio.sleep(1.2)
-    theirs = [await b.reserve(timeout=5) for _ in payloads]
+    theirs = [await b.reserve(timeout=5) for _ in payloads]  # B polls: it claims once A's lease has run out
     assert all(m is not None and m.tries == 1 for m in theirs), "B did not take the bucket over"
     return a, b, mine, theirs
 
