@@ -57,12 +57,12 @@ test-pythons: venv
 	$(PY) -m devtools.pythons
 
 # Every test that needs no server, no JVM and is not slow: tests/conftest.py marks them "unit", the selection
-# make test-pythons runs too. Four workers on two cores: many tests wait out leases and timeouts, but the
-# property tests keep a core busy and each worker collects the whole suite (2.5 s of CPU); six took 48 s of
-# CPU where four took 37 s, and were no faster. Bytecode (and pytest's rewritten test modules) is cached
-# under .cache/pycache even where PYTHONDONTWRITEBYTECODE is set: each worker otherwise recompiles every
-# module, which took a third of the tier's time. The first run fills the cache once, in one process, before
-# the workers start.
+# make test-pythons runs too. Four workers on two cores: a few dozen tests still wait out real leases, delays
+# and timeouts, which the workers overlap, but the property tests keep a core busy and each worker collects
+# the whole suite (2.5 s of CPU); six took 48 s of CPU where four took 37 s, and were no faster. Bytecode (and
+# pytest's rewritten test modules) is cached under .cache/pycache even where PYTHONDONTWRITEBYTECODE is set:
+# each worker otherwise recompiles every module, which took a third of the tier's time. The first run fills
+# the cache once, in one process, before the workers start.
 UNIT_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
 UNIT_MARKS := unit
 unit: venv

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import pymongo.common
 import pytest
 from pymongo import AsyncMongoClient, MongoClient
 
@@ -96,8 +97,12 @@ def db_name() -> str:
 
 
 @pytest.fixture
-def closed_port() -> int:
-    """A loopback port nothing listens on: bound, read, closed."""
+def closed_port(monkeypatch: pytest.MonkeyPatch) -> int:
+    """A loopback port nothing listens on: bound, read, closed. A client of it is refused at once, but pymongo's
+    server selection then waits out its minimum heartbeat (0.5 s) before it gives up, even past a shorter
+    serverSelectionTimeoutMS: shortened here (as pymongo's own tests do), it was 20 s of the unit tier's summed
+    test time (tests/test_secrets.py)."""
+    monkeypatch.setattr(pymongo.common, "MIN_HEARTBEAT_INTERVAL", 0.01)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -30,11 +30,17 @@ async def eventually(condition: Callable[[], bool | Awaitable[bool]], timeout: f
 async def read_all(reader: Any, *, ack: bool = True, timeout: float = 0.3, n: int = 100,
                    want: int | None = None) -> list[Any]:
     """Every message a ``bucketq.StreamReader`` gets until none comes for ``timeout`` seconds (or, given ``want``,
-    until it has that many: a test that knows what must come need not wait out the silence after it), acked."""
+    until it has that many, its acks written, as the silence gave them time to be, then none other within a short
+    silence: a test that knows what must come need not wait out the whole silence after it), acked."""
     out: list[Any] = []
     while (want is None or len(out) < want) and (batch := await reader.read_many(n, timeout=timeout)):
         for message in batch:
             if ack:
                 await message.ack()
         out.extend(batch)
+    if want is not None and len(out) >= want:
+        if ack:
+            await reader.flush()
+        extra = await reader.read(timeout=0.1)
+        assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
     return out

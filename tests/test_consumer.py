@@ -19,15 +19,24 @@ import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
+from tests.helpers import PATIENCE_S
 
 pytestmark = pytest.mark.backends("memory", "server")
 
 
-async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0) -> list[bucketq.Message]:
+async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0, want: int | None = None) -> list[bucketq.Message]:
+    """Every message ``q`` delivers until none comes for ``timeout`` seconds, each acked. Given ``want``, a test
+    that knows how many must come: they may take up to PATIENCE_S, each ack is written before the next reserve
+    (the silence gave the last ones time to be), and then no other may come within a short silence."""
     got = []
-    while (message := await q.reserve(timeout=timeout)) is not None:
+    while want is None or len(got) < want:
+        if (message := await q.reserve(timeout=timeout if want is None else PATIENCE_S)) is None:
+            break
         got.append(message)
-        await message.ack()
+        await message.ack(wait=want is not None)
+    if want is not None:
+        extra = await q.reserve(timeout=0.1)
+        assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
     return got
 
 
@@ -84,11 +93,11 @@ async def test_nacked_message_returns_after_its_delay_while_siblings_go_on(make_
     q = make_queue(bucket_max_wait=0.01)
     await q.push_many(["a", "b", "c"])
     first = await q.reserve(timeout=2)
-    await first.nack(delay=2.0)
+    await first.nack(delay=1.0)
     nacked_at = time.monotonic()
-    siblings = [await q.reserve(timeout=1.5) for _ in range(2)]
+    siblings = [await q.reserve(timeout=0.9) for _ in range(2)]
     assert [m and m.payload for m in siblings] == ["b", "c"], "siblings were held back by the nack"
-    assert time.monotonic() - nacked_at < 2.0, "the siblings came only once the nack's delay was over"
+    assert time.monotonic() - nacked_at < 1.0, "the siblings came only once the nack's delay was over"
     for message in siblings:
         await message.ack()
     again = await q.reserve(timeout=20)
@@ -96,7 +105,7 @@ async def test_nacked_message_returns_after_its_delay_while_siblings_go_on(make_
     assert again.payload == "a" and again.id == first.id
     assert again.tries == 1
     # not before its delay; and well before anything else would bring it back (its lease ends after 30 s)
-    assert 2.0 - 0.05 <= waited < 15, f"came back after {waited:.2f}s, not its own 2 s delay"
+    assert 1.0 - 0.05 <= waited < 15, f"came back after {waited:.2f}s, not its own 1 s delay"
     await again.ack()
 
 
@@ -177,7 +186,7 @@ async def test_malformed_bucket_goes_to_quarantine_and_the_consumer_goes_on(make
     q = make_queue(bucket_max_wait=0.01)
     bad_id = _insert_raw(sync_db, corruption)
     await q.push({"good": True})
-    got = await consume_all(q, timeout=0.5)
+    got = await consume_all(q, want=1)
     assert [m.payload for m in got] == [{"good": True}]
     entries = await q.quarantined()
     assert len(entries) == 1
@@ -192,7 +201,7 @@ async def test_malformed_bucket_goes_to_quarantine_and_the_consumer_goes_on(make
 async def test_skip_mode_quarantines_only_the_bad_message(make_queue, sync_db):
     q = make_queue(malformed="skip")
     bad_id = _insert_raw(sync_db, {"p": ['{"ok":1}', "{broken", '{"ok":3}'], "n": 3})
-    got = await consume_all(q, timeout=0.5)
+    got = await consume_all(q, want=2)
     assert [m.payload for m in got] == [{"ok": 1}, {"ok": 3}]
     await q.drain()
     entries = await q.quarantined()
@@ -214,9 +223,8 @@ async def test_stale_consumers_flush_is_refused(make_queue, sync_db):
     await slow.push_many(["a", "b"])
     message = await slow.reserve(timeout=2)
     slow._consumer._flusher.cancel()  # the slow consumer hangs: it stops extending its lease
-    await asyncio.sleep(1.6)
     slow._consumer._flusher = None
-    taken = await fast.reserve(timeout=2)
+    taken = await fast.reserve(timeout=5)  # once the lease has run out: fast knows when it ends
     assert taken is not None and taken.payload == "a", "the expired lease was not claimable"
     assert taken.tries == 1
     with pytest.raises(bucketq.LeaseLost):
@@ -242,7 +250,7 @@ async def test_drain_hands_back_unserved_messages_with_no_tries_added(make_queue
     doc = sync_db.events.find_one()
     assert doc["lease"] is None and doc["done"] == [0] and doc["c"] == 0
     second = make_queue()
-    got = await consume_all(second, timeout=0.5)
+    got = await consume_all(second, want=9)
     assert [m.payload for m in got] == list(range(1, 10))
     assert all(m.tries == 0 for m in got)
 
@@ -267,7 +275,8 @@ async def test_next_bucket_is_claimed_ahead_while_one_is_served_and_handed_back_
     assert len(unfinished) == 2 and all(d["lease"] is None and d["c"] == 0 for d in unfinished), \
         "the bucket claimed ahead goes back unserved, with no try counted"
     other = make_queue()
-    assert sorted(m.payload for m in await consume_all(other, timeout=0.5)) == sorted(set(range(40)) - set(served))
+    rest = sorted(set(range(40)) - set(served))
+    assert sorted(m.payload for m in await consume_all(other, want=len(rest))) == rest
 
 
 async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(make_queue, sync_db, mongo_uri):
@@ -315,7 +324,7 @@ async def test_drain_nacks_handlers_that_do_not_finish(make_queue):
     await q.reserve(timeout=2)  # never resolved
     await q.drain()
     other = make_queue()
-    got = await consume_all(other, timeout=1)
+    got = await consume_all(other, want=2)
     assert sorted((m.payload, m.tries) for m in got) == [(1, 1), (2, 0)]
 
 
@@ -402,7 +411,7 @@ async def test_dedupe_skips_a_known_key(make_queue):
     await (await q.reserve(timeout=2)).ack()
     await q.push({"n": 2}, key="order-1")  # the same order, sent again
     await q.push({"n": 3}, key="order-2")
-    got = await consume_all(q, timeout=0.5)
+    got = await consume_all(q, want=1)
     assert [m.payload for m in got] == [{"n": 3}]
 
 

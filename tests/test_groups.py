@@ -28,7 +28,7 @@ async def test_a_group_is_delivered_in_push_order_across_buckets(make_queue, syn
     await q.push_many([Outgoing({"i": i}, group="g1") for i in range(10)] + [{"plain": 1}])
     docs = list(sync_db.events.find({"g": "g1"}).sort("_id", 1))
     assert [len(d["p"]) for d in docs] == [3, 3, 3, 1] and all(d["v"] == 2 and d["t"] == [0] * d["n"] for d in docs)
-    got = await consume_all(q, timeout=0.5)
+    got = await consume_all(q, want=11)
     assert [m.payload["i"] for m in got if "i" in m.payload] == list(range(10))
     assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
 
@@ -40,7 +40,7 @@ async def test_separate_pushes_of_one_queue_keep_order_while_earlier_buckets_are
     await asyncio.gather(*futures)
     ids = [d["_id"] for d in sync_db.events.find({"g": "g"}).sort("_id", 1)]
     assert len(ids) == 5
-    got = await consume_all(q, timeout=0.5)
+    got = await consume_all(q, want=14)
     by_group = defaultdict(list)
     for m in got:
         by_group[m.id.split(":")[0] in {str(i) for i in ids}].append(m.payload["i"])
@@ -92,11 +92,11 @@ async def test_a_message_that_dies_lets_its_group_go_on_and_requeue_puts_it_back
     await m0.nack(wait=True)  # last attempt: dead
     letter = sync_db["events.dead"].find_one()
     assert letter["g"] == "g" and letter["_id"] == m0.id
-    assert [m.payload for m in await consume_all(q, timeout=0.5)] == [1, 2]
+    assert [m.payload for m in await consume_all(q, want=2)] == [1, 2]
     await q.push(3, group="g")
     assert await q.requeue_dead() == 1
     await q.push(4, group="g")
-    assert [m.payload for m in await consume_all(q, timeout=0.5)] == [3, 0, 4]
+    assert [m.payload for m in await consume_all(q, want=3)] == [3, 0, 4]
 
 
 async def test_a_bucket_behind_a_held_group_yields_and_is_handed_off(make_queue, sync_db):
@@ -162,7 +162,7 @@ async def test_a_failed_write_fails_its_pushes_and_the_group_goes_on(make_queue,
     futures = [q.push_nowait(i, group="g") for i in range(3)]
     results = await asyncio.gather(*futures, return_exceptions=True)
     assert isinstance(results[0], bucketq.WriteFailed) and all(isinstance(r, str) for r in results[1:])
-    assert [m.payload for m in await consume_all(q, timeout=0.5)] == [1, 2]
+    assert [m.payload for m in await consume_all(q, want=2)] == [1, 2]
 
 
 async def test_lost_replies_on_lock_unlock_and_release_keep_the_group_going(make_queue, sync_db, memory_db):
@@ -179,7 +179,7 @@ async def test_lost_replies_on_lock_unlock_and_release_keep_the_group_going(make
     await m1.nack(delay=0.2, wait=True)  # the release of a group nack, reply lost, retried: recognised as ours
     assert release.hits == 1
     assert sync_db.events.find_one({"_id": m1._holding.held.bucket.id})["t"] == [1]
-    assert [(m.payload, m.tries) for m in await consume_all(q, timeout=1)] == [(1, 1), (2, 0)]
+    assert [(m.payload, m.tries) for m in await consume_all(q, want=2)] == [(1, 1), (2, 0)]
     assert sync_db["events.groups"].find_one({"_id": "g"}) is None
     assert [d["_id"] for d in sync_db["events.groups"].find()] == [0], "only the counter is left in Q.groups"
 
@@ -294,7 +294,7 @@ async def test_a_consumer_holding_a_group_does_not_claim_that_groups_later_bucke
     assert sync_db.events.count_documents({"g": "g", "w": True}) == 0, "claimed its own group's later buckets"
     assert sync_db.events.count_documents({"g": "g", "c": {"$gt": 0}}) == 1
     await asyncio.gather(first.ack(), other.ack())
-    assert [m.payload for m in await consume_all(q, timeout=0.5)] == [1, 2, 3, 4]
+    assert [m.payload for m in await consume_all(q, want=4)] == [1, 2, 3, 4]
 
 
 @pytest.mark.timeout(60)
@@ -435,4 +435,4 @@ async def test_a_claim_of_a_bucket_that_must_wait_claims_its_free_groups_first_b
     first = await q.reserve(timeout=0)  # one claim (a waiting bucket), then the first bucket instead
     assert first is not None and first.payload == 0
     await first.ack()
-    assert [m.payload for m in await consume_all(q, timeout=0.5)] == [1, 2]
+    assert [m.payload for m in await consume_all(q, want=2)] == [1, 2]

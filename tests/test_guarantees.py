@@ -58,8 +58,7 @@ async def _take_over(make_queue: Callable[..., bucketq.Queue], payloads: list[An
     mine = [await a.reserve(timeout=5) for _ in payloads]
     a._consumer._flusher.cancel()  # A hangs (a GC pause, a partition): its lease is not extended
     a._consumer._flusher = None
-    await asyncio.sleep(1.2)
-    theirs = [await b.reserve(timeout=5) for _ in payloads]
+    theirs = [await b.reserve(timeout=5) for _ in payloads]  # B polls: it claims once A's lease has run out
     assert all(m is not None and m.tries == 1 for m in theirs), "B did not take the bucket over"
     return a, b, mine, theirs
 
@@ -413,12 +412,14 @@ def test_a_clock_resync_takes_effect_at_once():
 
 
 async def test_a_clock_read_slowed_down_does_not_let_two_consumers_serve_one_bucket(backend, make_queue, request):
-    """B's clock sync waits 6 s on its way to the server (a loaded server or host): the server reads its clock
-    6 s after B asked, so B's reading is up to 3 s ahead. A's lease extension is slow too. B judged A's lease
-    expired by its reading and took A's bucket 2.4 s before A stopped serving it (the full stress run's
-    ``lease_overlap`` duplicates). Now a claim judges by the earliest reading its error allows, and a holder
-    by the latest."""
-    options = {**QUICK, "lease": 6.0, "bucket_max_size": 2}
+    """B's clock sync waits a lease's length (3 s here) on its way to the server (a loaded server or host): the
+    server reads its clock that long after B asked, so B's reading is up to half a lease ahead. A's lease
+    extension is slow too. B judged A's lease expired by its reading and took A's bucket before A stopped
+    serving it (the full stress run's ``lease_overlap`` duplicates). Now a claim judges by the earliest reading
+    its error allows, and a holder by the latest. Every time below is a fraction of the lease: the lease is
+    as short as the margins (0.15 and 0.25 of it) allow on a loaded machine."""
+    lease = 3.0
+    options = {**QUICK, "lease": lease, "bucket_max_size": 2}
     proxy = None
     if backend == "server":
         host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
@@ -428,14 +429,15 @@ async def test_a_clock_read_slowed_down_does_not_let_two_consumers_serve_one_buc
     a = make_queue(target=proxy and proxy.uri, **options)
     await a.push_many(["x", "y"])  # A has read the server's clock
     b = make_queue(target=proxy and proxy.uri, **options)
-    slow_sync = faults.delay("isMaster", "hello", seconds=6.0)
+    slow_sync = faults.delay("isMaster", "hello", seconds=lease)
     await b.stats()  # B reads it, slowly
     assert slow_sync.hits == 1
     first = await a.reserve(timeout=2)
     assert first is not None and first.payload == "x"
-    # A's lease lasts 6 s, of which it serves 5.4 (a 10% margin); its extension, sent after 3 s, lands at 9 s
-    slow_extension = faults.delay("update", "update_one", seconds=6.0, collection="events")
-    await asyncio.sleep(4.5)
+    # A serves 0.9 of its lease (a 10% margin); its extension, sent halfway, lands at 1.5 leases
+    slow_extension = faults.delay("update", "update_one", seconds=lease, collection="events")
+    # At 0.75: A still serves (0.15 short of 0.9); B's reading, half a lease ahead, is a quarter past the end
+    await asyncio.sleep(0.75 * lease)
     assert slow_extension.hits == 1
     assert await b.reserve(timeout=0) is None, "B took the bucket A still serves: two consumers held it at once"
     second = await a.reserve(timeout=0)

@@ -22,6 +22,14 @@ from tests.helpers import eventually
 pytestmark = pytest.mark.backends("memory", "server")
 
 WAKE_S = 15.0  # a generous bound for a wake-up: the safety poll, turned off here, would take 600 s
+IDLE_S = 0.1  # the timeout of each reserve (or read) of an idle loop: each began with a claim before issue 21
+
+
+@pytest.fixture
+def soon(backend: str) -> float:
+    """Seconds ahead for a lease end or a due time that must not have come before the consumer under test went
+    idle: past its set-up and first claim, which take the test server longer."""
+    return 0.5 if backend == "memory" else 2.0
 
 
 class NonStreamCommands(monitoring.CommandListener):
@@ -69,6 +77,17 @@ def no_safety_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("bucketq.wakeup.SAFETY_POLL_S", (600.0, 600.0))
 
 
+@pytest.fixture(autouse=True)
+def short_stream_await(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty change-stream getMores held 0.1 s rather than a second (``STREAM_AWAIT_MS``, and the two times
+    ``bucketq.wakeup`` derives from it): a stream answers first after that wait (the in-memory one, like a real
+    server), and every test here waits for that answer (``_streaming``) before it idles."""
+    for module in ("changes", "queue_store", "stream_store"):
+        monkeypatch.setattr(f"bucketq.store.aio.{module}.STREAM_AWAIT_MS", 100)
+    monkeypatch.setattr("bucketq.wakeup.STREAM_QUICK_EMPTY_S", 0.05)
+    monkeypatch.setattr("bucketq.wakeup.STREAM_PAUSE_MAX_S", 0.1)
+
+
 async def _streaming(q: Any) -> None:
     """Wait until the change streams of a queue's consumer (or of a stream reader) answered (it polls until then)."""
     await eventually(lambda: q._wakeup.streaming, what="the change stream answering")
@@ -83,18 +102,21 @@ async def _idle(q: Any) -> None:
 
 async def test_an_idle_consumer_sends_next_to_no_commands_and_wakes_for_a_push_elsewhere(make_queue, counted):
     target, sent = counted
-    q = make_queue(target=target)
+    q = make_queue(target=target, poll_interval=0.05)  # a streaming consumer never polls at its interval
     await q.push_many(list(range(10)))
-    while (message := await q.reserve(timeout=1)) is not None:
-        await message.ack()
+    for _ in range(10):
+        message = await q.reserve(timeout=WAKE_S)
+        assert message is not None
+        await message.ack(wait=True)  # written now, not at a flush while idling
     await _streaming(q)
     assert await q.reserve(timeout=0) is None
     before = len(sent())
     for _ in range(8):  # a Worker's idle loop: reserve with a short timeout, again and again
-        assert await q.reserve(timeout=0.5) is None
+        assert await q.reserve(timeout=IDLE_S) is None
     idle_commands = len(sent()) - before
-    # Before issue 21 each reserve claimed and the poll claimed every second: 8 claims or more, and pause reads.
-    assert idle_commands <= 2, f"{idle_commands} commands in 4 s of idling"
+    # Before issue 21 each reserve claimed and the poll claimed every poll interval: 8 claims or more, and pause
+    # reads.
+    assert idle_commands <= 2, f"{idle_commands} commands in {8 * IDLE_S:g} s of idling: {sent()[before:]}"
     await make_queue().push("elsewhere")  # another queue object: only its insert event can wake q
     message = await q.reserve(timeout=WAKE_S)
     assert message is not None and message.payload == "elsewhere"
@@ -117,12 +139,12 @@ async def test_an_idle_consumer_wakes_for_a_bucket_another_consumer_released(mak
     await message.ack()
 
 
-async def test_an_idle_consumer_wakes_when_a_lease_ends(make_queue, sync_db, no_safety_poll):
+async def test_an_idle_consumer_wakes_when_a_lease_ends(make_queue, sync_db, no_safety_poll, soon):
     q = make_queue(lease=30)
     await q.push("orphan")
-    # A consumer that died holding the bucket: its lease ends in 2 s, and nobody extends it or writes again.
+    # A consumer that died holding the bucket: its lease ends soon, and nobody extends it or writes again.
     now = dt.datetime.now(dt.timezone.utc)
-    _, update, _ = claim(now, 2.0, "dead-token", "gone:1", expired_by=now, partition=0)
+    _, update, _ = claim(now, soon, "dead-token", "gone:1", expired_by=now, partition=0)
     assert sync_db.events.update_one({}, update).modified_count == 1
     await _idle(q)
     message = await q.reserve(timeout=WAKE_S)  # woken by the lease end read after its claim found nothing
@@ -130,21 +152,21 @@ async def test_an_idle_consumer_wakes_when_a_lease_ends(make_queue, sync_db, no_
     await message.ack()
 
 
-async def test_an_idle_consumer_wakes_when_a_delayed_message_becomes_due(make_queue, no_safety_poll):
+async def test_an_idle_consumer_wakes_when_a_delayed_message_becomes_due(make_queue, no_safety_poll, soon):
     q, producer = make_queue(), make_queue()
     await producer.push("early")  # sets the queue up
     message = await q.reserve(timeout=5)
     await message.ack()
     await _idle(q)
-    await producer.push("later", delay=2)  # its insert event carries the bucket's due time
+    await producer.push("later", delay=soon)  # its insert event carries the bucket's due time
     message = await q.reserve(timeout=WAKE_S)
     assert message is not None and message.payload == "later"
     await message.ack()
 
 
-async def test_an_idle_consumer_wakes_for_a_message_delayed_before_it_started(make_queue, no_safety_poll):
+async def test_an_idle_consumer_wakes_for_a_message_delayed_before_it_started(make_queue, no_safety_poll, soon):
     producer = make_queue()
-    await producer.push("later", delay=3)
+    await producer.push("later", delay=soon)
     q = make_queue()
     await _idle(q)  # no event for a push before its stream: the read of the next due time finds it
     message = await q.reserve(timeout=WAKE_S)
@@ -166,9 +188,10 @@ async def test_a_paused_idle_consumer_reads_the_pause_rarely_and_a_resume_elsewh
     before = pause_reads()
     for i in range(6):  # each insert wakes q: it reads the pause once (announced), and claims nothing
         await operator.push("held back" if i == 0 else f"later {i}")
-        assert await q.reserve(timeout=0.5) is None, "claimed while paused"
-    # Before: a paused consumer read the pause document every PAUSE_REFRESH_S (1 s), at a wake-up or a timer.
-    assert pause_reads() - before <= 1, f"{pause_reads() - before} pause reads in 3 s of a paused idle consumer"
+        assert await q.reserve(timeout=0.25) is None, "claimed while paused"
+    # Before: a paused consumer read the pause document every PAUSE_REFRESH_S (1 s), at a wake-up or a timer:
+    # twice at least in these 1.5 s.
+    assert pause_reads() - before <= 1, f"{pause_reads() - before} pause reads in 1.5 s of a paused idle consumer"
     await operator.resume()
     message = await q.reserve(timeout=WAKE_S)  # no poll comes before 600 s: only the resume's event wakes q
     assert message is not None and message.payload == "held back"
@@ -207,10 +230,10 @@ async def test_an_idle_stream_reader_sends_next_to_no_commands_and_reads_a_new_e
     assert await reader.read(timeout=0) is None
     before = len(sent())
     for _ in range(8):  # a reader's idle loop
-        assert await reader.read(timeout=0.5) is None
+        assert await reader.read(timeout=IDLE_S) is None
     idle_commands = len(sent()) - before
-    # Before: a look at the group (1 + 2 per partition queries) every poll interval: hundreds in 4 s.
-    assert idle_commands <= 2, f"{idle_commands} commands in 4 s of an idle reader"
+    # Before: a look at the group (1 + 2 per partition queries) every poll interval: dozens in these 0.8 s.
+    assert idle_commands <= 2, f"{idle_commands} commands in {8 * IDLE_S:g} s of an idle reader"
     await make_stream().push("later")  # another stream object: only its insert event can wake the reader
     message = await reader.read(timeout=WAKE_S)
     assert message is not None and message.payload == "later"

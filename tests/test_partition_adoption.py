@@ -38,7 +38,7 @@ async def test_a_client_without_partitions_adopts_the_queues_and_serves_every_pa
     await q.push_many([{"i": i} for i in range(12)])
     assert Counter(d["pt"] for d in sync_db.events.find()) == {0: 3, 1: 3, 2: 3, 3: 3}
     assert (await q.stats())["ready"] == 12
-    assert sorted(m.payload["i"] for m in await consume_all(q, timeout=0.5)) == list(range(12))
+    assert sorted(m.payload["i"] for m in await consume_all(q, want=12)) == list(range(12))
     assert (await q.stats())["ready"] == 0
     assert sync_db["events.control"].find_one(LAYOUT) == {"_id": "layout", "partitions": 4}
 
@@ -48,7 +48,7 @@ async def test_read_only_calls_before_set_up_read_the_layout_and_count_every_par
     reader = make_queue()  # never set up: it writes nothing
     assert len(await reader.peek(100)) == 12
     assert (await reader.stats())["ready"] == 12 and await reader.paused() is False
-    assert sorted(m.payload["i"] for m in await consume_all(reader, timeout=0.5)) == list(range(12))
+    assert sorted(m.payload["i"] for m in await consume_all(reader, want=12)) == list(range(12))
     with pytest.raises(InvalidOption, match="the queue has 4 partitions, this client was opened with partitions=2"):
         await make_queue(partitions=2).peek()
 

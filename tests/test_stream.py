@@ -59,12 +59,12 @@ async def test_groups_are_independent_and_a_new_group_at_the_end_reads_only_what
     audit = stream.reader("audit", start="beginning")
     search = stream.reader("search", start="beginning")
     late = stream.reader("late", start="end")
-    assert [m.payload for m in await read_all(audit)] == ["a", "b"]
+    assert [m.payload for m in await read_all(audit, want=2)] == ["a", "b"]
     assert await late.read(timeout=0.1) is None  # joins the group at the end
     await stream.push("c")
-    assert [m.payload for m in await read_all(search)] == ["a", "b", "c"]
-    assert [m.payload for m in await read_all(audit)] == ["c"]
-    assert [m.payload for m in await read_all(late)] == ["c"]
+    assert [m.payload for m in await read_all(search, want=3)] == ["a", "b", "c"]
+    assert [m.payload for m in await read_all(audit, want=1)] == ["c"]
+    assert [m.payload for m in await read_all(late, want=1)] == ["c"]
     assert {g.name for g in await stream.groups()} == {"audit", "search", "late"}
 
 
@@ -111,17 +111,17 @@ async def test_reset_replays_from_a_position_a_time_or_the_beginning_and_skips_t
     await asyncio.sleep(0.25)
     positions = await stream.push_many(["d", "e"])
     reader = stream.reader("g", start="beginning")
-    assert len(await read_all(reader)) == 5
+    assert len(await read_all(reader, want=5)) == 5
     assert await stream.reset("g", positions[1]) == positions[1]
-    assert [m.payload for m in await read_all(reader)] == ["e"]
+    assert [m.payload for m in await read_all(reader, want=1)] == ["e"]
     await stream.reset("g", at=middle)
-    assert [m.payload for m in await read_all(reader)] == ["d", "e"]
+    assert [m.payload for m in await read_all(reader, want=2)] == ["d", "e"]
     await stream.reset("g", "beginning")
-    assert [m.payload for m in await read_all(reader)] == ["a", "b", "c", "d", "e"]
+    assert [m.payload for m in await read_all(reader, want=5)] == ["a", "b", "c", "d", "e"]
     await stream.reset("g", "beginning")
     await stream.reset("g", "end")
     await stream.push("f")
-    assert [m.payload for m in await read_all(reader)] == ["f"]
+    assert [m.payload for m in await read_all(reader, want=1)] == ["f"]
     with pytest.raises(bucketq.InvalidOption):
         await stream.reset("g")
     with pytest.raises(bucketq.InvalidOption):
@@ -153,9 +153,9 @@ async def test_retention_by_messages_deletes_the_oldest_and_a_group_behind_count
     assert sync_db["ev"].count_documents({}) == 2
     stats = await stream.stats()
     assert stats["floor"] == 4 and stats["groups"]["slow"]["expired"] == 6
-    assert [m.payload for m in await read_all(slow)] == [6, 7, 8, 9]
+    assert [m.payload for m in await read_all(slow, want=4)] == [6, 7, 8, 9]
     fresh = stream.reader("fresh", start="beginning")
-    assert [m.payload for m in await read_all(fresh)] == [6, 7, 8, 9]
+    assert [m.payload for m in await read_all(fresh, want=4)] == [6, 7, 8, 9]
 
 
 async def test_retention_by_age_keeps_young_buckets(make_stream):
@@ -164,7 +164,7 @@ async def test_retention_by_age_keeps_young_buckets(make_stream):
     await asyncio.sleep(0.3)
     await stream.push("young")
     assert (await stream.apply_retention())["deleted"] == 1
-    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"))] == ["young"]
+    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"), want=1)] == ["young"]
 
 
 async def test_a_reader_that_dies_holding_a_bucket_leaves_only_its_unwritten_acks_to_read_again(make_stream):
@@ -179,7 +179,7 @@ async def test_a_reader_that_dies_holding_a_bucket_leaves_only_its_unwritten_ack
     dying._flusher.cancel()  # killed: no more writes from it
     other = stream.reader("g")
     assert await other.read(timeout=0.3) is None  # the dead reader's lease still holds the bucket
-    got = await read_all(other, timeout=1.5)
+    got = await read_all(other, timeout=1.5, want=4)
     assert [m.payload for m in got] == [2, 3, 4, 5]  # 2 again: its ack was in the window; 0 and 1 never
 
 
@@ -191,7 +191,7 @@ async def test_a_reader_whose_lease_passed_to_another_cannot_finish_the_bucket(m
     slow._flusher.cancel()  # stalled: its lease is not extended
     await asyncio.sleep(1.1)
     fast = stream.reader("g")
-    assert [m.payload for m in await read_all(fast)] == ["a", "b"]
+    assert [m.payload for m in await read_all(fast, want=2)] == ["a", "b"]
     await held[0].ack()
     with pytest.raises(bucketq.LeaseLost):
         await held[1].ack()
@@ -213,7 +213,7 @@ async def test_a_lost_insert_reply_stores_the_bucket_once(make_stream, memory_db
     positions = await stream.push_many(["a", "b"])
     assert lost.hits == 1 and positions == [Position(1, 0), Position(1, 1)]
     assert memory_db.sync["ev"].count_documents({}) == 1
-    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"))] == ["a", "b"]
+    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"), want=2)] == ["a", "b"]
 
 
 async def test_a_producer_killed_between_allocation_and_insert_stalls_readers_only_for_gap_wait(make_stream,
@@ -245,7 +245,7 @@ async def test_buckets_landing_out_of_order_never_let_the_group_commit_past_the_
     assert memory_db.sync["ev.positions"].find_one({"_id": "g"})["s"] == 1  # not past the missing sequence 1
     landed.set()
     assert await early == Position(1, 0)
-    assert [m.payload for m in await read_all(reader)] == ["first"]
+    assert [m.payload for m in await read_all(reader, want=1)] == ["first"]
     assert memory_db.sync["ev.positions"].find_one({"_id": "g"})["s"] == 3
 
 
@@ -265,7 +265,7 @@ async def test_an_insert_landing_after_its_sequence_was_marked_a_gap_is_refused(
         await late  # never stored: the push says so, and no reader ever sees it
     assert memory_db.sync["ev"].find_one({"_id": 1})["gap"] is True
     assert await read_all(stream.reader("other", start="beginning")) != []
-    assert [m.payload for m in await read_all(stream.reader("fresh", start="beginning"))] == ["next"]
+    assert [m.payload for m in await read_all(stream.reader("fresh", start="beginning"), want=1)] == ["next"]
 
 
 async def test_a_lost_reply_on_the_finish_of_a_bucket_counts_as_applied(make_stream, memory_db):
@@ -328,7 +328,7 @@ async def test_a_closed_reader_hands_its_buckets_back_at_once(make_stream):
     await messages[0].ack()
     await first.close()  # no waiting for the 60 s lease: the other three and the unacked one go to the next
     second = stream.reader("g")
-    assert [m.payload for m in await read_all(second, timeout=0.5)] == [1, 2, 3, 4]
+    assert [m.payload for m in await read_all(second, timeout=0.5, want=4)] == [1, 2, 3, 4]
 
 
 async def test_a_stream_is_not_a_queue_and_a_deleted_group_starts_over(make_stream, queue_target, db_name):
@@ -339,7 +339,7 @@ async def test_a_stream_is_not_a_queue_and_a_deleted_group_starts_over(make_stre
     assert await stream.delete_group("g") is True
     assert await stream.delete_group("g") is False
     assert await stream.groups() == []
-    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"))] == ["a", "b"]
+    assert [m.payload for m in await read_all(stream.reader("g", start="beginning"), want=2)] == ["a", "b"]
 
 
 async def test_retention_keeps_a_young_gap_marker_so_a_late_insert_is_still_refused(make_stream, memory_db):

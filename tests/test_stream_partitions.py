@@ -70,7 +70,8 @@ async def test_a_version_1_stream_keeps_its_format_and_refuses_to_be_partitioned
     assert sync_db["ev"].find_one({"_id": 1})["v"] == 1 and sync_db["ev.seq"].find_one({"_id": LAYOUT_ID}) is None
     with pytest.raises(bucketq.InvalidOption, match="version-1 stream"):
         await make_stream().push("b")
-    assert [m.payload for m in await read_all(make_stream(partitions=1).reader("g", start="beginning"))] == ["a"]
+    one = make_stream(partitions=1).reader("g", start="beginning")
+    assert [m.payload for m in await read_all(one, want=1)] == ["a"]
     with pytest.raises(bucketq.InvalidOption, match="partitioned in 4"):
         await make_stream(name="other", partitions=4).push("x") and await make_stream(name="other",
                                                                                          partitions=2).push("y")
@@ -126,17 +127,17 @@ async def test_retention_applies_to_each_partition(make_stream, sync_db):
     assert sorted(d["s"] for d in sync_db["ev"].find({})) == [2, 2, 2, 2, 3, 3, 3, 3]
     stats = await stream.stats()
     assert stats["floor"] == [2, 2, 2, 2] and stats["groups"]["slow"]["expired"] == 4
-    assert sorted(m.payload for m in await read_all(slow)) == list(range(4, 12))
+    assert sorted(m.payload for m in await read_all(slow, want=8)) == list(range(4, 12))
 
 
 async def test_a_reset_moves_every_partition_or_only_those_named(make_stream):
     stream = make_stream()
     positions = await push_writes(stream, 4, per_write=2)
     reader = stream.reader("g", start="beginning")
-    assert len(await read_all(reader)) == 8
+    assert len(await read_all(reader, want=8)) == 8
     at = await stream.reset("g", "beginning")
     assert at == [Position(1, 0, pt) for pt in range(4)]
-    assert len(await read_all(reader)) == 8
+    assert len(await read_all(reader, want=8)) == 8
     one = positions[-1]  # a reset to one position moves only its partition
     at = await stream.reset("g", one)
     assert at[one.partition] == one and all(p.seq == 2 for p in at if p.partition != one.partition)
@@ -153,6 +154,6 @@ async def test_a_reader_started_before_the_stream_exists_learns_its_partitions(m
     stream = make_stream()
     positions = await push_writes(stream, 4, per_write=1)
     assert (await stream.stats())["groups"]["other"]["position"] == "1:0 1/1:0 2/1:0 3/1:0"
-    got = await read_all(reader, timeout=1.5)  # it looks again within RECHECK_S; its group spreads over them
+    got = await read_all(reader, timeout=1.5, want=4)  # it looks again within RECHECK_S; its group spreads over them
     assert sorted(m.position for m in got) == sorted(positions) and len(early.store.parts) == 4
     assert (await stream.store.group("g")).positions == tuple(Position(2, 0, pt) for pt in range(4))

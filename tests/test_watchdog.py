@@ -16,7 +16,7 @@ import asyncio
 import pytest
 
 
-@pytest.mark.timeout(1)
+@pytest.mark.timeout(0.5)
 async def test_hung_while_a_task_retries():
     async def retry_forever():
         while True:
@@ -29,7 +29,7 @@ async def test_hung_while_a_task_retries():
     await asyncio.Event().wait()
 
 
-@pytest.mark.timeout(1)
+@pytest.mark.timeout(0.5)
 async def test_swallows_the_cancel():
     try:
         await asyncio.Event().wait()
@@ -57,10 +57,10 @@ def test_a_hung_async_test_fails_saying_which_after_how_long_and_where_each_task
                                            "no:cacheprovider", timeout=60)
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines([
-        "test_hung.py::test_hung_while_a_task_retries did not finish within its timeout of 1 s: cancelled by "
+        "test_hung.py::test_hung_while_a_task_retries did not finish within its timeout of 0.5 s: cancelled by "
         "the watchdog (tests/watchdog.py). Where each task was:",
     ])
-    result.stdout.fnmatch_lines(["test_hung.py::test_swallows_the_cancel did not finish within its timeout of 1 s: "
+    result.stdout.fnmatch_lines(["test_hung.py::test_swallows_the_cancel did not finish within its timeout of 0.5 s: "
                                  "cancelled by the watchdog (tests/watchdog.py) (it swallowed the cancel and "
                                  "returned). Where each task was:"])
     text = result.stdout.str()
