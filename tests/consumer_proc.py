@@ -1,8 +1,8 @@
 """A consumer process for the crash tests: ``python -m tests.consumer_proc URI DB QUEUE [--dedupe]
 [--die-after N] [--rate-limit LIMIT/PER]``.
 
-Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, start, end, tries}) before it is
-acked. With ``--die-after N`` the process kills itself with SIGKILL right after acking its Nth message, while
+Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, served, start, end, tries})
+before it is acked: ``served`` is the queue's reading of the server's clock when it was handed over. With ``--die-after N`` the process kills itself with SIGKILL right after acking its Nth message, while
 it still holds its bucket with acks not yet flushed: the worst moment for a crash.
 """
 
@@ -41,7 +41,7 @@ async def main() -> None:
         start = time.time()
         await asyncio.sleep(0.001)  # the handler's work
         await processed.insert_one({"msg": message.id, "i": message.payload["i"], "g": message.payload.get("g"),
-                                    "pid": os.getpid(),
+                                    "pid": os.getpid(), "served": q._clock.now(),
                                     "start": start, "end": time.time(), "tries": message.tries})
         await message.ack()
         handled += 1
