@@ -80,6 +80,8 @@ class Flushing(ConsumerState):
                                   "unflushed messages come back when the lease expires")
             applied = False
         held.outcome(plan, applied)
+        if applied and plan.cancels_read:
+            holding.cancels_heard(held.learn_cancels(plan.cancels_read))
         self._metrics.flushed(plan, applied)
         if refused is not None:
             log.error("%s", refused)
@@ -128,4 +130,9 @@ class Flushing(ConsumerState):
         if plan.kind == "finish":
             assert plan.mine is not None
             return await store.finish_fenced(plan.filter, plan.final, plan.mine)
+        if plan.kind == "extend":  # its reply brings the cancel requests made since the claim (core.cancellation)
+            doc = await store.extend_fenced(plan.filter, plan.final)
+            requested = doc.get("x") if doc is not None else None
+            plan.cancels_read = [s for s in requested if isinstance(s, int)] if isinstance(requested, list) else []
+            return doc is not None
         return await store.update_fenced(plan.filter, plan.final, mine=plan.mine)

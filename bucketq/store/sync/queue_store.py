@@ -131,6 +131,13 @@ class QueueStore:
 
         return retrying(op, timeout_s=self.op_timeout_s)
 
+    def extend_fenced(self, query: dict, update: dict) -> dict | None:
+        """A fenced lease extension (``claims.extend``) that returns the cancel requests on the bucket (``x``, see
+        ``core.cancellation``): the bucket's ``{_id, x}`` once applied, None when refused (the lease was lost; a
+        retry that matches nothing too, as ``update_fenced`` without ``mine``)."""
+        return retrying(lambda _: self.buckets.find_one_and_update(query, update, {"x": 1}),
+                              timeout_s=self.op_timeout_s)
+
     def finish_fenced(self, query: dict, tombstone: dict, mine: dict) -> bool:
         """Replace a finished bucket by its tombstone (see ``claims.finish``); True when this token's write
         did it. A retry that finds the bucket gone or finished by someone else is refused."""
@@ -293,6 +300,17 @@ class QueueStore:
     def update_bucket(self, query: dict, update: dict) -> bool:
         """One conditional write to a bucket (``operator_writes.removal``), not retried: True when it matched."""
         return (self.buckets.update_one(query, update)).matched_count == 1
+
+    def request_cancel(self, query: dict, update: dict) -> dict | None:
+        """The cancel request on a bucket (``cancellation.request``), retried (``$addToSet``: a repeat changes
+        nothing): the bucket as the request left it, or None when it matched nothing (finished meanwhile)."""
+        return retrying(lambda _: self.buckets.find_one_and_update(query, update,
+                                                                         return_document=ReturnDocument.AFTER),
+                              timeout_s=self.op_timeout_s)
+
+    def cancel_recorded(self, query: dict) -> bool:
+        """Whether a message's cancellation record is in the dead letters (``cancellation.record_filter``)."""
+        return self.dead.find_one(query, {"_id": 1}) is not None
 
     def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
         """Mark every bucket matching ``query`` (``operator_writes.purge_mark``), retried: the mark is idempotent.

@@ -1,0 +1,257 @@
+"""``Queue.cancel`` over a real connection (both backends): a pending message is never delivered and its record is
+in the dead letters; a message a consumer holds ends as cancelled once the consumer hears of the request (its
+handler sees ``message.cancelled``), not acked, not retried; lost replies on the cancel's writes; a cancel racing
+consumers that claim the message (tasks, and processes) has exactly one outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+from bson import ObjectId
+
+import bucketq
+from tests.helpers import eventually
+from tests.proxy import TcpProxy
+from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
+
+pytestmark = pytest.mark.backends("memory", "server")
+
+QUICK = {"bucket_max_wait": 0.005, "change_streams": False, "poll_interval": 0.02, "drain_timeout": 0}
+# A lease short enough that a holder extends it (and so hears of requests) every half second or so.
+SHORT_LEASE = {**QUICK, "lease": 1.0, "state_flush_period": 0.05}
+
+
+def _record(sync_db: Any, message_id: str) -> dict | None:
+    return sync_db["events.dead"].find_one({"_id": message_id})
+
+
+# -- pending -----------------------------------------------------------------------------------------------------
+
+async def test_a_cancelled_pending_message_is_never_delivered_and_its_record_is_a_dead_letter(make_queue, sync_db):
+    q = make_queue(**QUICK)
+    ids = await q.push_many(["keep 1", "cancel me", "keep 2"])
+    assert await q.cancel(ids[1]) == "cancelled"
+    assert await q.cancel(ids[1]) == "cancelled"  # a repeat (or a retry after a lost reply) says so again
+    bucket = sync_db["events"].find_one()
+    assert bucket["done"] == [1] and bucket["x"] == [1]
+    record = _record(sync_db, ids[1])
+    assert record["cancelled"] is True and record["error"] == "cancelled" and record["tries"] == 0
+    assert [d["_id"] for d in await q.dead_letters()] == [ids[1]]
+    stats = await q.stats()
+    assert stats["ready"] == 2 and stats["dead"] == 1 and stats["cancelled"] == 1
+    assert await served(make_queue(**QUICK)) == ["keep 1", "keep 2"]
+
+
+async def test_a_cancelled_message_comes_back_with_requeue_dead(make_queue):
+    q = make_queue(**QUICK)
+    message_id = await q.push("changed my mind")
+    assert await q.cancel(message_id) == "cancelled"
+    assert await q.requeue_dead(ids=[message_id]) == 1
+    message = await q.reserve(timeout=5)
+    assert message is not None and message.id == message_id and not message.cancelled
+
+
+async def test_cancel_of_an_unknown_or_finished_message_is_not_found(make_queue):
+    q = make_queue(**QUICK)
+    message_id = await q.push("done before")
+    assert await served(q) == ["done before"]
+    assert await q.cancel(message_id) == "not_found"
+    assert await q.cancel("no-such-id") == "not_found"
+    assert await q.cancel(f"{ObjectId()}:0") == "not_found"
+    with pytest.raises(bucketq.InvalidOption, match="message_id"):
+        await q.cancel("")
+
+
+async def test_cancel_finds_a_nacked_message_in_its_retry_bucket(make_queue, sync_db):
+    q = make_queue(**QUICK)
+    message_id = await q.push("retried")
+    message = await q.reserve(timeout=5)
+    await message.nack(60, error="later", wait=True)
+    await q.drain()
+    other = make_queue(**QUICK)
+    assert await other.cancel(message_id) == "cancelled"
+    assert (await other.stats())["scheduled"] == 0
+    assert _record(sync_db, message_id)["tries"] == 1
+
+
+# -- held by a consumer ----------------------------------------------------------------------------------------
+
+async def test_a_message_not_yet_served_from_a_held_bucket_is_never_delivered(make_queue, sync_db):
+    producer, consumer = make_queue(**QUICK), make_queue(**SHORT_LEASE)
+    ids = await producer.push_many(["first", "cancelled before its turn"])
+    first = await consumer.reserve(timeout=5)
+    assert first is not None and first.id == ids[0]
+    assert await producer.cancel(ids[1]) == "requested"
+    await first.ack(wait=True)  # the flush's lease extension brings the request back
+    assert await consumer.reserve(timeout=0.5) is None
+    await eventually(lambda: _record(sync_db, ids[1]) is not None, what="the cancellation recorded")
+    assert _record(sync_db, ids[1])["cancelled"] is True
+    assert await producer.cancel(ids[1]) == "cancelled"
+    await eventually(lambda: sync_db["events"].find_one({"fin": {"$exists": True}}) is not None,
+                     what="the bucket finished")
+
+
+@pytest.mark.parametrize("resolve", ["ack", "nack", "dead_letter", "return"])
+async def test_a_running_handler_sees_the_cancel_and_its_message_ends_cancelled(make_queue, sync_db, resolve):
+    producer, queue = make_queue(**QUICK), make_queue(**SHORT_LEASE)
+    message_id = await producer.push("long job")
+    started, seen = asyncio.Event(), []
+
+    async def handler(message: bucketq.Message) -> None:
+        started.set()
+        await asyncio.wait_for(message.wait_cancelled(), 20)  # the cooperative cancel: stop the work here
+        seen.append(message.cancelled)
+        if resolve != "return":
+            await getattr(message, resolve)()
+
+    worker = bucketq.Worker(queue, handler, handle_signals=False)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(started.wait(), 20)
+        assert await producer.cancel(message_id) == "requested"
+        await eventually(lambda: _record(sync_db, message_id) is not None, what="the cancellation recorded")
+    finally:
+        worker.stop()
+        await running
+    assert seen == [True]
+    record = _record(sync_db, message_id)
+    assert record["cancelled"] is True and record["error"] == "cancelled" and record["tries"] == 1
+    assert await producer.cancel(message_id) == "cancelled"
+    stats = await producer.stats()
+    assert stats["ready"] + stats["scheduled"] + stats["in_flight"] == 0  # not retried
+    assert await served(make_queue(**QUICK)) == []
+
+
+async def test_a_message_resolved_before_its_holder_heard_of_the_cancel_keeps_its_outcome(make_queue, sync_db):
+    producer, consumer = make_queue(**QUICK), make_queue(**SHORT_LEASE)
+    ids = await producer.push_many(["acked first", "other"])
+    message = await consumer.reserve(timeout=5)
+    await message.ack()  # in memory, not yet written
+    assert await producer.cancel(ids[0]) == "requested"
+    assert [m.payload for m in [await consumer.reserve(timeout=5)]] == ["other"]
+    await consumer.drain()
+    assert _record(sync_db, ids[0]) is None  # acked: no record
+    assert await producer.cancel(ids[0]) == "not_found"
+
+
+# -- lost replies ------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def lossy(backend: str, request: pytest.FixtureRequest, make_queue: Any) -> Any:
+    """(a queue whose connection can lose replies, ``lose_reply(command)``): the memory database's faults, or a
+    TCP proxy in front of the test server."""
+    if backend == "memory":
+        faults = request.getfixturevalue("memory_db").faults
+        return make_queue(**QUICK), lambda command: faults.lose_reply(command, collection="events")
+    host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(",")[0].split(":")
+    proxy = TcpProxy(host, int(port)).start()
+    request.addfinalizer(proxy.stop)
+    return make_queue(target=proxy.uri, **QUICK), lambda command: proxy.lose_reply(command, collection="events")
+
+
+@pytest.mark.parametrize("command", ["findAndModify", "update"])
+async def test_a_cancel_whose_reply_was_lost_reports_cancelled_and_records_once(lossy, make_queue, sync_db, command):
+    q, lose_reply = lossy
+    ids = await q.push_many(["keep", "cancel me"])
+    lost = lose_reply(command)  # the request (retried), or the removal (read again)
+    assert await q.cancel(ids[1]) == "cancelled"
+    assert lost.hits == 1
+    assert sync_db["events"].find_one()["done"] == [1]
+    assert sync_db["events.dead"].count_documents({}) == 1
+    assert await q.cancel(ids[1]) == "cancelled"
+    assert await served(make_queue(**QUICK)) == ["keep"]
+
+
+async def test_a_crash_between_the_record_and_the_removal_leaves_the_next_claimant_to_cancel(make_queue, sync_db):
+    q = make_queue(**QUICK)
+    ids = await q.push_many(["keep", "cancel me"])
+    sync_db["events"].update_one({}, {"$addToSet": {"x": 1}})  # the request got through, then the canceller died
+    assert await served(make_queue(**QUICK)) == ["keep"]
+    assert _record(sync_db, ids[1])["cancelled"] is True
+    assert await q.cancel(ids[1]) == "cancelled"
+
+
+# -- racing ------------------------------------------------------------------------------------------------------
+
+async def _serve_one(q: bucketq.Queue, acked: list[str]) -> None:
+    """Take one message, if one comes, and ack it; ``acked`` gets its id when its handler did not know of a cancel
+    (an ack as a success)."""
+    message = await q.reserve(timeout=0.3)
+    if message is not None:
+        if not message.cancelled:
+            acked.append(message.id)
+        await message.ack(wait=True)
+
+
+def _ended(sync_db: Any, message_id: str) -> bool:
+    """Whether the message's slot is done or its bucket finished (the record of a cancellation, if any, is written
+    before either)."""
+    bucket_id, slot = message_id.split(":")
+    doc = sync_db["events"].find_one({"_id": ObjectId(bucket_id)})
+    return "fin" in doc or int(slot) in doc["done"]
+
+
+async def test_a_cancel_racing_consumers_has_exactly_one_outcome(make_queue, sync_db):
+    """Many rounds of a cancel against two consumers claiming the same message: the message is either cancelled
+    (a record, and no handler resolved it as a success) or handled as if not cancelled (acked, no record),
+    never both, and never lost."""
+    producer = make_queue(**QUICK)
+    consumers = [make_queue(**SHORT_LEASE), make_queue(**SHORT_LEASE)]
+    outcomes: Counter[str] = Counter()
+    for round_ in range(15):
+        message_id = await producer.push(round_)
+        acked: list[str] = []
+        outcome, *_ = await asyncio.gather(producer.cancel(message_id), *(_serve_one(q, acked) for q in consumers))
+        await eventually(lambda: _ended(sync_db, message_id), what="the message ended")  # noqa: B023
+        recorded = _record(sync_db, message_id) is not None
+        outcomes[outcome] += 1
+        if outcome == "cancelled":  # never delivered as a live message
+            assert recorded and not acked
+        elif outcome == "not_found":  # handled and finished before the cancel read it
+            assert acked and not recorded
+        else:  # the holder decided: one of the two, never both
+            assert outcome == "requested" and recorded != bool(acked), (recorded, acked)
+    for q in consumers:
+        await q.drain()
+    assert (await producer.stats())["ready"] == 0
+    assert outcomes["cancelled"] + outcomes["requested"] > 0, outcomes  # the race was run, not always lost
+
+
+def _run_consumer(mongo_uri: str, db_name: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events"])
+
+
+@pytest.mark.timeout(120)
+async def test_cancels_racing_two_consumer_processes_end_each_message_once(make_queue, sync_db, mongo_uri, db_name):
+    """Two consumer processes serve 600 messages while this one cancels every third: each message ends exactly
+    once, as cancelled (its record) or as handled (acked, no record), as ``cancel`` reported."""
+    q = make_queue(**QUICK, bucket_max_size=20)
+    total = 600
+    ids = await q.push_many({"i": i} for i in range(total))
+    procs = [_run_consumer(mongo_uri, db_name) for _ in range(2)]
+    outcomes = {}
+    for i in range(0, total, 3):
+        outcomes[i] = await q.cancel(ids[i])
+    for proc in procs:
+        assert await asyncio.to_thread(proc.wait, 90) == 0
+    handled = defaultdict(list)
+    for r in sync_db.processed.find():
+        handled[r["i"]].append(r)
+    recorded = {d["_id"] for d in sync_db["events.dead"].find({"cancelled": True})}
+    assert all(len(rs) == 1 for rs in handled.values()), "a message handled twice"
+    for i, message_id in enumerate(ids):
+        acked = i in handled and not handled[i][0]["cancelled"]
+        assert acked != (message_id in recorded), f"message {i}: acked {acked}, cancelled {message_id in recorded}"
+        if i % 3:
+            assert acked, f"message {i} was not cancelled, yet not handled"
+        elif outcomes[i] == "cancelled":
+            assert i not in handled, f"message {i} reported cancelled while pending was delivered"
+        elif outcomes[i] == "not_found":
+            assert acked
+    assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
+    assert Counter(outcomes.values())["cancelled"] > 0
