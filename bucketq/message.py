@@ -69,9 +69,10 @@ class Message:
 
     @property
     def cancelled(self) -> bool:
-        """Whether ``Queue.cancel`` asked for this message while it is being handled (the consumer hears of it at
-        its next lease extension). Once it has, the message ends as cancelled however it is resolved: ``ack``,
-        ``nack`` and ``dead_letter`` record the cancellation instead (a dead letter with ``cancelled: true``)."""
+        """Whether ``Queue.cancel`` asked for this message while it is being handled (the consumer reads requests
+        after a lease extension, at most every half lease). Once true, the message ends as cancelled however it is
+        resolved: ``ack``, ``nack`` and ``dead_letter`` record the cancellation instead (a dead letter with
+        ``cancelled: true``), and it is not retried."""
         return self._holding.held.cancel_requested(self._slot)
 
     async def wait_cancelled(self) -> None:

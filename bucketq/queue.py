@@ -352,10 +352,11 @@ class Queue:
 
         - ``"cancelled"``: it was pending (or cancelled already): it will not be delivered, and its record is in
           the dead letters (``error: "cancelled"``, ``cancelled: true``: ``requeue_dead`` brings it back);
-        - ``"requested"``: a consumer holds it, maybe handling it now. The consumer hears of it at its next lease
-          extension: the handler sees ``message.cancelled`` (or ``await message.wait_cancelled()``), and the
-          message ends as cancelled however the handler resolves it; one not yet handed out is never delivered. A
-          message resolved before the consumer heard of it keeps that outcome. Call ``cancel`` again to see;
+        - ``"requested"``: a consumer holds it, maybe handling it now. The consumer reads the request after a lease
+          extension, within about ``lease / 2``: the handler sees ``message.cancelled`` (or awaits
+          ``message.wait_cancelled()``), and the message ends as cancelled however the handler resolves it; one not
+          yet handed out by then is never delivered. A message resolved before the consumer read the request keeps
+          that outcome. Call ``cancel`` again to see which;
         - ``"not_found"``: no pending message has this id (unknown, finished, or not yet written).
 
         Finding retry copies scans the queue's buckets, as ``remove`` does. Batch consumers (``BatchQueue``,

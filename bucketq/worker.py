@@ -238,6 +238,9 @@ class Worker:
         try:
             if message.resolved:
                 return "the handler resolved it itself"
+            if message.cancelled:  # whatever the handler made of it: recorded as cancelled (``Queue.cancel``)
+                await message.dead_letter()
+                return "cancelled (Queue.cancel)"
             if error is None:
                 await message.ack()
                 return "acked"

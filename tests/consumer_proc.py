@@ -3,8 +3,9 @@
 
 Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, start, end, tries, cancelled})
 before it is acked (``cancelled``: set after the ack when the consumer had heard of a cancel request by then, so
-that the ack recorded a cancellation, see ``Queue.cancel``). With ``--die-after N`` the process kills itself with SIGKILL right after acking its Nth message, while
-it still holds its bucket with acks not yet flushed: the worst moment for a crash.
+that the ack recorded a cancellation, see ``Queue.cancel``). With ``--die-after N`` the process kills itself with
+SIGKILL right after acking its Nth message, while it still holds its bucket with acks not yet flushed: the worst
+moment for a crash.
 """
 
 from __future__ import annotations

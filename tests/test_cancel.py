@@ -17,6 +17,7 @@ from bson import ObjectId
 import bucketq
 from tests.helpers import eventually
 from tests.proxy import TcpProxy
+from tests.test_format import check, check_bucket
 from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -45,6 +46,14 @@ async def test_a_cancelled_pending_message_is_never_delivered_and_its_record_is_
     stats = await q.stats()
     assert stats["ready"] == 2 and stats["dead"] == 1 and stats["cancelled"] == 1
     assert await served(make_queue(**QUICK)) == ["keep 1", "keep 2"]
+
+
+async def test_the_documents_of_a_cancellation_match_the_format(make_queue, sync_db):
+    q = make_queue(**QUICK)
+    ids = await q.push_many(["keep", "cancel me"])
+    assert await q.cancel(ids[1]) == "cancelled"
+    check_bucket(sync_db["events"].find_one())
+    check(_record(sync_db, ids[1]), "dead-fields")
 
 
 async def test_a_cancelled_message_comes_back_with_requeue_dead(make_queue):
@@ -87,7 +96,9 @@ async def test_a_message_not_yet_served_from_a_held_bucket_is_never_delivered(ma
     first = await consumer.reserve(timeout=5)
     assert first is not None and first.id == ids[0]
     assert await producer.cancel(ids[1]) == "requested"
-    await first.ack(wait=True)  # the flush's lease extension brings the request back
+    # the consumer reads the request after a lease extension (within half a lease)
+    await eventually(lambda: first._holding.held.cancel_requested(1), what="the consumer heard of the request")
+    await first.ack(wait=True)
     assert await consumer.reserve(timeout=0.5) is None
     await eventually(lambda: _record(sync_db, ids[1]) is not None, what="the cancellation recorded")
     assert _record(sync_db, ids[1])["cancelled"] is True
@@ -128,7 +139,8 @@ async def test_a_running_handler_sees_the_cancel_and_its_message_ends_cancelled(
 
 
 async def test_a_message_resolved_before_its_holder_heard_of_the_cancel_keeps_its_outcome(make_queue, sync_db):
-    producer, consumer = make_queue(**QUICK), make_queue(**SHORT_LEASE)
+    # no flush (nor read of requests) before the drain: the ack stays in memory while the cancel runs
+    producer, consumer = make_queue(**QUICK), make_queue(**QUICK, lease=60, state_flush_period=20)
     ids = await producer.push_many(["acked first", "other"])
     message = await consumer.reserve(timeout=5)
     await message.ack()  # in memory, not yet written

@@ -5,8 +5,8 @@ A cancellation runs in three writes, each safe to repeat and each leaving the ne
 
 1. the *request*: ``$addToSet: {x: slots}`` on the bucket (any bucket not yet done with those slots, claimed or
    not), as a findAndModify that returns the bucket as the request left it. From then on every consumer that
-   claims the bucket sees the request in its claim's reply, and a consumer already holding it sees it in the
-   reply of its next lease extension: either ends the message as cancelled instead of serving it;
+   claims the bucket sees the request in its claim's reply, and a consumer already holding it reads it after a
+   lease extension, at most every half lease: either ends the message as cancelled instead of serving it;
 2. when the returned bucket is under no live lease: the *record*, a dead letter with ``cancelled: true`` and
    ``error: "cancelled"`` (``_id`` is the message id, so a repeat stores it once);
 3. the *removal* (``operator_writes.removal``): the slot marked done, applied only while the bucket is still

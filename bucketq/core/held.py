@@ -95,7 +95,6 @@ class FlushPlan:
     # expires before the lease.
     group: str | None = None
     lock_until: dt.datetime | None = None
-    cancels_read: list[int] = field(default_factory=list)  # the bucket's ``x`` as the applied extension read it
 
     @property
     def filter(self) -> dict:
@@ -125,6 +124,7 @@ class ClaimedBucket:
             else deque(range(bucket.size))
         self._unresolved = len(self._pending)
         self.cancels = set(bucket.cancels)  # slots whose cancellation was requested, as known to this claim
+        self._cancels_read_at = lease_until - dt.timedelta(seconds=policy.lease)  # the claim's reply had them
         # Whether a slot may have used up its tries (leases that kept expiring): only then does serve check each.
         self._may_expire = max(bucket.base_tries, default=0) + bucket.claims - 1 >= policy.max_attempts
         self._unflushed: dict[int, _Resolution] = {}
@@ -231,8 +231,16 @@ class ClaimedBucket:
         """Whether this claim knows of a request to cancel ``slot`` (``core.cancellation``)."""
         return slot in self.cancels
 
+    def cancels_due(self, now: dt.datetime) -> bool:
+        """Whether to read the bucket's cancel requests again (half a lease since the last read); if so, the read
+        is counted as made."""
+        if now - self._cancels_read_at < dt.timedelta(seconds=self.policy.lease / 2):
+            return False
+        self._cancels_read_at = now
+        return True
+
     def learn_cancels(self, slots: list[int]) -> list[int]:
-        """Take in the cancel requests read from the server (a lease extension's reply); return the slots newly
+        """Take in the cancel requests read from the server (``x``); return the slots newly
         requested that are being handled now, whose handlers should hear of it. A slot not yet served is cancelled
         when its turn comes (``serve``); one already resolved keeps its resolution."""
         new = [s for s in slots if s not in self.cancels and 0 <= s < self.bucket.size]

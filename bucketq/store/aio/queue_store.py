@@ -148,13 +148,6 @@ class AsyncQueueStore:
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 
-    async def extend_fenced(self, query: dict, update: dict) -> dict | None:
-        """A fenced lease extension (``claims.extend``) that returns the cancel requests on the bucket (``x``, see
-        ``core.cancellation``): the bucket's ``{_id, x}`` once applied, None when refused (the lease was lost; a
-        retry that matches nothing too, as ``update_fenced`` without ``mine``)."""
-        return await retrying(lambda _: self.buckets.find_one_and_update(query, update, {"x": 1}),
-                              timeout_s=self.op_timeout_s)
-
     async def finish_fenced(self, query: dict, tombstone: dict, mine: dict) -> bool:
         """Replace a finished bucket by its tombstone (see ``claims.finish``); True when this token's write
         did it. A retry that finds the bucket gone or finished by someone else is refused."""
@@ -324,6 +317,11 @@ class AsyncQueueStore:
         return await retrying(lambda _: self.buckets.find_one_and_update(query, update,
                                                                          return_document=ReturnDocument.AFTER),
                               timeout_s=self.op_timeout_s)
+
+    async def cancel_requests(self, ref: dict) -> Any:
+        """The cancel requests on a held bucket (its ``x``, ``core.cancellation``), None when it has none."""
+        doc = await self.buckets.find_one(ref, {"x": 1})
+        return None if doc is None else doc.get("x")
 
     async def cancel_recorded(self, query: dict) -> bool:
         """Whether a message's cancellation record is in the dead letters (``cancellation.record_filter``)."""
