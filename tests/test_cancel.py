@@ -6,6 +6,7 @@ consumers that claim the message (tasks, and processes) has exactly one outcome.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -13,8 +14,12 @@ from typing import Any
 
 import pytest
 from bson import ObjectId
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bucketq
+from bucketq.core.format import Slot, bucket_document, parse_bucket
+from bucketq.core.held import ClaimedBucket, Policy, SlotState
 from tests.helpers import eventually
 from tests.proxy import TcpProxy
 from tests.test_format import check, check_bucket
@@ -22,6 +27,7 @@ from tests.test_guarantees import _drain_ids as served  # payloads until none co
 
 pytestmark = pytest.mark.backends("memory", "server")
 
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 QUICK = {"bucket_max_wait": 0.005, "change_streams": False, "poll_interval": 0.02, "drain_timeout": 0}
 # A lease short enough that a holder extends it (and so hears of requests) every half second or so.
 SHORT_LEASE = {**QUICK, "lease": 1.0, "state_flush_period": 0.05}
@@ -267,3 +273,48 @@ async def test_cancels_racing_two_consumer_processes_end_each_message_once(make_
             assert acked
     assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
     assert Counter(outcomes.values())["cancelled"] > 0
+
+
+# -- the state machine (no database) ----------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["serve", "ack", "nack", "dead", "cancel", "flush"]),
+                                st.integers(0, 3)), max_size=40))
+def test_a_slot_ends_cancelled_exactly_when_its_request_was_known_before_it_was_resolved(steps):
+    policy = Policy(lease=30.0, max_attempts=5, granularity=1.0)
+    doc = bucket_document(ObjectId(), [Slot(f'"{i}"') for i in range(4)], codec="json", created=T0, due=T0)
+    doc["c"] = 1
+    held = ClaimedBucket(parse_bucket(doc), "token", policy.lease_from(T0), policy)
+    known: set[int] = set()  # requests the claim knew of
+    served: set[int] = set()
+    expect: dict[int, bool] = {}  # slot -> whether it must end cancelled, fixed when it is resolved
+    records: dict[int, dict] = {}
+    for action, slot in steps:
+        if action == "serve" and (s := held.serve(T0)) is not None:
+            assert s not in known, "a slot whose cancellation was known was handed out"
+            served.add(s)
+        elif action in ("ack", "nack", "dead") and slot in served and slot not in expect:
+            {"ack": held.ack, "nack": lambda s: held.nack(s, T0), "dead": lambda s: held.dead(s, "no")}[action](slot)
+            expect[slot] = slot in known
+        elif action == "cancel":
+            woken = held.learn_cancels([slot])
+            assert woken == ([slot] if slot in served and slot not in expect and slot not in known else [])
+            known.add(slot)
+        elif action == "flush":
+            plan = held.take_plan(T0)
+            records.update({int(d["_id"].rsplit(":", 1)[1]): d for d in plan.dead_docs})
+            held.outcome(plan, True)
+            if held.ended:
+                break
+    while held.serve(T0) is not None:  # what is left: unserved slots whose cancellation is known end at once
+        pass
+    for s in range(4):
+        if s in known and s not in served:
+            expect[s] = True
+    plan = held.take_plan(T0)
+    records.update({int(d["_id"].rsplit(":", 1)[1]): d for d in plan.dead_docs})
+    for s, cancelled in expect.items():
+        record = records.get(s)
+        assert (record is not None and record.get("cancelled") is True) == cancelled, (s, record)
+        if cancelled:
+            assert record["error"] == "cancelled" and plan.slots.get(s, SlotState.DEAD) is SlotState.DEAD
