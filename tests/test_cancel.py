@@ -157,6 +157,26 @@ async def test_a_message_resolved_before_its_holder_heard_of_the_cancel_keeps_it
     assert await producer.cancel(ids[0]) == "not_found"
 
 
+async def test_a_message_nacked_before_its_holder_heard_of_the_cancel_is_cancelled_in_its_retry(make_queue, sync_db):
+    producer, consumer = make_queue(**QUICK), make_queue(**QUICK, lease=60, state_flush_period=20)
+    message_id = await producer.push("nacked first")
+    message = await consumer.reserve(timeout=5)
+    await message.nack(60, error="later")  # in memory: its retry copy is written at the drain
+    assert await producer.cancel(message_id) == "requested"
+    await consumer.drain()
+    assert (await producer.stats())["scheduled"] == 1  # the nack kept its outcome
+    assert await producer.cancel(message_id) == "cancelled"  # found in its retry bucket
+    assert (await producer.stats())["scheduled"] == 0
+    assert _record(sync_db, message_id)["cancelled"] is True
+
+
+async def test_cancelling_a_message_of_an_ordered_group_lets_the_group_go_on(make_queue):
+    q = make_queue(**QUICK)
+    ids = await q.push_many([bucketq.Outgoing(step, group="order-17") for step in ("created", "paid", "shipped")])
+    assert await q.cancel(ids[1]) == "cancelled"
+    assert await served(make_queue(**QUICK)) == ["created", "shipped"]
+
+
 # -- lost replies ------------------------------------------------------------------------------------------------
 
 @pytest.fixture
