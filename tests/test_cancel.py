@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bucketq
+import bucketq.testing
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.held import ClaimedBucket, Policy, SlotState
 from tests.helpers import eventually
@@ -142,6 +143,39 @@ async def test_a_running_handler_sees_the_cancel_and_its_message_ends_cancelled(
     stats = await producer.stats()
     assert stats["ready"] + stats["scheduled"] + stats["in_flight"] == 0  # not retried
     assert await served(make_queue(**QUICK)) == []
+
+
+async def test_with_cancel_grace_a_handler_that_ignores_the_cancel_is_cut_off(make_queue, sync_db):
+    producer, queue = make_queue(**QUICK), make_queue(**SHORT_LEASE)
+    message_id = await producer.push("stubborn")
+    started, outcome = asyncio.Event(), []
+
+    async def handler(message: bucketq.Message) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # never looks at message.cancelled
+        except asyncio.CancelledError:
+            outcome.append(message.cancelled)
+            raise
+
+    worker = bucketq.Worker(queue, handler, handle_signals=False, cancel_grace=0.1)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(started.wait(), 20)
+        assert await producer.cancel(message_id) == "requested"
+        await eventually(lambda: _record(sync_db, message_id) is not None, what="the cancellation recorded")
+    finally:
+        worker.stop()
+        await running
+    assert outcome == [True]  # cut off by the grace, not by the stop
+    assert _record(sync_db, message_id)["error"] == "cancelled"
+
+
+@pytest.mark.parametrize("bad", [-1, "soon", float("nan")])
+def test_a_bad_cancel_grace_is_invalid_option(bad):
+    async def handler(message: bucketq.Message) -> None: ...
+    with pytest.raises(bucketq.InvalidOption):
+        bucketq.Worker(bucketq.testing.queue(), handler, cancel_grace=bad)
 
 
 async def test_a_message_resolved_before_its_holder_heard_of_the_cancel_keeps_its_outcome(make_queue, sync_db):
