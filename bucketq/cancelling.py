@@ -8,7 +8,16 @@ from typing import Any
 from pymongo.errors import PyMongoError
 
 from bucketq.clock import ServerClock
-from bucketq.core.cancellation import CANCELLED, NOT_FOUND, REQUESTED, record_filter, records, reported, request
+from bucketq.core.cancellation import (
+    CANCELLED,
+    NOT_FOUND,
+    REQUESTED,
+    record_filter,
+    records,
+    reported,
+    request,
+    still_pending,
+)
 from bucketq.core.operator_writes import holders, live_lease, pending_slots, removal
 from bucketq.core.retry import is_transient
 from bucketq.errors import MessageHeld
@@ -34,7 +43,7 @@ async def _cancel_in(store: AsyncQueueStore, clock: ServerClock, doc: dict[str, 
     """Cancel ``slots`` of the bucket ``doc``: ``REQUESTED`` when a consumer holds it, ``CANCELLED`` once marked
     done here, None when the bucket changed meanwhile (finished, claimed, or a lost reply): read it again."""
     after = await store.request_cancel(*request(doc, slots))
-    if after is None:
+    if not still_pending(after, slots):
         return None
     # A lease is taken back only once it ended by the earliest reading of the clock, as a claim would.
     now = clock.earliest()

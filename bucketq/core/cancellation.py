@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from bucketq.core.claims import LIVE
 from bucketq.core.format import dead_letter, parse_bucket
@@ -40,6 +40,16 @@ def request(doc: Mapping[str, Any], slots: list[int]) -> tuple[dict[str, Any], d
     none of those slots is done, whoever holds it (a findAndModify, returning the bucket after the update)."""
     ref = {PARTITION: doc.get(PARTITION), "_id": doc["_id"]}
     return {**ref, **LIVE, "done": {"$nin": slots}}, {"$addToSet": {"x": {"$each": sorted(slots)}}}
+
+
+def still_pending(after: Mapping[str, Any] | None, slots: list[int]) -> TypeGuard[Mapping[str, Any]]:
+    """Whether the bucket a request returned (``after``) is live with none of ``slots`` done, as its filter asked. A
+    server whose findAndModify is not atomic under concurrent writes (mongo-java-server) can return the tombstone
+    that a finish put in its place meanwhile: then the bucket is read again."""
+    if after is None or "fin" in after:
+        return False
+    done = after.get("done")
+    return isinstance(done, list) and not set(slots) & set(done)
 
 
 def records(doc: Mapping[str, Any], slots: list[int], now: dt.datetime) -> list[dict[str, Any]]:
