@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any, Protocol
 
@@ -12,6 +13,7 @@ class Holding(Protocol):
     """What a message reads of the claimed bucket it came in (``bucketq.consumer.holding.Holding``)."""
 
     held: ClaimedBucket
+    cancel_events: dict[int, asyncio.Event]
 
 
 class Consumer(Protocol):
@@ -64,6 +66,19 @@ class Message:
     def resolved(self) -> bool:
         """Whether ``ack`` or ``nack`` was called (or a drain gave the message back)."""
         return self._holding.held.resolved(self._slot)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether ``Queue.cancel`` asked for this message while it is being handled (the consumer reads requests
+        after a lease extension, at most every half lease). Once true, the message ends as cancelled however it is
+        resolved: ``ack``, ``nack`` and ``dead_letter`` record the cancellation instead (a dead letter with
+        ``cancelled: true``), and it is not retried."""
+        return self._holding.held.cancel_requested(self._slot)
+
+    async def wait_cancelled(self) -> None:
+        """Return once the message's cancellation is requested (see ``cancelled``); never, if it is not."""
+        if not self.cancelled:
+            await self._holding.cancel_events.setdefault(self._slot, asyncio.Event()).wait()
 
     async def ack(self, *, wait: bool = False) -> None:
         """Mark the message done. It is written at the next state flush (``state_flush_period``) or when its

@@ -10,12 +10,13 @@ from typing import Any
 
 from pymongo import ReplaceOne
 
-from bucketq import admin, metrics
+from bucketq import admin, cancelling, metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.connection import connect
 from bucketq.consumer import Consumer
 from bucketq.core import claims, sharding, unique_keys
+from bucketq.core.cancellation import CANCELLED_RECORDS
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.operator_writes import (
@@ -189,7 +190,8 @@ class Queue:
         messages that need a worker now (``ready + in_flight``; see ``bucketq.metrics.pending_messages``), also
         recorded for the ``bucketq.pending`` gauge; and ``groups``: ordered groups with messages left by what
         they wait for (``served``, ``ready``, ``retry``, ``waiting``: see ``bucketq.core.stats.GROUP_STATES``),
-        each ``{groups, messages, until}``. Writes nothing."""
+        each ``{groups, messages, until}``; ``cancelled``: the records of cancelled messages (``cancel``), among
+        ``dead``. Writes nothing."""
         await self._ready(write=False)
         # By the latest reading of the server's clock: a message another client pushed a moment ago, due by its
         # own reading, counts as ready here even when this host's estimate is a millisecond behind that one's.
@@ -197,6 +199,7 @@ class Queue:
         rows, dead, quarantined, groups = await self._store.stats(now)
         row = shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
         row["pending"] = metrics.record_pending(self.name, self.database.name, row)
+        row["cancelled"] = await self._store.count_entries(self._store.dead, CANCELLED_RECORDS)
         return {**row, "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
@@ -354,6 +357,24 @@ class Queue:
             if all(applied):  # else a bucket was claimed or released since it was read: read again
                 return removed
         raise MessageHeld(f"message {message_id!r} kept being claimed while it was being removed; try again")
+
+    async def cancel(self, message_id: str) -> str:
+        """Cancel a message by id so that it is not delivered (again) and not retried. Returns:
+
+        - ``"cancelled"``: it was pending (or cancelled already): it will not be delivered, and its record is in
+          the dead letters (``error: "cancelled"``, ``cancelled: true``: ``requeue_dead`` brings it back);
+        - ``"requested"``: a consumer holds it, maybe handling it now. The consumer reads the request after a lease
+          extension, within about ``lease / 2``: the handler sees ``message.cancelled`` (or awaits
+          ``message.wait_cancelled()``), and the message ends as cancelled however the handler resolves it; one not
+          yet handed out by then is never delivered. A message resolved before the consumer read the request keeps
+          that outcome. Call ``cancel`` again to see which;
+        - ``"not_found"``: no pending message has this id (unknown, finished, or not yet written).
+
+        Finding retry copies scans the queue's buckets, as ``remove`` does. Batch consumers (``BatchQueue``,
+        the Spark driver) do not hear of requests: cancel only pending messages of queues they consume."""
+        message_id = check_message_id(message_id)
+        await self._ready()
+        return await cancelling.cancel(self._store, self._clock, message_id)
 
     async def purge(self) -> int:
         """Delete every message in the queue (ready, scheduled or in flight) and return how many there were.

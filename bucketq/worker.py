@@ -6,7 +6,9 @@ message straight to the dead letters. A handler may also ack, nack or dead-lette
 A batch handler (``batch_size=N``) gets a list of up to N messages and may fail part of it by returning the
 failed ones: a mapping ``{message_id: error}`` (errors may be ``Retry``/``Reject``) or an iterable of
 ``Message``; raising fails the whole batch. ``handler_timeout`` bounds each call: a handler past it is
-cancelled and its messages are retried with the time limit as the reason.
+cancelled and its messages are retried with the time limit as the reason. A message whose cancellation is
+requested (``Queue.cancel``) ends as cancelled however its handler ends; with ``cancel_grace``, a handler still
+running that many seconds after every message of its call was requested is cancelled (asyncio).
 
 Each failed message is logged (a warning with its id, its try, what becomes of it and the traceback), within
 a budget per minute. Nothing that goes wrong with one message stops the worker: an error while resolving it is
@@ -92,7 +94,7 @@ class Worker:
     def __init__(self, queue: Queue, handler: Callable[..., Awaitable[Any]], *, concurrency: int = DEFAULT_CONCURRENCY,
                  batch_size: int | None = None, on_error: ErrorHook | None = None,
                  after_batch: TimingHook | None = None, handle_signals: bool = True,
-                 handler_timeout: float | None = None) -> None:
+                 handler_timeout: float | None = None, cancel_grace: float | None = None) -> None:
         # An object whose __call__ is async counts too; B004 would have callable(), which cannot tell that.
         if not inspect.iscoroutinefunction(handler) and not inspect.iscoroutinefunction(
                 getattr(handler, "__call__", None)):  # noqa: B004
@@ -101,6 +103,8 @@ class Worker:
             raise InvalidOption("concurrency must be an int between 1 and 1024")
         if batch_size is not None and (not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000):
             raise InvalidOption("batch_size must be None or an int between 1 and 100000")
+        if cancel_grace is not None:  # 0 is allowed: cut off as soon as the cancellation is heard of
+            cancel_grace = check_delay(cancel_grace)
         if handler_timeout is not None:
             handler_timeout = check_delay(handler_timeout)
             if handler_timeout <= 0:
@@ -113,6 +117,7 @@ class Worker:
         self.after_batch = after_batch
         self.handle_signals = handle_signals
         self.handler_timeout = handler_timeout
+        self.cancel_grace = cancel_grace
         self._stopping = asyncio.Event()
         self.handled = 0
         self.failed = 0
@@ -185,6 +190,7 @@ class Worker:
         self._calls.add(call)
         if self._cut_off:  # a batch reserved after the cut-off
             call.cancel()
+        cutter = None if self.cancel_grace is None else asyncio.ensure_future(self._cut_when_cancelled(batch, call))
         try:
             done, _ = await asyncio.wait({call}, timeout=self.handler_timeout)
         except asyncio.CancelledError:  # the worker itself is cancelled: so is its handler, which it waits for
@@ -193,6 +199,8 @@ class Worker:
             raise
         finally:
             self._calls.discard(call)
+            if cutter is not None:
+                cutter.cancel()
         if not done:
             call.cancel()
             call.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it: retrieve
@@ -200,9 +208,19 @@ class Worker:
         if call.cancelled() and self._cut_off:
             raise HandlerTimeout(f"the worker stopped and the handler did not finish within "
                                  f"{self.queue.options.drain_timeout:g} s (drain_timeout)")
+        if call.cancelled() and self.cancel_grace is not None and all(m.cancelled for m in batch):
+            raise RuntimeError(f"the handler was cancelled {self.cancel_grace:g} s after the cancellation of its "
+                               "message(s) was requested (cancel_grace)")
         if call.cancelled():
             raise RuntimeError("the handler was cancelled")
         return call.result()
+
+    async def _cut_when_cancelled(self, batch: list[Message], call: asyncio.Future[Any]) -> None:
+        """Cancel the handler's ``call`` ``cancel_grace`` seconds after every message of it was requested to be
+        cancelled (``Queue.cancel``): for handlers that do not watch ``message.cancelled``."""
+        await asyncio.gather(*(m.wait_cancelled() for m in batch))
+        await asyncio.sleep(self.cancel_grace or 0.0)
+        call.cancel()
 
     async def _handle(self, batch: list[Message]) -> None:
         started = time.monotonic()
@@ -238,6 +256,9 @@ class Worker:
         try:
             if message.resolved:
                 return "the handler resolved it itself"
+            if message.cancelled:  # whatever the handler made of it: recorded as cancelled (``Queue.cancel``)
+                await message.dead_letter()
+                return "cancelled (Queue.cancel)"
             if error is None:
                 await message.ack()
                 return "acked"

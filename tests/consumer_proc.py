@@ -1,9 +1,11 @@
 """A consumer process for the crash tests: ``python -m tests.consumer_proc URI DB QUEUE [--dedupe]
 [--die-after N] [--rate-limit LIMIT/PER]``.
 
-Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, served, start, end, tries})
-before it is acked: ``served`` is the queue's reading of the server's clock when it was handed over. With ``--die-after N`` the process kills itself with SIGKILL right after acking its Nth message, while
-it still holds its bucket with acks not yet flushed: the worst moment for a crash.
+Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, served, start, end, tries,
+cancelled}) before it is acked (``served``: the queue's reading of the server's clock when it was handed over;
+``cancelled``: set after the ack when the consumer had heard of a cancel request by then, so that the ack recorded a
+cancellation, see ``Queue.cancel``). With ``--die-after N`` the process kills itself with SIGKILL right after acking
+its Nth message, while it still holds its bucket with acks not yet flushed: the worst moment for a crash.
 """
 
 from __future__ import annotations
@@ -40,10 +42,14 @@ async def main() -> None:
     async for message in q.consume(idle_timeout=3.0):
         start = time.time()
         await asyncio.sleep(0.001)  # the handler's work
-        await processed.insert_one({"msg": message.id, "i": message.payload["i"], "g": message.payload.get("g"),
-                                    "pid": os.getpid(), "served": q._clock.now(),
-                                    "start": start, "end": time.time(), "tries": message.tries})
+        record = {"msg": message.id, "i": message.payload["i"], "g": message.payload.get("g"), "pid": os.getpid(),
+                  "served": q._clock.now(),
+                  "start": start, "end": time.time(), "tries": message.tries, "cancelled": False}
+        await processed.insert_one(record)
+        cancelled = message.cancelled  # read as the ack resolves it (no await in between): then it ends cancelled
         await message.ack()
+        if cancelled:
+            await processed.update_one({"_id": record["_id"]}, {"$set": {"cancelled": True}})
         handled += 1
         if handled == args.die_after:
             os.kill(os.getpid(), signal.SIGKILL)

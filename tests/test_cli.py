@@ -91,7 +91,7 @@ def jsonl(text: str) -> list:
 
 COMMANDS = [["stats"], ["peek"], ["push"], ["drain"], ["worker"], ["dead", "list"], ["dead", "requeue"],
             ["dead", "purge"], ["quarantine", "list"], ["quarantine", "requeue"], ["quarantine", "purge"],
-            ["pause"], ["resume"], ["remove"], ["purge"]]
+            ["pause"], ["resume"], ["remove"], ["cancel"], ["purge"]]
 
 
 def test_help_lists_every_command_and_tells_how_to_use_it() -> None:
@@ -99,7 +99,7 @@ def test_help_lists_every_command_and_tells_how_to_use_it() -> None:
     top = runner.invoke(cli, ["--help"])
     assert top.exit_code == 0
     for name in ("stats", "peek", "push", "drain", "worker", "dead", "quarantine", "pause", "resume", "remove",
-                 "purge"):
+                 "cancel", "purge"):
         assert name in top.output
     for command in COMMANDS:
         result = runner.invoke(cli, [*command, "--help"])
@@ -128,7 +128,7 @@ def test_push_stdin_then_stats_peek_and_drain(bq: Run, sync_db) -> None:
     assert "pushed 3 message(s) to 'events'" in pushed.stdout
 
     row = stats(bq, "events")
-    assert list(row) == [*STATS_KEYS, "pending", "groups"]
+    assert list(row) == [*STATS_KEYS, "pending", "cancelled", "groups"]
     assert row["ready"] == 3 and row["scheduled"] == row["in_flight"] == row["dead"] == 0 and row["buckets"] == 1
 
     table = ok(bq("stats", "events")).stdout
@@ -175,7 +175,7 @@ def test_stats_of_every_queue(bq: Run, sync_db) -> None:
     every = json.loads(ok(bq("stats", "--json")).stdout)
     assert set(every) == {"alpha", "beta"}
     assert every["alpha"]["ready"] == 2 and every["beta"]["ready"] == 1
-    assert list(every["beta"]) == [*STATS_KEYS, "pending", "groups"]
+    assert list(every["beta"]) == [*STATS_KEYS, "pending", "cancelled", "groups"]
     table = ok(bq("stats")).stdout
     assert "alpha" in table and "beta" in table and "alpha.dead" not in table
 
@@ -517,6 +517,19 @@ def test_remove_command(bq: Run) -> None:
     assert stats(bq, "events")["ready"] == 0
     result = bq("remove", "events")
     assert result.returncode == 2 and "Missing argument 'ID...'" in result.stderr
+
+
+def test_cancel_command(bq: Run, sync_db) -> None:
+    ok(bq("push", "events", input='{"n": 1}\n{"n": 2}\n'))
+    ids = [p["id"] for p in jsonl(ok(bq("peek", "events", "--json")).stdout)]
+    assert ok(bq("cancel", "events", ids[0])).stdout == f"cancelled {ids[0]}\n"
+    assert sync_db["events.dead"].find_one({"_id": ids[0]})["cancelled"] is True
+    partly = bq("cancel", "events", ids[0], "6b0340a5e418eb7f18364742:3")  # again: still cancelled; unknown
+    assert partly.stdout == f"cancelled {ids[0]}\nnot_found 6b0340a5e418eb7f18364742:3\n"
+    one_line_error(partly, "1 of 2 message(s) not found pending in queue 'events'")
+    malformed = bq("cancel", "events", ids[1], "notanid")
+    assert malformed.returncode == 2 and "nothing cancelled" in malformed.stderr
+    assert stats(bq, "events")["ready"] == 1 and stats(bq, "events")["cancelled"] == 1
 
 
 def test_remove_command_reports_a_malformed_id_and_removes_nothing(bq: Run) -> None:

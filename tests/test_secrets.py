@@ -111,7 +111,8 @@ ARGS: dict[tuple[str, ...], list[str]] = {  # each command, with what it needs b
     ("dead", "list"): ["q"], ("dead", "requeue"): ["q", "--yes"], ("dead", "purge"): ["q", "--yes"],
     ("quarantine", "list"): ["q"], ("quarantine", "requeue"): ["q", "--yes"], ("quarantine", "purge"): ["q", "--yes"],
     ("stream", "list"): ["s"], ("stream", "lag"): ["s"], ("stream", "reset"): ["s", "g", "--beginning"],
-    ("pause",): ["q"], ("resume",): ["q"], ("remove",): ["q", "6536f3a2c1d2e3f4a5b6c7d8:0"], ("purge",): ["q", "--yes"],
+    ("pause",): ["q"], ("resume",): ["q"], ("remove",): ["q", "6536f3a2c1d2e3f4a5b6c7d8:0"],
+    ("cancel",): ["q", "6536f3a2c1d2e3f4a5b6c7d8:0"], ("purge",): ["q", "--yes"],
     ("web",): ["--port", "0"],
 }
 

@@ -3,7 +3,7 @@
 One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``entries`` (dead, quarantine),
 ``worker``, ``relay`` (the outbox relay). Shared pieces: ``common`` (options, connection, finding queues, running,
 one-line redacted errors, signals), ``params`` (durations), ``output`` (JSON and human formats).
-``operator`` has the operator controls (pause, resume, remove, purge); ``streams`` a stream's reader groups;
+``operator`` has the operator controls (pause, resume, remove, cancel, purge); ``streams`` a stream's reader groups;
 ``shard`` prints the commands that shard a queue (docs/SCALING.md); ``web`` serves the dashboard (``bucketq.web``).
 """
 
@@ -15,7 +15,7 @@ import click
 
 from bucketq.cli.common import log_to_stderr, redacted, remember_uris
 from bucketq.cli.entries import DEAD, QUARANTINE, group
-from bucketq.cli.operator import pause, purge, remove, resume
+from bucketq.cli.operator import cancel, pause, purge, remove, resume
 from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
 from bucketq.cli.relay import relay
@@ -61,7 +61,7 @@ def cli() -> None:
 
 for command in (stats, peek, push, drain, worker, relay, group(DEAD), group(QUARANTINE), stream, shard, web):
     cli.add_command(command)
-for command in (pause, resume, remove, purge):  # operator controls
+for command in (pause, resume, remove, cancel, purge):  # operator controls
     cli.add_command(command)
 
 

@@ -1,10 +1,12 @@
-"""``bucketq pause``, ``resume``, ``remove`` and ``purge``: operator controls over a whole queue or one message."""
+"""``bucketq pause``, ``resume``, ``remove``, ``cancel`` and ``purge``: operator controls over a whole queue or one
+message."""
 
 from __future__ import annotations
 
 import click
 
 from bucketq.cli.common import BadUsage, CliError, Target, confirm, connection_options, open_queue, run
+from bucketq.core.cancellation import NOT_FOUND
 from bucketq.core.operator_writes import producer_bucket
 from bucketq.errors import MessageHeld
 from bucketq.pause_gate import PAUSE_REFRESH_S
@@ -67,11 +69,15 @@ def remove(target: Target, queue: str, ids: tuple[str, ...]) -> None:
       bucketq remove events 6b0340a5e418eb7f18364742:3
       bucketq peek events --json | jq -r .id | head -5 | xargs bucketq remove events
     """
-    malformed = [i for i in ids if producer_bucket(i) is None]
-    if malformed:  # checked before connecting: nothing is removed
-        raise BadUsage(f"malformed message id(s) {', '.join(map(repr, malformed))}: an id looks like "
-                       f"6b0340a5e418eb7f18364742:3 (<bucket as 24 hex digits>:<slot>); nothing removed")
+    _check_ids(ids, "removed")
     run(_remove(target, queue, ids))
+
+
+def _check_ids(ids: tuple[str, ...], done: str) -> None:
+    malformed = [i for i in ids if producer_bucket(i) is None]
+    if malformed:  # checked before connecting: nothing is done
+        raise BadUsage(f"malformed message id(s) {', '.join(map(repr, malformed))}: an id looks like "
+                       f"6b0340a5e418eb7f18364742:3 (<bucket as 24 hex digits>:<slot>); nothing {done}")
 
 
 async def _remove(target: Target, name: str, ids: tuple[str, ...]) -> None:
@@ -89,6 +95,36 @@ async def _remove(target: Target, name: str, ids: tuple[str, ...]) -> None:
                 problems.append(f"no pending message {message_id!r} in queue {name!r}")
     if problems:
         raise CliError(f"{len(problems)} of {len(ids)} message(s) not removed: {'; '.join(problems)}")
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("ids", nargs=-1, required=True, metavar="ID...")
+@connection_options
+def cancel(target: Target, queue: str, ids: tuple[str, ...]) -> None:
+    """Cancel messages of QUEUE by id: a pending one is never delivered, and its record goes to the dead letters
+    (error "cancelled"); one a consumer holds is asked to stop (its handler sees `message.cancelled`) and ends
+    as cancelled. Prints each id with what happened: cancelled, requested (a consumer holds it), or not_found
+    (exit code 1). Malformed ids are refused (exit code 2) before anything is cancelled.
+
+    \b
+    Examples:
+      bucketq cancel events 6b0340a5e418eb7f18364742:3
+      bucketq dead list events      # the records: error "cancelled"
+    """
+    _check_ids(ids, "cancelled")
+    run(_cancel(target, queue, ids))
+
+
+async def _cancel(target: Target, name: str, ids: tuple[str, ...]) -> None:
+    async with open_queue(target, name) as queue:
+        outcomes = [(message_id, await queue.cancel(message_id)) for message_id in ids]
+    for message_id, outcome in outcomes:
+        click.echo(f"{outcome} {message_id}")
+    missing = [message_id for message_id, outcome in outcomes if outcome == NOT_FOUND]
+    if missing:
+        raise CliError(f"{len(missing)} of {len(ids)} message(s) not found pending in queue {name!r}: "
+                       f"{', '.join(missing)}")
 
 
 @click.command()

@@ -227,7 +227,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         retry_in = None
         if kind == "ack":
             key = held.bucket.keys[slot]
-            if self._options.dedupe and key is not None:
+            if self._options.dedupe and key is not None and not held.cancel_requested(slot):  # else no ack
                 # Stored before ack returns, not at the next flush: once acked, a crash cannot make the
                 # handler run again for this key.
                 await self._keys.record(key)

@@ -64,6 +64,8 @@ class Flushing(ConsumerState):
             while not held.ended and holding in self._holdings:
                 plan = held.take_plan(self._clock.now(), release=release, host=self._owner, pid=os.getpid())
                 await self._run(holding, plan)
+                if not held.ended and held.cancels_due(self._clock.now()):
+                    await self._read_cancels(holding)
                 if not (release or held.finished or (held.dirty and holding.waiters)):
                     return
 
@@ -105,6 +107,14 @@ class Flushing(ConsumerState):
             for future in holding.waiters.values():
                 if not future.done():
                     future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
+
+    async def _read_cancels(self, holding: Holding) -> None:
+        """Read the cancel requests made on a held bucket since its claim (``core.cancellation``): at most every
+        half lease, after a lease extension, so a running handler hears of one within about ``lease / 2``.
+        A read, not the extension's own reply: the flush writes stay plain updates."""
+        requested = await self._store.cancel_requests(holding.held.bucket.ref)
+        if isinstance(requested, list):
+            holding.cancels_heard(holding.held.learn_cancels([s for s in requested if isinstance(s, int)]))
 
     async def _end_turn(self, group: str, partition: int | None, token: str) -> None:
         """``group_turn.end_turn``. On failure the lock expires with the lease, and waiting buckets come back at

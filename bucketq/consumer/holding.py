@@ -18,3 +18,11 @@ class Holding:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiters: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     flushing: asyncio.Task[None] | None = None  # the periodic flush under way, if any
+    # slot -> set once its cancellation is requested, made when a handler waits for it (``Message.wait_cancelled``)
+    cancel_events: dict[int, asyncio.Event] = field(default_factory=dict)
+
+    def cancels_heard(self, slots: list[int]) -> None:
+        """Wake the handlers waiting for the cancellation of ``slots`` (``ClaimedBucket.learn_cancels``)."""
+        for slot in slots:
+            if (event := self.cancel_events.get(slot)) is not None:
+                event.set()

@@ -245,6 +245,7 @@ class StoredBucket:
     partition: int | None = 0  # ``pt``; None: written without one (partition 0, ``sharding.in_partition``)
     unique: list[dt.datetime | None] | None = None  # ``u``: the slots that hold their key in ``Q.unique``, if any
     priority: int = 0  # ``pr``: its level, which its copies keep
+    cancels: frozenset[int] = frozenset()  # ``x``: slots whose cancellation was requested (``core.cancellation``)
 
     @property
     def ref(self) -> dict[str, Any]:
@@ -316,6 +317,9 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     done = doc.get("done")
     if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < n for i in done):
         raise MalformedBucket("done must be an array of slot indexes")
+    cancels = doc.get("x", [])
+    if not isinstance(cancels, list) or not all(isinstance(i, int) and 0 <= i < n for i in cancels):
+        raise MalformedBucket("x must be an array of slot indexes")
     partition = doc.get("pt")
     if partition is not None and not _count(partition):
         raise MalformedBucket("pt must be an integer from 0 (the bucket's partition)")
@@ -341,6 +345,7 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         partition=partition,
         unique=_optional_array(doc, "u", n, dt.datetime) if "u" in doc else None,
         priority=priority,
+        cancels=frozenset(cancels),
     )
 
 
@@ -368,9 +373,10 @@ def _optional_array(doc: Mapping[str, Any], field: str, n: int, kind: type) -> l
     return values
 
 
-def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: dt.datetime) -> dict[str, Any]:
+def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: dt.datetime,
+                cancelled: bool = False) -> dict[str, Any]:
     """A dead-letter document; its ``_id`` is the message id, so writing it twice stores it once. It fits 16 MiB
-    (``within_limit``)."""
+    (``within_limit``). ``cancelled``: the record of a cancelled message (``core.cancellation``)."""
     letter: dict[str, Any] = {
         "_id": bucket.message_id(slot),
         "enc": bucket.codec,
@@ -388,6 +394,8 @@ def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: 
         letter["g"] = bucket.group  # a requeue puts it back at the end of its group
     if bucket.priority:
         letter[PRIORITY] = bucket.priority  # a requeue keeps its level
+    if cancelled:
+        letter["cancelled"] = True
     return within_limit(letter, "error")
 
 

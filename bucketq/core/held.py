@@ -23,7 +23,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from bucketq.core import claims, groups
+from bucketq.core import cancellation, claims, groups
 from bucketq.core.format import StoredBucket, bucket_documents, dead_letter, quarantined_message
 from bucketq.errors import AlreadyResolved, LeaseLost
 
@@ -58,6 +58,7 @@ class _Resolution:
     retry_at: dt.datetime | None = None
     error: str = ""
     delivered: bool = True  # handed to a handler this claim, so it counts as a try (read for dead letters only)
+    cancelled: bool = False  # a DEAD slot ended by a cancel request: its dead letter is the cancellation's record
 
 
 # Every ack is alike: one shared record, not one made per message.
@@ -122,6 +123,8 @@ class ClaimedBucket:
         self._pending: deque[int] = deque(i for i in range(bucket.size) if i not in bucket.done) if bucket.done \
             else deque(range(bucket.size))
         self._unresolved = len(self._pending)
+        self.cancels = set(bucket.cancels)  # slots whose cancellation was requested, as known to this claim
+        self._cancels_read_at = lease_until - dt.timedelta(seconds=policy.lease)  # the claim's reply had them
         # Whether a slot may have used up its tries (leases that kept expiring): only then does serve check each.
         self._may_expire = max(bucket.base_tries, default=0) + bucket.claims - 1 >= policy.max_attempts
         self._unflushed: dict[int, _Resolution] = {}
@@ -151,6 +154,9 @@ class ClaimedBucket:
         while self._pending:
             slot = self._pending.popleft()
             if self.state[slot] is not SlotState.PENDING:
+                continue
+            if slot in self.cancels:  # cancelled before it was served: recorded, never delivered
+                self._resolve(slot, _cancellation(), allowed=(SlotState.PENDING,))
                 continue
             if self._may_expire and (tries := self.tries(slot)) >= self.policy.max_attempts:
                 self._resolve(slot, _Resolution(SlotState.DEAD, error=dead_letter_reason_for_expired(tries)),
@@ -203,8 +209,9 @@ class ClaimedBucket:
         self._resolve(slot, _ACKED, allowed=(SlotState.SERVED, SlotState.PENDING))
 
     def nack(self, slot: int, retry_at: dt.datetime, error: str = "") -> SlotState:
-        """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt."""
-        if self.tries(slot) + 1 >= self.policy.max_attempts:
+        """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt (or its
+        cancellation was requested: then it ends as cancelled, see ``_resolve``)."""
+        if self.tries(slot) + 1 >= self.policy.max_attempts or slot in self.cancels:
             self._resolve(slot, _Resolution(SlotState.DEAD, error=error or "nacked"), allowed=(SlotState.SERVED,))
             return SlotState.DEAD
         self._resolve(slot, _Resolution(SlotState.RETRY, retry_at, error), allowed=(SlotState.SERVED,))
@@ -220,10 +227,34 @@ class ClaimedBucket:
         self._resolve(slot, _Resolution(SlotState.QUARANTINED, error=reason),
                       allowed=(SlotState.SERVED, SlotState.PENDING))
 
+    def cancel_requested(self, slot: int) -> bool:
+        """Whether this claim knows of a request to cancel ``slot`` (``core.cancellation``)."""
+        return slot in self.cancels
+
+    def cancels_due(self, now: dt.datetime) -> bool:
+        """Whether to read the bucket's cancel requests again (half a lease since the last read); if so, the read
+        is counted as made."""
+        if now - self._cancels_read_at < dt.timedelta(seconds=self.policy.lease / 2):
+            return False
+        self._cancels_read_at = now
+        return True
+
+    def learn_cancels(self, slots: list[int]) -> list[int]:
+        """Take in the cancel requests read from the server (``x``); return the slots newly
+        requested that are being handled now, whose handlers should hear of it. A slot not yet served is cancelled
+        when its turn comes (``serve``); one already resolved keeps its resolution."""
+        new = [s for s in slots if s not in self.cancels and 0 <= s < self.bucket.size]
+        self.cancels.update(new)
+        return [s for s in new if self.state[s] is SlotState.SERVED]
+
     def _resolve(self, slot: int, resolution: _Resolution, *, allowed: tuple[SlotState, ...]) -> None:
         self.check_held(slot)
         if self.state[slot] not in allowed:
             raise AlreadyResolved(f"message {self.bucket.message_id(slot)} is already {self.state[slot].value}")
+        if slot in self.cancels and resolution.state is not SlotState.QUARANTINED:
+            # Whatever the handler made of a message whose cancellation it was told of, it ends as cancelled:
+            # not acked as a success, not retried.
+            resolution = _cancellation()
         if resolution is not _ACKED:
             resolution.delivered = self.state[slot] is SlotState.SERVED
         if slot == self._serving:
@@ -275,8 +306,8 @@ class ClaimedBucket:
         retries = {s: r for s, r in copied.items() if r.state is SlotState.RETRY}
         if group is None:
             plan.retry_docs = self._retry_documents(retries, now)
-        plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered, error=r.error, at=now)
-                          for s, r in copied.items() if r.state is SlotState.DEAD]
+        plan.dead_docs = [dead_letter(self.bucket, s, tries=self.tries(s) + r.delivered, error=r.error, at=now,
+                                      cancelled=r.cancelled) for s, r in copied.items() if r.state is SlotState.DEAD]
         plan.quarantine_docs = [quarantined_message(self.bucket, s, reason=r.error, at=now, host=host, pid=pid)
                                 for s, r in copied.items() if r.state is SlotState.QUARANTINED]
         # A group's nacked slot stays in its bucket (released, due at the retry time): not done.
@@ -322,6 +353,10 @@ class ClaimedBucket:
                                      partition=self.bucket.partition or 0,  # in its bucket's partition
                                      priority=self.bucket.priority)
         return docs
+
+
+def _cancellation() -> _Resolution:
+    return _Resolution(SlotState.DEAD, error=cancellation.REASON, cancelled=True)
 
 
 def dead_letter_reason_for_expired(tries: int) -> str:

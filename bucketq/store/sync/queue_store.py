@@ -355,6 +355,22 @@ class QueueStore:
         """One conditional write to a bucket (``operator_writes.removal``), not retried: True when it matched."""
         return (self.buckets.update_one(query, update)).matched_count == 1
 
+    def request_cancel(self, query: dict, update: dict) -> dict | None:
+        """The cancel request on a bucket (``cancellation.request``), retried (``$addToSet``: a repeat changes
+        nothing): the bucket as the request left it, or None when it matched nothing (finished meanwhile)."""
+        return retrying(lambda _: self.buckets.find_one_and_update(query, update,
+                                                                         return_document=ReturnDocument.AFTER),
+                              timeout_s=self.op_timeout_s)
+
+    def cancel_requests(self, ref: dict) -> Any:
+        """The cancel requests on a held bucket (its ``x``, ``core.cancellation``), None when it has none."""
+        doc = self.buckets.find_one(ref, {"x": 1})
+        return None if doc is None else doc.get("x")
+
+    def cancel_recorded(self, query: dict) -> bool:
+        """Whether a message's cancellation record is in the dead letters (``cancellation.record_filter``)."""
+        return self.dead.find_one(query, {"_id": 1}) is not None
+
     def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
         """Mark every bucket matching ``query`` (``operator_writes.purge_mark``), retried: the mark is idempotent.
         ``scan``: the query is served by no index (the operators' whole-collection reads, ``core.scans``)."""
