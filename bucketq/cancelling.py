@@ -18,10 +18,13 @@ from bucketq.core.cancellation import (
     request,
     still_pending,
 )
+from bucketq.core.format import parse_bucket
+from bucketq.core.held import SlotState
 from bucketq.core.operator_writes import holders, live_lease, pending_slots, removal
 from bucketq.core.retry import is_transient
 from bucketq.errors import MessageHeld
 from bucketq.store.aio.queue_store import AsyncQueueStore
+from bucketq.unique import release_keys
 
 ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming or finishing them meanwhile
 
@@ -56,4 +59,6 @@ async def _cancel_in(store: AsyncQueueStore, clock: ServerClock, doc: dict[str, 
         if not is_transient(exc):
             raise
         return None  # applied or not, the next read tells
+    if applied and "u" in after:  # a cancelled unique job is finished: its key is free again
+        await release_keys(store, parse_bucket(after), dict.fromkeys(slots, SlotState.DEAD))
     return CANCELLED if applied else None

@@ -56,6 +56,21 @@ async def test_a_cancelled_pending_message_is_never_delivered_and_its_record_is_
     assert await served(make_queue(**QUICK)) == ["keep 1", "keep 2"]
 
 
+async def test_a_cancelled_unique_job_frees_its_key_pending_or_in_flight(make_queue, sync_db):
+    producer, queue = make_queue(**QUICK), make_queue(**SHORT_LEASE)
+    pending = await producer.push("report", key="report", unique_for=3600)
+    assert await producer.cancel(pending) == "cancelled"
+    running = await producer.push("report", key="report", unique_for=3600)
+    assert running != pending, "the cancelled job's key was still held"
+    message = await queue.reserve(timeout=20)
+    assert message is not None and message.id == running
+    assert await producer.cancel(running) == "requested"
+    await asyncio.wait_for(message.wait_cancelled(), 20)
+    await message.ack(wait=True)  # ends as cancelled
+    assert _record(sync_db, running)["cancelled"] is True
+    assert await producer.push("report", key="report", unique_for=3600) not in (pending, running)
+
+
 async def test_the_documents_of_a_cancellation_match_the_format(make_queue, sync_db):
     q = make_queue(**QUICK)
     ids = await q.push_many(["keep", "cancel me"])
