@@ -18,8 +18,9 @@ REQUEUE_CHUNK = 1000
 
 def entry_filter(*, older_than_s: float | None = None, error_contains: str | None = None,
                  ids: list[Any] | None = None, now: dt.datetime, error_field: str) -> dict[str, Any]:
-    """Filter dead letters (``error_field="error"``) or quarantine entries (``"reason"``). Bad arguments raise
-    ``InvalidOption`` here, before any query is sent."""
+    """Filter dead letters (``error_field="error"``) or quarantine entries (``"reason"``). ``now`` is the latest
+    reading of the server's clock (``ServerClock.latest``): an entry another client stamped a moment ago by its own
+    reading is older than 0 s here too. Bad arguments raise ``InvalidOption`` here, before any query is sent."""
     query: dict[str, Any] = {}
     if older_than_s is not None:
         try:

@@ -275,7 +275,7 @@ class Queue:
     async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:
         await self._ready(write=False)
-        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.now(),
+        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.latest(),
                                    error_field=field)
         return await self._store.entries(collection, query, limit=limit)
 
@@ -283,7 +283,7 @@ class Queue:
                      error_contains: str | None) -> int:
         await self._ready()
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
-                                   now=self._clock.now(), error_field=field)
+                                   now=self._clock.latest(), error_field=field)
         return await self._store.delete_entries(collection, query)
 
     async def _requeue(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
@@ -291,7 +291,7 @@ class Queue:
         """Copy entries back as buckets, then delete them: a crash in between requeues twice, never loses."""
         await self._ready()
         query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
-                                   now=self._clock.now(), error_field=field)
+                                   now=self._clock.latest(), error_field=field)
         total = 0
         while batch := await self._store.requeue_chunk(collection, query, limit=admin.REQUEUE_CHUNK):
             docs = admin.requeued_buckets(batch, now=self._clock.now())

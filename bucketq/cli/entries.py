@@ -101,7 +101,7 @@ def _action_command(kind: Kind, verb: str, done: str, summary: str) -> click.Com
 async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, yes: bool, **filters: Any) -> None:
     async with open_queue(target, name) as queue:
         query = entry_filter(older_than_s=filters["older_than"], error_contains=filters["error_contains"],
-                             ids=filters["ids"], now=dt.datetime.now(dt.timezone.utc), error_field=kind.reason)
+                             ids=filters["ids"], now=queue._clock.latest(), error_field=kind.reason)
         store = queue._store
         matching = await store.count_entries(getattr(store, kind.command), query)
         if not matching:
