@@ -20,7 +20,7 @@ from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
-from bucketq.core.format import Slot, check_group, encode_slot
+from bucketq.core.format import PLAIN_SLOT_BYTES, PLAIN_SLOT_TAIL, Slot, check_group, encode_slot
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.store.aio.base import retrying
@@ -186,6 +186,17 @@ class Producer:
                  group: str | None = None) -> tuple[Slot, int, dt.datetime | None]:
         if self._closed:
             raise QueueClosed("the queue was drained or closed; it takes no more pushes")
+        if group is None and delay is None and at is None and headers is None and key is None:
+            # The common push, its slot built here rather than by encode_slot and slot_bytes (two calls, a fifth of
+            # a push's own work): a payload the codec makes ASCII text that a bucket takes. Anything else, and a
+            # payload the codec refuses, goes the general way below (which raises the right error).
+            try:
+                stored = self._codec.dump(payload)
+            except Exception:
+                stored = None
+            if type(stored) is str and stored.isascii() and \
+                    (size := len(stored) + PLAIN_SLOT_BYTES) <= self._acc.max_slot_bytes:
+                return tuple.__new__(Slot, (stored, *PLAIN_SLOT_TAIL)), size, None
         if group is not None:
             check_group(group)
             if delay is not None or at is not None:
