@@ -74,17 +74,24 @@ def consume_floor(uri: str, queue: str) -> int:
     return count
 
 
-def counted(uri: str, queue: str, batch: int) -> tuple[int, int]:
-    """(instructions, messages) of a child process consuming ``queue`` under callgrind."""
+def counted(module: str, *args: str) -> tuple[int, int]:
+    """(instructions, messages) of a child process ``python -m module --child *args`` under callgrind, which ends
+    by printing its message count as ``done N``."""
     with tempfile.TemporaryDirectory() as tmp:
         run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={Path(tmp) / 'out'}",
-                              sys.executable, "-m", __spec__.name, "--child", uri, queue, "--batch", str(batch)],
+                              sys.executable, "-m", module, "--child", *args],
                              capture_output=True, text=True, check=True)
     instructions = re.search(r"Collected : (\d+)", run.stderr)
-    consumed = re.search(r"^consumed (\d+)$", run.stdout, re.MULTILINE)
-    if instructions is None or consumed is None:
+    done = re.search(r"^done (\d+)$", run.stdout, re.MULTILINE)
+    if instructions is None or done is None:
         raise RuntimeError(f"the child's output says neither its instructions nor its count: {run.stderr[-2000:]}")
-    return int(instructions.group(1)), int(consumed.group(1))
+    return int(instructions.group(1)), int(done.group(1))
+
+
+def per_message(runs: list[tuple[int, int]]) -> float:
+    """Instructions a message: the smaller run subtracted from the larger (start-up, imports, set-up cancel out)."""
+    (small, n_small), (large, n_large) = runs
+    return (large - small) / (n_large - n_small)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         uri, queue = args.child
         n = consume_floor(uri, queue) if args.batch == 0 else asyncio.run(consume(uri, queue, args.batch))
-        print(f"consumed {n}")
+        print(f"done {n}")
         return
     from bench.server import server
 
@@ -107,11 +114,10 @@ def main(argv: list[str] | None = None) -> None:
         for n in sizes:
             queue = f"instructions{n}"
             asyncio.run(fill(srv.uri, queue, n))
-            runs.append(counted(srv.uri, queue, args.batch))
+            runs.append(counted(__spec__.name, srv.uri, queue, "--batch", str(args.batch)))
             print(f"{n} messages: {runs[-1][0]:,} instructions, {runs[-1][1]:,} consumed", flush=True)
         srv.drop_bench_db()
-    (small, n_small), (large, n_large) = runs
-    print(f"per message: {(large - small) / (n_large - n_small):,.0f} instructions")
+    print(f"per message: {per_message(runs):,.0f} instructions")
 
 
 if __name__ == "__main__":
