@@ -19,6 +19,7 @@ import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -340,6 +341,22 @@ async def test_idle_consumer_is_woken_by_the_change_stream(make_queue, monkeypat
     assert max(latencies) < 10, f"delivery latencies {latencies}: a poll delivered, not the stream"
 
 
+async def test_a_change_stream_lost_after_it_worked_is_started_again_by_the_next_reserve(make_queue):
+    """A reserve restarts a lost stream (a server restart ends it) without rebuilding its watches every time:
+    the wake-up says when a watch has ended."""
+    consumer = make_queue()
+    assert await consumer.reserve(timeout=0.3) is None
+    wakeup = consumer._wakeup
+    await eventually(lambda: wakeup.streaming, what="the change streams answering")
+    assert not wakeup.stream_wanted
+    lost = wakeup._tasks[0]
+    lost.cancel()
+    await eventually(lambda: wakeup.stream_wanted, what="the wake-up seeing the lost stream")
+    assert await consumer.reserve(timeout=0) is None
+    assert wakeup._tasks[0] is not lost and not any(task.done() for task in wakeup._tasks)
+    assert not wakeup.stream_wanted
+
+
 class _FixedClock:
     def __init__(self) -> None:
         self.at = dt.datetime.now(dt.timezone.utc)
@@ -508,3 +525,43 @@ async def test_reserve_many_hands_over_what_it_holds_when_a_further_claim_fails(
     assert [m.payload for m in rest] == ["2:0", "2:1"]
     for message in [first, *batch, *rest]:
         await message.ack()
+
+
+async def test_ack_many_acks_a_reserve_many_batch_in_one_call(make_queue, sync_db):
+    q = make_queue(bucket_max_size=4, change_streams=False)
+    await q.push_many(range(10))
+    batch = await q.reserve_many(100, timeout=1)
+    assert sorted(m.payload for m in batch) == list(range(10))
+    await q.ack_many(batch[:5], wait=True)  # written when it returns: the first bucket finished, one slot of the next
+    assert all(m.resolved for m in batch[:5]) and not any(m.resolved for m in batch[5:])
+    assert (await q.stats())["in_flight"] == 5
+    await q.ack_many(batch[5:])
+    assert await q.reserve_many(100, timeout=0.1) == []
+    await q.drain()
+    assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
+
+
+async def test_ack_many_stops_at_the_first_message_it_cannot_ack(make_queue):
+    q = make_queue(bucket_max_wait=0.01, change_streams=False)
+    await q.push_many(["a", "b", "c"])
+    a, b, c = await q.reserve_many(3, timeout=1)
+    await b.ack()
+    with pytest.raises(bucketq.AlreadyResolved):
+        await q.ack_many([a, b, c])
+    assert (a.resolved, c.resolved) == (True, False)  # as acking each in turn would leave them
+    with pytest.raises(bucketq.InvalidOption):
+        await q.ack_many([c, "c"])
+    assert not c.resolved  # refused before any ack
+    await q.ack_many([])
+    other = make_queue(bucket_max_wait=0.01, change_streams=False)
+    await other.push("d")
+    with pytest.raises(bucketq.InvalidOption):  # a message of another queue's consumer
+        await q.ack_many([await other.reserve(timeout=1)])
+
+
+async def test_ack_many_stores_dedupe_keys_before_it_returns(make_queue):
+    q = make_queue(bucket_max_wait=0.01, dedupe=True, change_streams=False)
+    await q.push_many([bucketq.Outgoing({"n": 1}, key="order-1"), {"n": 2}])
+    await q.ack_many(await q.reserve_many(2, timeout=1))
+    await q.push({"n": 3}, key="order-1")  # the same order, sent again
+    assert await q.reserve_many(2, timeout=0.3) == []
