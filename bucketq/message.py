@@ -18,8 +18,6 @@ class Consumer(Protocol):
     """What a message asks of the consumer that holds its bucket (``bucketq.consumer.consumer.Consumer``): protocols, so
     that this module does not import the consumer, which makes messages."""
 
-    def ack_at_once(self, holding: Any, slot: int) -> bool: ...
-
     async def resolve(self, holding: Any, slot: int, outcome: tuple[str, float | None, str], *,
                       wait: bool) -> float | None: ...
 
@@ -71,9 +69,7 @@ class Message:
         """Mark the message done. It is written at the next state flush (``state_flush_period``) or when its
         bucket is finished; ``wait=True`` waits for that write. Raises ``LeaseLost`` if this consumer no
         longer holds the bucket (another consumer will deliver the message again)."""
-        # Most acks need no await: made at once, no coroutine of the consumer's (one an ack).
-        if wait or not self._consumer.ack_at_once(self._holding, self._slot):
-            await self._consumer.resolve(self._holding, self._slot, ("ack", None, ""), wait=wait)
+        await self._consumer.resolve(self._holding, self._slot, ("ack", None, ""), wait=wait)
 
     async def nack(self, delay: float | None = None, *, error: str | BaseException | None = None,
                    wait: bool = False) -> float | None:

@@ -172,7 +172,7 @@ class Queue:
         change stream lost to a server restart. Runs before every reserve: no coroutine of its own."""
         if self._life.housekeeping is None or self._clock.stale:
             return False
-        if self.options.change_streams is not False and self._wakeup.stream_wanted:
+        if self.options.change_streams is not False:
             watches: list[Watched] = [self._store.watch_changes, (self._store.watch_control, self._store.pause.changed)]
             self._wakeup.start_stream(watches, self._clock, required=bool(self.options.change_streams))
         return True

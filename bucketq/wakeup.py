@@ -61,9 +61,6 @@ class Wakeup:
         self._answered: set[int] = set()  # the watches (by index) whose stream answered
         self._ever_streamed = False
         self._tasks: list[asyncio.Task[None]] = []
-        # No watch started yet, or one ended since the last start_stream: whether start_stream has anything to do
-        # (asked before every reserve, which then builds its watches and calls it only when it has).
-        self.stream_wanted = True
 
     @property
     def ready(self) -> bool:
@@ -130,22 +127,13 @@ class Wakeup:
         listed = watches if isinstance(watches, list) else [watches]
         loop = asyncio.get_running_loop()
         if not self._tasks:
-            self._tasks = [self._started(loop.create_task(self._watch(i, w, clock, required), name="bucketq-watch"))
+            self._tasks = [loop.create_task(self._watch(i, w, clock, required), name="bucketq-watch")
                            for i, w in enumerate(listed)]
         elif self._ever_streamed:
             for i, task in enumerate(self._tasks):
                 if task.done():
-                    self._tasks[i] = self._started(loop.create_task(self._watch(i, listed[i], clock, required),
-                                                                    name="bucketq-watch"))
-        # A watch that ended and was not started again (no stream ever worked) is asked about again next time.
-        self.stream_wanted = any(task.done() for task in self._tasks)
-
-    def _started(self, task: asyncio.Task[None]) -> asyncio.Task[None]:
-        task.add_done_callback(self._watch_ended)
-        return task
-
-    def _watch_ended(self, task: asyncio.Task[None]) -> None:
-        self.stream_wanted = True
+                    self._tasks[i] = loop.create_task(self._watch(i, listed[i], clock, required),
+                                                      name="bucketq-watch")
 
     @property
     def watching(self) -> bool:
@@ -157,7 +145,6 @@ class Wakeup:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        self.stream_wanted = True
         self._answered.clear()
         self.streaming = False
 

@@ -19,7 +19,6 @@ import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
-from tests.helpers import eventually
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -339,22 +338,6 @@ async def test_idle_consumer_is_woken_by_the_change_stream(make_queue, monkeypat
         await message.ack()
     assert consumer._wakeup.streaming
     assert max(latencies) < 10, f"delivery latencies {latencies}: a poll delivered, not the stream"
-
-
-async def test_a_change_stream_lost_after_it_worked_is_started_again_by_the_next_reserve(make_queue):
-    """A reserve restarts a lost stream (a server restart ends it) without rebuilding its watches every time:
-    the wake-up says when a watch has ended."""
-    consumer = make_queue()
-    assert await consumer.reserve(timeout=0.3) is None
-    wakeup = consumer._wakeup
-    await eventually(lambda: wakeup.streaming, what="the change streams answering")
-    assert not wakeup.stream_wanted
-    lost = wakeup._tasks[0]
-    lost.cancel()
-    await eventually(lambda: wakeup.stream_wanted, what="the wake-up seeing the lost stream")
-    assert await consumer.reserve(timeout=0) is None
-    assert wakeup._tasks[0] is not lost and not any(task.done() for task in wakeup._tasks)
-    assert not wakeup.stream_wanted
 
 
 class _FixedClock:

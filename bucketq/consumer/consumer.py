@@ -213,8 +213,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
     # -- resolving -----------------------------------------------------------------------------------------
 
     def ack_at_once(self, holding: Holding, slot: int) -> bool:
-        """Ack ``slot`` now, without a coroutine (the common ack); False, having done nothing, when the ack has a
-        dedupe key to store first and so goes through ``resolve``."""
+        """Ack ``slot`` now, without a coroutine (``ack_many`` one message at a time); False, having done nothing,
+        when the ack has a dedupe key to store first and so goes through ``resolve``."""
         held = holding.held
         if self._options.dedupe and held.bucket.keys[slot] is not None:
             return False
