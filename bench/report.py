@@ -193,7 +193,7 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
     cpu("push_many", 2.0)
     cpu("latency", None, "latency")  # await push one by one, beside one insert_one a message
     cpu("consume", 3.0, "consume")  # reserve + ack
-    cpu("consume_batch", 2.0, "consume")  # reserve_many + an ack of each
+    cpu("consume_batch", 2.0, "consume")  # reserve_many + an ack_many of each batch
     # the Spark JVM's CPU per row, buckets vs one document a message (the Spark cell runs at the first payload size)
     cpu("spark_read", 1.0, "spark_read", against="naive", payload=None)
     return out

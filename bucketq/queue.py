@@ -146,10 +146,16 @@ class Queue:
         """Up to ``n`` messages for a handler that takes many at once: waits up to ``timeout`` seconds for the
         first, then adds those due now, from the buckets this consumer holds and, while fewer than ``n``, from
         further buckets it claims, without waiting. Empty when none arrives in time. Each message is acked or
-        nacked on its own."""
+        nacked on its own, or the batch at once with ``ack_many``."""
         if not self._consumer_set_up():
             await self._consumer_ready()
         return await self._consumer.reserve_many(n, timeout)
+
+    async def ack_many(self, messages: Iterable[Message], *, wait: bool = False) -> None:
+        """Ack messages this queue handed out (a ``reserve_many`` batch) in one call: as ``await m.ack(wait=wait)``
+        of each in turn, the first that raises (``LeaseLost``, ``AlreadyResolved``) stopping it with the ones before
+        it acked, at a fraction of the CPU. ``InvalidOption``, before any ack, for anything else in the list."""
+        await self._consumer.ack_many(messages, wait=wait)
 
     async def pop(self, timeout: float | None = None) -> Message | None:
         """Reserve and ack in one step (at-most-once from here on: the message is not redelivered)."""

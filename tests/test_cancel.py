@@ -113,19 +113,26 @@ async def test_cancel_finds_a_nacked_message_in_its_retry_bucket(make_queue, syn
 
 # -- held by a consumer ----------------------------------------------------------------------------------------
 
-async def test_a_message_not_yet_served_from_a_held_bucket_is_never_delivered(make_queue, sync_db):
+@pytest.mark.parametrize("many", [False, True], ids=["reserve", "reserve_many"])
+async def test_a_message_not_yet_served_from_a_held_bucket_is_never_delivered(make_queue, sync_db, many):
     producer, consumer = make_queue(**QUICK), make_queue(**SHORT_LEASE)
-    ids = await producer.push_many(["first", "cancelled before its turn"])
+    ids = await producer.push_many(["first", "second", "cancelled before its turn", "last"])
     first = await consumer.reserve(timeout=5)
     assert first is not None and first.id == ids[0]
-    assert await producer.cancel(ids[1]) == "requested"
+    assert await producer.cancel(ids[2]) == "requested"
     # the consumer reads the request after a lease extension (within half a lease)
-    await eventually(lambda: first._holding.held.cancel_requested(1), what="the consumer heard of the request")
+    await eventually(lambda: first._holding.held.cancel_requested(2), what="the consumer heard of the request")
     await first.ack(wait=True)
+    if many:  # the second from reserve, the rest in one pass over the bucket (Held.serve_many)
+        rest = await consumer.reserve_many(10, timeout=5)
+    else:
+        rest = [await consumer.reserve(timeout=5), await consumer.reserve(timeout=5)]
+    assert [m.id for m in rest] == [ids[1], ids[3]]
+    await consumer.ack_many(rest, wait=True)
     assert await consumer.reserve(timeout=0.5) is None
-    await eventually(lambda: _record(sync_db, ids[1]) is not None, what="the cancellation recorded")
-    assert _record(sync_db, ids[1])["cancelled"] is True
-    assert await producer.cancel(ids[1]) == "cancelled"
+    await eventually(lambda: _record(sync_db, ids[2]) is not None, what="the cancellation recorded")
+    assert _record(sync_db, ids[2])["cancelled"] is True
+    assert await producer.cancel(ids[2]) == "cancelled"
     await eventually(lambda: sync_db["events"].find_one({"fin": {"$exists": True}}) is not None,
                      what="the bucket finished")
 

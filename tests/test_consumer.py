@@ -517,3 +517,43 @@ async def test_reserve_many_hands_over_what_it_holds_when_a_further_claim_fails(
     assert [m.payload for m in rest] == ["2:0", "2:1"]
     for message in [first, *batch, *rest]:
         await message.ack()
+
+
+async def test_ack_many_acks_a_reserve_many_batch_in_one_call(make_queue, sync_db):
+    q = make_queue(bucket_max_size=4, change_streams=False)
+    await q.push_many(range(10))
+    batch = await q.reserve_many(100, timeout=1)
+    assert sorted(m.payload for m in batch) == list(range(10))
+    await q.ack_many(batch[:5], wait=True)  # written when it returns: the first bucket finished, one slot of the next
+    assert all(m.resolved for m in batch[:5]) and not any(m.resolved for m in batch[5:])
+    assert (await q.stats())["in_flight"] == 5
+    await q.ack_many(batch[5:])
+    assert await q.reserve_many(100, timeout=0.1) == []
+    await q.drain()
+    assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
+
+
+async def test_ack_many_stops_at_the_first_message_it_cannot_ack(make_queue):
+    q = make_queue(bucket_max_wait=0.01, change_streams=False)
+    await q.push_many(["a", "b", "c"])
+    a, b, c = await q.reserve_many(3, timeout=1)
+    await b.ack()
+    with pytest.raises(bucketq.AlreadyResolved):
+        await q.ack_many([a, b, c])
+    assert (a.resolved, c.resolved) == (True, False)  # as acking each in turn would leave them
+    with pytest.raises(bucketq.InvalidOption):
+        await q.ack_many([c, "c"])
+    assert not c.resolved  # refused before any ack
+    await q.ack_many([])
+    other = make_queue(bucket_max_wait=0.01, change_streams=False)
+    await other.push("d")
+    with pytest.raises(bucketq.InvalidOption):  # a message of another queue's consumer
+        await q.ack_many([await other.reserve(timeout=1)])
+
+
+async def test_ack_many_stores_dedupe_keys_before_it_returns(make_queue):
+    q = make_queue(bucket_max_wait=0.01, dedupe=True, change_streams=False)
+    await q.push_many([bucketq.Outgoing({"n": 1}, key="order-1"), {"n": 2}])
+    await q.ack_many(await q.reserve_many(2, timeout=1))
+    await q.push({"n": 3}, key="order-1")  # the same order, sent again
+    assert await q.reserve_many(2, timeout=0.3) == []

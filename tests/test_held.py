@@ -63,6 +63,15 @@ class HeldBucketMachine(RuleBasedStateMachine):
         assert slot not in self.served
         self.served.append(slot)
 
+    @rule(n=st.integers(1, N))
+    def serve_many(self, n: int) -> None:
+        slots = self.held.serve_many(self.now, n)
+        assert len(slots) <= n and not set(slots) & set(self.served)
+        if slots:
+            assert not self.held.lease_ending(self.now), "served from a bucket whose lease is ending"
+        assert all(self.held.state[slot] is SlotState.SERVED for slot in slots)
+        self.served += slots
+
     @rule(data=st.data())
     def ack(self, data: st.DataObject) -> None:
         if not self.served:
@@ -76,6 +85,24 @@ class HeldBucketMachine(RuleBasedStateMachine):
         else:
             with pytest.raises(AlreadyResolved):
                 self.held.ack(slot)
+
+    @rule(data=st.data())
+    def ack_each(self, data: st.DataObject) -> None:
+        """As ``ack`` of each in turn: the first that raises stops it, the ones before it acked."""
+        if not self.served:
+            return
+        slots = data.draw(st.lists(st.sampled_from(self.served), min_size=1, unique=True))
+        if self.held.ended:
+            with pytest.raises(LeaseLost):
+                self.held.ack_each(slots)
+            return
+        ok = next((i for i, slot in enumerate(slots) if self.held.state[slot] is not SlotState.SERVED), len(slots))
+        if ok == len(slots):
+            self.held.ack_each(slots)
+        else:
+            with pytest.raises(AlreadyResolved):
+                self.held.ack_each(slots)
+        assert all(self.held.state[slot] is SlotState.ACKED for slot in slots[:ok])
 
     @rule(data=st.data(), delay=st.floats(0, 100))
     def nack(self, data: st.DataObject, delay: float) -> None:
@@ -159,6 +186,18 @@ def test_slots_out_of_tries_are_dead_lettered_unserved():
     assert held.state[0] is SlotState.DEAD
     plan = held.take_plan(T0)
     assert plan.dead_docs[0]["tries"] == 3 and "leases expired" in plan.dead_docs[0]["error"]
+
+
+@pytest.mark.parametrize(("claims_", "tries"), [(1, [0] * 5), (3, [1, 0, 1, 0, 0])])
+def test_serve_many_serves_what_as_many_serves_would(claims_, tries):
+    """In one pass for a plain bucket; slot by slot where tries may be used up (slots 0 and 2 here)."""
+    one_by_one, at_once = _bucket(5, claims_, tries), _bucket(5, claims_, tries)
+    one_by_one.ack(3)
+    at_once.ack(3)
+    expected = [one_by_one.serve(T0) for _ in range(2)]
+    assert at_once.serve_many(T0, 2) == expected
+    assert at_once.serve_many(T0, 5) == [s for s in iter(lambda: one_by_one.serve(T0), None)]
+    assert at_once.state == one_by_one.state and at_once.serve_many(T0, 5) == []
 
 
 def test_nack_on_the_last_attempt_dead_letters():

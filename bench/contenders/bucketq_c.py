@@ -3,8 +3,8 @@
 push: push_nowait per message with at most ``window`` un-acknowledged pushes, done when every push is
 durable. push_many (and fill, untimed, before a consume): push_many calls of ``FILL_CHUNK`` messages.
 stream_push: the same as push, into a ``bucketq.Stream``. consume: ``concurrency`` tasks doing reserve + ack;
-consume_batch: the same with ``reserve_many`` (batches of ``BATCH``, each message acked on its own), as a batch
-handler would. end_to_end: both at once in
+consume_batch: the same with ``reserve_many`` (batches of ``BATCH``, each batch acked by one ``ack_many``), as a
+batch handler would. end_to_end: both at once in
 one process.
 latency: sequential awaited pushes on an idle queue with default options, each timed; then, untimed, what
 consuming the buckets they made costs.
@@ -61,15 +61,22 @@ def _sent_ts(body: Any) -> float:
 
 
 async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,
-                   mark: Callable[[], None], batch: int = 1) -> None:
+                   mark: Callable[[int], None], batch: int = 1) -> None:
     """Reserve (``batch`` at a time) and ack until the producers are done and nothing came for idle_s; ``mark``
-    after each ack."""
+    after each ack (each ``ack_many`` of a batch)."""
     idle_s = ctx.spec["idle_s"]
     while True:
         messages = await q.reserve_many(batch, timeout=idle_s if producers_done.is_set() else min(idle_s, 0.25))
         if not messages:
             if producers_done.is_set():
                 return
+            continue
+        if batch > 1:  # consume_batch: a batch handler acks its batch at once
+            if timed_latency:
+                for msg in messages:
+                    ctx.latency(_sent_ts(msg.payload))
+            await q.ack_many(messages)
+            mark(len(messages))
             continue
         for msg in messages:
             if timed_latency:
@@ -79,7 +86,7 @@ async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latenc
 
 
 async def _consumers(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,
-                     mark: Callable[[], None] | None = None, batch: int = 1) -> None:
+                     mark: Callable[[int], None] | None = None, batch: int = 1) -> None:
     await asyncio.gather(*(_consume(ctx, q, producers_done, timed_latency, mark or ctx.mark, batch)
                            for _ in range(ctx.spec["concurrency"])))
 
@@ -91,8 +98,8 @@ class _Tally:
         self.count = 0
         self.last = 0.0
 
-    def mark(self) -> None:
-        self.count += 1
+    def mark(self, n: int = 1) -> None:
+        self.count += n
         self.last = time.time()
 
 

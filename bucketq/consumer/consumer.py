@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from pymongo.errors import PyMongoError
@@ -148,20 +148,19 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                 allowed = 1
         fruitless = False  # the last claim took a bucket with nothing to serve (an ordered group's that must wait)
         while len(batch) < allowed and not self._draining:
-            message = self._next_message()
-            if message is None:
-                if fruitless:  # claim no further: each such claim only pushes another ordered group's bucket back
-                    break
-                try:
-                    message, claimed = await self._next_or_claim()
-                except PyMongoError as exc:  # the batch is held: hand it over; the next reserve claims again
-                    log.warning("claim failed, returning the %d message(s) at hand: %s", len(batch), exc)
-                    break
-                if message is None and not claimed:
-                    break
-                fruitless = message is None
-            else:
+            if self._next_messages(batch, allowed):
                 fruitless = False
+                continue
+            if fruitless:  # claim no further: each such claim only pushes another ordered group's bucket back
+                break
+            try:
+                message, claimed = await self._next_or_claim()
+            except PyMongoError as exc:  # the batch is held: hand it over; the next reserve claims again
+                log.warning("claim failed, returning the %d message(s) at hand: %s", len(batch), exc)
+                break
+            if message is None and not claimed:
+                break
+            fruitless = message is None
             if message is not None:
                 batch.append(message)
         if self._permits is not None:
@@ -215,7 +214,79 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
             return Message(holding.payloads[slot], self, holding, slot)
         return None
 
+    def _next_messages(self, batch: list[Message], n: int) -> bool:
+        """``_next_message`` for ``reserve_many``: add to ``batch`` up to ``n`` in all, a held bucket's at a time
+        (one clock reading, one count); whether it added any."""
+        now, before = self._clock.latest(), len(batch)
+        for holding in self._holdings:
+            held = holding.held
+            if not held.unserved:
+                continue
+            slots = held.serve_many(now, n - len(batch))
+            if not slots:
+                if held.finished:
+                    self._schedule_flush(holding)
+                continue
+            payloads = holding.payloads
+            batch += [Message(payloads[slot], self, holding, slot) for slot in slots]
+            if len(batch) >= n:
+                break
+        if len(batch) == before:
+            return False
+        self._metrics.consumed(len(batch) - before)
+        return True
+
     # -- resolving -----------------------------------------------------------------------------------------
+
+    def ack_at_once(self, holding: Holding, slot: int) -> bool:
+        """Ack ``slot`` now, without a coroutine (``ack_many`` one message at a time); False, having done nothing,
+        when the ack has a dedupe key to store first and so goes through ``resolve``."""
+        held = holding.held
+        if self._options.dedupe and held.bucket.keys[slot] is not None:
+            return False
+        held.ack(slot)
+        if held.finished or held.held_back is not None:
+            self._schedule_flush(holding)
+        return True
+
+    async def ack_many(self, messages: Iterable[Message], *, wait: bool = False) -> None:
+        """Ack each of ``messages`` in turn, as ``message.ack(wait=wait)`` of each would, in one call: the first
+        that raises (``LeaseLost``, ``AlreadyResolved``) stops it, the ones before it are acked. With ``wait``,
+        returns once every ack is written. ``InvalidOption``, before any ack, for what is not a message of this
+        consumer's."""
+        messages = list(messages)
+        for message in messages:
+            if not isinstance(message, Message) or message._consumer is not self:
+                raise InvalidOption(f"not a message this queue's consumer handed out: {message!r:.80}")
+        futures: list[asyncio.Future[None]] = []
+        loop = asyncio.get_running_loop()
+        start, end = 0, len(messages)
+        try:
+            while start < end:  # a run of messages of one bucket at a time (a reserve_many's come so)
+                holding: Holding = messages[start]._holding  # type: ignore[assignment]  # this consumer's
+                stop = start + 1
+                while stop < end and messages[stop]._holding is holding:
+                    stop += 1
+                slots = [message._slot for message in messages[start:stop]]
+                start = stop
+                held = holding.held
+                if wait or (self._options.dedupe and any(held.bucket.keys[slot] is not None for slot in slots)):
+                    for slot in slots:  # one by one: a future each, or a dedupe key to store first
+                        if not self.ack_at_once(holding, slot):
+                            await self.resolve(holding, slot, ("ack", None, ""), wait=wait)
+                        elif wait:
+                            futures.append(loop.create_future())
+                            holding.waiters[slot] = futures[-1]
+                            self._schedule_flush(holding)
+                    continue
+                try:
+                    held.ack_each(slots)
+                finally:  # the acks made before one that raised are flushed as theirs would be
+                    if held.finished or held.held_back is not None:
+                        self._schedule_flush(holding)
+        finally:
+            if futures:  # the acks made before a failure are still waited for
+                await asyncio.gather(*futures)
 
     async def resolve(self, holding: Holding, slot: int, outcome: tuple[str, float | None, str], *,
                       wait: bool) -> float | None:

@@ -72,6 +72,10 @@ class Slot(NamedTuple):
 # The fields of a Slot after ``key`` at their defaults: ``encode_slot`` builds its Slot with ``tuple.__new__``,
 # a third of the time the NamedTuple's Python-level ``__new__`` takes (one Slot is made per push).
 _SLOT_DEFAULTS_AFTER_KEY = tuple(Slot._field_defaults[name] for name in Slot._fields[Slot._fields.index("key") + 1:])
+# A plain message's Slot after its payload (no headers, no key, the rest at their defaults), and the bytes
+# ``slot_bytes`` adds to a payload without headers or key: for a producer's common push, built inline.
+PLAIN_SLOT_TAIL = (None, None, *_SLOT_DEFAULTS_AFTER_KEY)
+PLAIN_SLOT_BYTES = 24
 
 
 def slot_bytes(payload: str | bytes, headers_size: int = 0, key: str | None = None) -> int:
@@ -80,12 +84,14 @@ def slot_bytes(payload: str | bytes, headers_size: int = 0, key: str | None = No
         size = len(payload) if payload.isascii() else len(payload.encode())
     else:
         size = len(payload)
-    total = size + 16  # type byte, key "65535\0", length, terminator / binary subtype
+    # type byte, key "65535\0", length, terminator / binary subtype (16), and room for the slot's null in `h`/`k`
+    # when only some slots have them (8)
+    total = size + PLAIN_SLOT_BYTES
     if headers_size:
         total += headers_size + 8
     if key is not None:
         total += len(key.encode()) + 12
-    return total + 8  # room for the slot's null in `h`/`k` when only some slots have them
+    return total
 
 
 def encode_slot(codec: Any, payload: Any, headers: Mapping[str, Any] | None,

@@ -168,6 +168,24 @@ class ClaimedBucket:
             return slot
         return None
 
+    def serve_many(self, now: dt.datetime, n: int) -> list[int]:
+        """Up to ``n`` slots to hand out, as that many ``serve`` calls would give them, in one pass when every slot
+        is served alike (no group, no tries that may be used up, no cancellation requested)."""
+        slots: list[int] = []
+        if self.bucket.group is not None or self._may_expire or self.cancels:
+            while len(slots) < n and (slot := self.serve(now)) is not None:
+                slots.append(slot)
+            return slots
+        if not self._pending or self.lease_ending(now):
+            return []
+        pending, state = self._pending, self.state
+        while pending and len(slots) < n:
+            slot = pending.popleft()
+            if state[slot] is SlotState.PENDING:
+                state[slot] = SlotState.SERVED
+                slots.append(slot)
+        return slots
+
     @property
     def unserved(self) -> int:
         """Slots not yet handed out (an upper bound: some may have been resolved unserved)."""
@@ -207,6 +225,21 @@ class ClaimedBucket:
 
     def ack(self, slot: int) -> None:
         self._resolve(slot, _ACKED, allowed=(SlotState.SERVED, SlotState.PENDING))
+
+    def ack_each(self, slots: list[int]) -> None:
+        """``ack`` of each slot in turn (the first that raises stops it), in one pass over slots served alike."""
+        if self.bucket.group is not None or self.lost or self.ended or self.giving_back:
+            for slot in slots:  # one at a time: a group's serving slot, or the LeaseLost of the first
+                self.ack(slot)
+            return
+        state, unflushed = self.state, self._unflushed
+        for slot in slots:
+            if state[slot] is not SlotState.SERVED:
+                self.ack(slot)  # a slot acked unserved (dedupe), or AlreadyResolved
+                continue
+            state[slot] = SlotState.ACKED
+            unflushed[slot] = _ACKED
+            self._unresolved -= 1
 
     def nack(self, slot: int, retry_at: dt.datetime, error: str = "") -> SlotState:
         """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt (or its
