@@ -137,6 +137,19 @@ async def test_a_message_not_yet_served_from_a_held_bucket_is_never_delivered(ma
                      what="the bucket finished")
 
 
+async def test_a_message_acked_with_ack_many_after_its_cancel_was_heard_ends_cancelled(make_queue, sync_db):
+    producer, consumer = make_queue(**QUICK), make_queue(**SHORT_LEASE)
+    ids = await producer.push_many(["a", "b", "c"])
+    batch = await consumer.reserve_many(3, timeout=5)
+    assert [m.id for m in batch] == ids
+    assert await producer.cancel(ids[1]) == "requested"
+    await eventually(lambda: batch[1].cancelled, what="the consumer heard of the request")
+    await consumer.ack_many(batch)  # without wait: the acks of one bucket in one pass (ClaimedBucket.ack_each)
+    await eventually(lambda: _record(sync_db, ids[1]) is not None, what="the cancellation recorded")
+    assert _record(sync_db, ids[1])["cancelled"] is True
+    assert [d["_id"] for d in await producer.dead_letters()] == [ids[1]]
+
+
 @pytest.mark.parametrize("resolve", ["ack", "nack", "dead_letter", "return"])
 async def test_a_running_handler_sees_the_cancel_and_its_message_ends_cancelled(make_queue, sync_db, resolve):
     producer, queue = make_queue(**QUICK), make_queue(**SHORT_LEASE)

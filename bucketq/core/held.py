@@ -228,8 +228,9 @@ class ClaimedBucket:
 
     def ack_each(self, slots: list[int]) -> None:
         """``ack`` of each slot in turn (the first that raises stops it), in one pass over slots served alike."""
-        if self.bucket.group is not None or self.lost or self.ended or self.giving_back:
-            for slot in slots:  # one at a time: a group's serving slot, or the LeaseLost of the first
+        if self.bucket.group is not None or self.lost or self.ended or self.giving_back or self.cancels:
+            # one at a time: a group's serving slot, the LeaseLost of the first, or a cancelled message's end
+            for slot in slots:
                 self.ack(slot)
             return
         state, unflushed = self.state, self._unflushed
