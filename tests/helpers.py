@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from tests.proxy import TcpProxy
 
 PATIENCE_S = 20.0  # how long a test waits for what must happen: generous, so a loaded CI machine cannot fail it
 
@@ -44,3 +48,40 @@ async def read_all(reader: Any, *, ack: bool = True, timeout: float = 0.3, n: in
         extra = await reader.read(timeout=0.1)
         assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
     return out
+
+
+def race_processes(module: str, args: list[str], barrier: Any, *, processes: int = 3) -> list[str]:
+    """Run ``python -m module *args`` in ``processes`` processes at once and return what each printed after its
+    first line: each prints "ready" once set up, then waits for the document ``{_id: "go"}`` that this inserts
+    into the collection ``barrier``, so that their work starts together. Fails unless each exits with 0."""
+    procs = [subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, text=True)
+             for _ in range(processes)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        barrier.insert_one({"_id": "go"})
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert all(proc.returncode == 0 for proc in procs)
+    return outputs
+
+
+def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name: str = "events",
+                **options: Any) -> tuple[Any, Callable[[str, str], Any]]:
+    """A queue and ``lose_reply(command, collection)``, which makes its next ``command`` ("insert", "update") on
+    ``collection`` get applied but its reply lost: the in-memory database's fault, or the TCP proxy's on the test
+    server. It returns the fault, which counts its ``hits``."""
+    if backend == "memory":
+        faults = request.getfixturevalue("memory_db").faults
+        memory_command = {"insert": "insert_many", "update": "update_one"}
+        return make_queue(name, **options), lambda command, collection: faults.lose_reply(
+            memory_command[command], collection=collection)
+    host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
+    proxy = TcpProxy(host, int(port)).start()
+    request.addfinalizer(proxy.stop)
+    return make_queue(name, target=proxy.uri, **options), lambda command, collection: proxy.lose_reply(
+        command, collection=collection)

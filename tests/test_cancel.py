@@ -150,6 +150,20 @@ async def test_a_message_acked_with_ack_many_after_its_cancel_was_heard_ends_can
     assert [d["_id"] for d in await producer.dead_letters()] == [ids[1]]
 
 
+async def _cancel_while_running(worker: bucketq.Worker, started: asyncio.Event, producer: bucketq.Queue,
+                                message_id: str, sync_db: Any) -> None:
+    """Run ``worker`` until its handler has ``started``, cancel ``message_id``, and stop the worker once the
+    cancellation is recorded."""
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(started.wait(), 20)
+        assert await producer.cancel(message_id) == "requested"
+        await eventually(lambda: _record(sync_db, message_id) is not None, what="the cancellation recorded")
+    finally:
+        worker.stop()
+        await running
+
+
 @pytest.mark.parametrize("resolve", ["ack", "nack", "dead_letter", "return"])
 async def test_a_running_handler_sees_the_cancel_and_its_message_ends_cancelled(make_queue, sync_db, resolve):
     producer, queue = make_queue(**QUICK), make_queue(**SHORT_LEASE)
@@ -163,15 +177,8 @@ async def test_a_running_handler_sees_the_cancel_and_its_message_ends_cancelled(
         if resolve != "return":
             await getattr(message, resolve)()
 
-    worker = bucketq.Worker(queue, handler, handle_signals=False)
-    running = asyncio.create_task(worker.run())
-    try:
-        await asyncio.wait_for(started.wait(), 20)
-        assert await producer.cancel(message_id) == "requested"
-        await eventually(lambda: _record(sync_db, message_id) is not None, what="the cancellation recorded")
-    finally:
-        worker.stop()
-        await running
+    await _cancel_while_running(bucketq.Worker(queue, handler, handle_signals=False), started, producer, message_id,
+                                sync_db)
     assert seen == [True]
     record = _record(sync_db, message_id)
     assert record["cancelled"] is True and record["error"] == "cancelled" and record["tries"] == 1
@@ -194,15 +201,8 @@ async def test_with_cancel_grace_a_handler_that_ignores_the_cancel_is_cut_off(ma
             outcome.append(message.cancelled)
             raise
 
-    worker = bucketq.Worker(queue, handler, handle_signals=False, cancel_grace=0.1)
-    running = asyncio.create_task(worker.run())
-    try:
-        await asyncio.wait_for(started.wait(), 20)
-        assert await producer.cancel(message_id) == "requested"
-        await eventually(lambda: _record(sync_db, message_id) is not None, what="the cancellation recorded")
-    finally:
-        worker.stop()
-        await running
+    await _cancel_while_running(bucketq.Worker(queue, handler, handle_signals=False, cancel_grace=0.1), started,
+                                producer, message_id, sync_db)
     assert outcome == [True]  # cut off by the grace, not by the stop
     assert _record(sync_db, message_id)["error"] == "cancelled"
 

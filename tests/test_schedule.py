@@ -8,10 +8,7 @@ import asyncio
 import datetime as dt
 import json
 import random
-import subprocess
-import sys
 import zoneinfo
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,8 +18,7 @@ import bucketq
 from bucketq.core import schedule_ticks
 from bucketq.core.schedule_ticks import tick_bucket_id
 from bucketq.schedule import Schedule
-from tests.helpers import eventually
-from tests.proxy import TcpProxy
+from tests.helpers import eventually, lossy_queue, race_processes
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -80,19 +76,7 @@ async def test_scheduler_processes_racing_enqueue_each_tick_exactly_once(mongo_u
     """Three processes (``tests/scheduler_proc.py``) run one schedule over the same 60 ticks at once: every tick
     is enqueued by exactly one of them, and the queue holds one bucket per tick."""
     count = 60
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.scheduler_proc", mongo_uri, db_name, str(count)],
-                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        sync_db.barrier.insert_one({"_id": "go"})
-        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert all(proc.returncode == 0 for proc in procs)
+    outputs = race_processes("tests.scheduler_proc", [mongo_uri, db_name, str(count)], sync_db.barrier)
     by_process = [[dt.datetime.fromisoformat(t) for t in json.loads(out)] for out in outputs]
     assert sorted(t for ticks in by_process for t in ticks) == every_minute(0, count)
     assert {doc["_id"] for doc in sync_db.events.find({}, {"_id": 1})} == {
@@ -122,26 +106,10 @@ async def test_a_restart_after_downtime_follows_the_missed_ticks_policy(make_que
     assert {m.id for m in await drained(q)} == tick_ids("nightly", expected)
 
 
-def _lossy_queue(backend: str, make_queue, request) -> tuple[bucketq.Queue, Callable[[str, str], Any]]:
-    """A queue and ``lose_reply(command, collection)``, which makes its next ``command`` ("insert", "update") on
-    ``collection`` get applied but its reply lost: the in-memory database's fault, or the TCP proxy's on the test
-    server. It returns the fault, which counts its ``hits``."""
-    if backend == "memory":
-        faults = request.getfixturevalue("memory_db").faults
-        memory_command = {"insert": "insert_many", "update": "update_one"}
-        return make_queue(**QUICK), lambda command, collection: faults.lose_reply(memory_command[command],
-                                                                                  collection=collection)
-    host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
-    proxy = TcpProxy(host, int(port)).start()
-    request.addfinalizer(proxy.stop)
-    return make_queue(target=proxy.uri, **QUICK), lambda command, collection: proxy.lose_reply(
-        command, collection=collection)
-
-
 @pytest.mark.parametrize("command, collection", [("insert", "events"), ("update", "events.control")])
 async def test_a_lost_reply_on_the_insert_or_the_claim_enqueues_the_tick_once(backend, make_queue, request,
                                                                              command, collection):
-    q, lose_reply = _lossy_queue(backend, make_queue, request)
+    q, lose_reply = lossy_queue(backend, make_queue, request, **QUICK)
     schedule = Schedule(q, EVERY_MINUTE, "x", name="lossy")
     await schedule.run_once(now=T0)
     lost = lose_reply(command, collection)  # the tick's claim (update) or its bucket (insert)

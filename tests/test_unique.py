@@ -9,17 +9,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import subprocess
-import sys
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq import Outgoing
-from tests.proxy import TcpProxy
+from tests.helpers import lossy_queue, race_processes
 from tests.test_format import check, check_bucket
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -158,44 +154,16 @@ async def test_producer_processes_racing_make_one_job_per_key(mongo_uri, db_name
     """Three processes (``tests/unique_proc.py``) push the same 50 unique keys at once: every key gets one job, and
     every process's push of a key returned that job's id."""
     count = 50
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.unique_proc", mongo_uri, db_name, str(count)],
-                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        sync_db.barrier.insert_one({"_id": "go"})
-        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert all(proc.returncode == 0 for proc in procs)
+    outputs = race_processes("tests.unique_proc", [mongo_uri, db_name, str(count)], sync_db.barrier)
     by_process = [json.loads(out) for out in outputs]
     assert all(ids == by_process[0] for ids in by_process), by_process
     messages = await drained(make_queue("jobs", **QUICK))
     assert {m.id: m.payload["key"] for m in messages} == {i: int(k) for k, i in by_process[0].items()}
 
 
-def _lossy_queue(backend: str, make_queue, request) -> tuple[bucketq.Queue, Callable[[str, str], Any]]:
-    """A queue and ``lose_reply(command, collection)``, which makes its next ``command`` ("insert", "update") on
-    ``collection`` get applied but its reply lost: the in-memory database's fault, or the TCP proxy's on the test
-    server. It returns the fault, which counts its ``hits``."""
-    if backend == "memory":
-        faults = request.getfixturevalue("memory_db").faults
-        memory_command = {"insert": "insert_many", "update": "update_one"}
-        return make_queue("jobs", **QUICK), lambda command, collection: faults.lose_reply(
-            memory_command[command], collection=collection)
-    host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
-    proxy = TcpProxy(host, int(port)).start()
-    request.addfinalizer(proxy.stop)
-    return make_queue("jobs", target=proxy.uri, **QUICK), lambda command, collection: proxy.lose_reply(
-        command, collection=collection)
-
-
 async def test_a_lost_reply_on_the_key_insert_leaves_one_job_and_the_push_resolves_to_it(backend, make_queue,
                                                                                         request, sync_db):
-    q, lose_reply = _lossy_queue(backend, make_queue, request)
+    q, lose_reply = lossy_queue(backend, make_queue, request, "jobs", **QUICK)
     await q.stats()  # set up first: the fault is for the key's insert
     lost = lose_reply("insert", "jobs.unique")
     first = await q.push("job", key="k", unique_for=HOUR)
@@ -207,7 +175,7 @@ async def test_a_lost_reply_on_the_key_insert_leaves_one_job_and_the_push_resolv
 
 async def test_a_lost_reply_on_the_takeover_of_an_expired_key_leaves_one_job(backend, make_queue, request,
                                                                             monkeypatch, sync_db):
-    q, lose_reply = _lossy_queue(backend, make_queue, request)
+    q, lose_reply = lossy_queue(backend, make_queue, request, "jobs", **QUICK)
     first = await q.push("job", key="k", unique_for=60)
     later(q, monkeypatch, 61)
     lost = lose_reply("update", "jobs.unique")
