@@ -322,9 +322,12 @@ class Producer:
             if self._before_write is not None:
                 await self._before_write()
             now = self._clock.now()
+            # Due by the earliest reading of the server's clock: a client whose reading is behind this one's
+            # (each is known only within its error) finds the bucket due all the same.
+            due = self._clock.earliest()
             for bucket in batch:
                 if bucket.immediate:
-                    bucket.document["due"] = now
+                    bucket.document["due"] = due
             # unique jobs: their keys first; a message merged into another job is written done, or not at all
             docs = await hold_keys(self._store, batch, now, self._options.write_timeout)
 

@@ -496,6 +496,24 @@ async def test_stats_count_a_message_pushed_by_a_clock_ahead_of_this_ones_as_rea
             assert (await reader.stats())["ready"] == 1
 
 
+async def test_a_message_pushed_by_a_clock_ahead_within_its_error_is_due_at_once_for_an_exact_one():
+    from bucketq.memory import MemoryDatabase
+
+    database = MemoryDatabase()
+    async with bucketq.Queue(database, name="skew", **QUICK) as producer, \
+            bucketq.Queue(database, name="skew", **QUICK) as reader:
+        await asyncio.gather(producer.stats(), reader.stats())  # both synced
+        # The producer's reading a second ahead, within its error of two (its sync's request was held up)
+        producer._clock._server_s += 1.0
+        producer._clock._error_s = 2.0
+        reader._clock._error_s = 0.0
+        await producer.push("x")
+        assert (await reader.stats())["ready"] == 1
+        message = await reader.reserve(timeout=0)
+        assert message is not None and message.payload == "x"
+        await message.ack()
+
+
 def test_a_clock_reading_with_a_large_error_is_refined_sooner_than_a_good_one_is_renewed():
     from bucketq.clock import REFINE_EVERY_S, RESYNC_EVERY_S, ServerClock
 
