@@ -72,12 +72,12 @@ def race_processes(module: str, args: list[str], barrier: Any, *, processes: int
 
 def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name: str = "events",
                 **options: Any) -> tuple[Any, Callable[[str, str], Any]]:
-    """A queue and ``lose_reply(command, collection)``, which makes its next ``command`` ("insert", "update") on
-    ``collection`` get applied but its reply lost: the in-memory database's fault, or the TCP proxy's on the test
-    server. It returns the fault, which counts its ``hits``."""
+    """A queue and ``lose_reply(command, collection)``, which makes its next ``command`` ("insert", "update",
+    "findAndModify") on ``collection`` get applied but its reply lost: the in-memory database's fault, or the TCP
+    proxy's on the test server. It returns the fault, which counts its ``hits``."""
     if backend == "memory":
         faults = request.getfixturevalue("memory_db").faults
-        memory_command = {"insert": "insert_many", "update": "update_one"}
+        memory_command = {"insert": "insert_many", "update": "update_one", "findAndModify": "find_one_and_update"}
         return make_queue(name, **options), lambda command, collection: faults.lose_reply(
             memory_command[command], collection=collection)
     host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import bucketq
 from bucketq.core import rate_window
 from bucketq.core.rate_window import RateLimit
+from tests.helpers import lossy_queue
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -77,15 +78,16 @@ async def test_reserve_many_takes_what_the_window_has_left(make_queue):
         await m.ack()
 
 
-async def test_a_lost_reply_on_an_ask_wastes_permits_and_never_exceeds_the_limit(make_queue, memory_db):
+async def test_a_lost_reply_on_an_ask_wastes_permits_and_never_exceeds_the_limit(backend, make_queue, request,
+                                                                                 sync_db):
     producer = make_queue(**QUICK)
     await producer.push_many(list(range(10)))
-    q = make_queue(rate_limit=HOUR, **QUICK)
-    lost = memory_db.faults.lose_reply("find_one_and_update", collection="events.rate")
+    q, lose_reply = lossy_queue(backend, make_queue, request, rate_limit=HOUR, **QUICK)
+    lost = lose_reply("findAndModify", "events.rate")
     served = await served_until_empty(q)
     assert lost.hits == 1
     assert len(served) == HOUR.limit - 1  # the retried ask of one permit was counted twice
-    (window,) = memory_db.sync["events.rate"].find()
+    (window,) = sync_db["events.rate"].find()
     assert window["n"] > HOUR.limit
 
 
