@@ -15,7 +15,7 @@ import datetime as dt
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure
+from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.core import groups, unique_keys
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
@@ -35,8 +35,13 @@ from bucketq.core.scans import SCAN
 from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.pause_gate import PauseGate  # async-only
-from bucketq.store.aio.base import DUPLICATE_KEY, collections, insert_copies, insert_new, retrying
+from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
+
+
+async def _read_before(doc: dict) -> bool:
+    """For ``insert_new``: a unique key already stored is not taken as this insert's until it is read."""
+    return False
 
 
 class AsyncQueueStore:
@@ -248,19 +253,13 @@ class AsyncQueueStore:
         return merged
 
     async def _insert_keys(self, holds: list[unique_keys.Hold]) -> list[unique_keys.Hold]:
-        """Insert the key documents; return the holds whose key was already there (a duplicate key)."""
-        try:
-            await self.unique.insert_many([h.document for h in holds], ordered=False)
-        except BulkWriteError as exc:
-            if exc.details.get("writeConcernErrors"):
-                raise ConnectionFailure(f"write concern not satisfied: {exc.details['writeConcernErrors']}") from exc
-            errors = exc.details.get("writeErrors", [])
-            if any(e.get("code") != DUPLICATE_KEY for e in errors):
-                raise
-            return [holds[e["index"]] for e in errors]
-        except DuplicateKeyError:
-            return holds  # which ones is not said: the holds inserted read as their own
-        return []
+        """Insert the key documents; return the holds whose key was already there (a duplicate key: whose it is,
+        ``verdict`` reads; when the server does not say which keys clashed, the holds inserted read as their
+        own). Other failures raise."""
+        failed = await insert_new(self.unique, [h.document for h in holds], duplicate_is_mine=_read_before)
+        if errors := [e for e in failed.values() if not isinstance(e, DuplicateKeyError)]:
+            raise errors[0]
+        return [h for h in holds if h.key in failed]
 
     async def release_keys(self, held: dict[str, str]) -> None:
         """Delete the keys (``{key: message id}``) still held by those messages, now finished; retried."""

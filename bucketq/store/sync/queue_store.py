@@ -17,7 +17,7 @@ import datetime as dt
 from typing import Any
 
 from pymongo import ReturnDocument
-from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, OperationFailure
+from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.core import groups, unique_keys
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
@@ -36,7 +36,12 @@ from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
-from bucketq.store.sync.base import DUPLICATE_KEY, collections, insert_copies, insert_new, retrying
+from bucketq.store.sync.base import collections, insert_copies, insert_new, retrying
+
+
+def _read_before(doc: dict) -> bool:
+    """For ``insert_new``: a unique key already stored is not taken as this insert's until it is read."""
+    return False
 
 
 class QueueStore:
@@ -231,19 +236,13 @@ class QueueStore:
         return merged
 
     def _insert_keys(self, holds: list[unique_keys.Hold]) -> list[unique_keys.Hold]:
-        """Insert the key documents; return the holds whose key was already there (a duplicate key)."""
-        try:
-            self.unique.insert_many([h.document for h in holds], ordered=False)
-        except BulkWriteError as exc:
-            if exc.details.get("writeConcernErrors"):
-                raise ConnectionFailure(f"write concern not satisfied: {exc.details['writeConcernErrors']}") from exc
-            errors = exc.details.get("writeErrors", [])
-            if any(e.get("code") != DUPLICATE_KEY for e in errors):
-                raise
-            return [holds[e["index"]] for e in errors]
-        except DuplicateKeyError:
-            return holds  # which ones is not said: the holds inserted read as their own
-        return []
+        """Insert the key documents; return the holds whose key was already there (a duplicate key: whose it is,
+        ``verdict`` reads; when the server does not say which keys clashed, the holds inserted read as their
+        own). Other failures raise."""
+        failed = insert_new(self.unique, [h.document for h in holds], duplicate_is_mine=_read_before)
+        if errors := [e for e in failed.values() if not isinstance(e, DuplicateKeyError)]:
+            raise errors[0]
+        return [h for h in holds if h.key in failed]
 
     def release_keys(self, held: dict[str, str]) -> None:
         """Delete the keys (``{key: message id}``) still held by those messages, now finished; retried."""
