@@ -15,7 +15,7 @@ import bson
 from bson import ObjectId
 from bson.raw_bson import RawBSONDocument
 
-from bucketq.core.priorities import MAX_PRIORITY, PRIORITY
+from bucketq.core.priorities import MAX_PRIORITY, PRIORITY, is_priority
 from bucketq.errors import EncodeError, InvalidOption, MalformedBucket
 
 FORMAT_VERSION = 1
@@ -321,16 +321,16 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     if not _count(claims):
         raise MalformedBucket(f"c must be an integer from 0 to {MAX_COUNT}")
     done = doc.get("done")
-    if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < n for i in done):
+    if not _slot_indexes(done, n):
         raise MalformedBucket("done must be an array of slot indexes")
     cancels = doc.get("x", [])
-    if not isinstance(cancels, list) or not all(isinstance(i, int) and 0 <= i < n for i in cancels):
+    if not _slot_indexes(cancels, n):
         raise MalformedBucket("x must be an array of slot indexes")
     partition = doc.get("pt")
     if partition is not None and not _count(partition):
         raise MalformedBucket("pt must be an integer from 0 (the bucket's partition)")
     priority = doc.get(PRIORITY, 0)
-    if not (isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= MAX_PRIORITY):
+    if not is_priority(priority):
         raise MalformedBucket(f"pr must be an integer from 0 to {MAX_PRIORITY} (the bucket's priority)")
     if priority and group is not None:
         raise MalformedBucket("a group bucket (field g) has no priority (field pr)")
@@ -366,6 +366,11 @@ def _tries(doc: Mapping[str, Any], n: int) -> list[int]:
     if not all(_count(t) for t in tries):
         raise MalformedBucket(f"every entry of t must be an integer from 0 to {MAX_COUNT}")
     return tries
+
+
+def _slot_indexes(value: Any, n: int) -> TypeGuard[list[int]]:
+    """Whether ``value`` is an array of slot indexes of a bucket of ``n`` slots (``done``, ``x``)."""
+    return isinstance(value, list) and all(isinstance(i, int) and 0 <= i < n for i in value)
 
 
 def _optional_array(doc: Mapping[str, Any], field: str, n: int, kind: type) -> list[Any]:

@@ -25,9 +25,14 @@ BY_PRIORITY = [(PRIORITY, -1), ("due", 1)]
 BY_AGE = [("due", 1)]
 
 
+def is_priority(value: Any) -> bool:
+    """Whether ``value`` is a level: an int (not a bool) from 0 to ``MAX_PRIORITY``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PRIORITY
+
+
 def check_priority(priority: Any) -> int:
     """``priority`` as a push takes it: an int from 0 to ``MAX_PRIORITY``, else ``InvalidOption``."""
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_PRIORITY:
+    if not is_priority(priority):
         raise InvalidOption(f"priority must be an int from 0 to {MAX_PRIORITY}, got {priority!r:.60}")
     return priority
 
@@ -43,10 +48,8 @@ def check_fairness(fairness: Any) -> int:
 
 def stored_priority(doc: Mapping[str, Any]) -> int:
     """The level a stored bucket or entry records (``pr``); 0 when it has none, or one that is not a level."""
-    try:
-        return check_priority(doc.get(PRIORITY, 0))
-    except InvalidOption:
-        return 0
+    level = doc.get(PRIORITY, 0)
+    return level if is_priority(level) else 0
 
 
 class Turns:
