@@ -52,13 +52,14 @@ async def _cancel_in(store: AsyncQueueStore, clock: ServerClock, doc: dict[str, 
     now = clock.earliest()
     if live_lease(after, now) is not None:
         return REQUESTED
-    await store.insert_copies(store.dead, records(after, slots, now))
+    bucket = parse_bucket(after)
+    await store.insert_copies(store.dead, records(bucket, slots, now))
     try:
         applied = await store.update_bucket(*removal(after, slots, now))
     except PyMongoError as exc:
         if not is_transient(exc):
             raise
         return None  # applied or not, the next read tells
-    if applied and "u" in after:  # a cancelled unique job is finished: its key is free again
-        await release_keys(store, parse_bucket(after), dict.fromkeys(slots, SlotState.DEAD))
+    if applied and bucket.unique:  # a cancelled unique job is finished: its key is free again
+        await release_keys(store, bucket, dict.fromkeys(slots, SlotState.DEAD))
     return CANCELLED if applied else None

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from bucketq.core.claims import LIVE
-from bucketq.core.format import dead_letter, parse_bucket
+from bucketq.core.format import StoredBucket, dead_letter
 from bucketq.core.sharding import PARTITION
 
 CANCELLED = "cancelled"  # the message will not be delivered (again): its record is in the dead letters
@@ -52,10 +52,9 @@ def still_pending(after: Mapping[str, Any] | None, slots: list[int]) -> TypeGuar
     return isinstance(done, list) and not set(slots) & set(done)
 
 
-def records(doc: Mapping[str, Any], slots: list[int], now: dt.datetime) -> list[dict[str, Any]]:
-    """The dead-letter records of ``slots`` cancelled while pending in the bucket ``doc`` (as read: valid, since
+def records(bucket: StoredBucket, slots: list[int], now: dt.datetime) -> list[dict[str, Any]]:
+    """The dead-letter records of ``slots`` cancelled while pending in ``bucket`` (as read: valid, since
     ``operator_writes.pending_slots`` found them). ``tries``: the deliveries made, the claims counted in ``c``."""
-    bucket = parse_bucket(doc)
     return [dead_letter(bucket, s, tries=bucket.base_tries[s] + bucket.claims, error=REASON, at=now, cancelled=True)
             for s in slots]
 
