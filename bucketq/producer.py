@@ -72,8 +72,9 @@ class _Many:
 
 class _Run:
     """The waiter of a run of a ``push_many`` call's messages that went one after another into one bucket (messages
-    ``first``, ``first + 1``, ... of the call): one object a bucket, not one a message. A bucket settles its slots
-    in order, so each id it gives goes to the next message of the run."""
+    ``first``, ``first + 1``, ... of the call): one object a bucket, not one a message. Settled by the bucket
+    once for the run (``set_results``, the run added by ``Accumulator.extend``) or a slot at a time in order
+    (``set_result``), each id going to the next message of the run."""
 
     __slots__ = ("many", "next")
 
@@ -89,6 +90,14 @@ class _Run:
         many.ids[self.next] = message_id
         self.next += 1
         many.left -= 1
+        if not many.left:
+            many.future.set_result(many.ids)
+
+    def set_results(self, message_ids: list[str]) -> None:
+        many, first = self.many, self.next
+        many.ids[first:first + len(message_ids)] = message_ids
+        self.next = first + len(message_ids)
+        many.left -= len(message_ids)
         if not many.left:
             many.future.set_result(many.ids)
 
@@ -158,8 +167,9 @@ class Producer:
         before any is pushed. An item may be an ``Outgoing`` carrying options of its own (key, delay or at,
         headers, group, priority); ``delay``, ``headers`` and ``priority`` apply to the items that set none (a
         grouped item takes no delay, and no priority: level 0)."""
-        prepared = []
+        prepared: list[tuple[Slot, int, dt.datetime | None]] = []
         routes: list[tuple[str | None, int]] = []  # each item's group and level
+        plain = True  # every item due now, ungrouped, of level 0: the run path (_push_runs)
         for index, item in enumerate(payloads):
             try:
                 if isinstance(item, Outgoing):
@@ -169,14 +179,19 @@ class Producer:
                                                   headers if item.headers is None else item.headers, item.key,
                                                   item.group, level, item.unique_for))
                     routes.append((item.group, level))
+                    plain = plain and item.group is None and not level and prepared[-1][2] is None
                 else:
                     prepared.append(self._prepare(item, delay, None, headers, None, None, priority))
                     routes.append((None, priority))
+                    plain = plain and not priority and prepared[-1][2] is None
             except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
                 raise type(exc)(f"payload {index}: {exc}") from exc
         if not prepared:
             return []
         many = _Many(len(prepared))
+        if plain:
+            await self._push_runs(many, [p[0] for p in prepared], [p[1] for p in prepared])
+            return await many.future
         limit = self._options.max_buffered_bytes
         run: _Run | None = None  # the waiter of the messages just added to the open bucket of messages due now
         for index, (slot, size, due) in enumerate(prepared):
@@ -191,6 +206,20 @@ class Producer:
             self._add(slot, size, due, waiter, group, level)
             run = waiter if plain else None
         return await many.future
+
+    async def _push_runs(self, many: _Many, slots: list[Slot], sizes: list[int]) -> None:
+        """``push_many``'s messages all due now, ungrouped and of level 0: a bucket's worth at a time into the open
+        bucket of such messages (``Accumulator.extend``), one waiter a bucket, settled once."""
+        limit, n, index = self._options.max_buffered_bytes, len(slots), 0
+        while index < n:
+            taken = self._acc.extend(slots, sizes, index, _Run(many, index), limit - self._acc.buffered_bytes)
+            if not taken:  # no open bucket, a full one, or no room: one message the general way opens the next
+                await self._wait_for_space(sizes[index])
+                self._add(slots[index], sizes[index], None, _Run(many, index))
+                taken = 1
+            elif not self._commit_soon:
+                self._add_done()
+            index += taken
 
     def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
                  headers: Mapping[str, Any] | None, key: str | None, group: str | None = None, priority: int = 0,
@@ -251,15 +280,19 @@ class Producer:
             sealed = self._acc.add(slot, size, waiter, due=due, now_wall=self._clock.now(), now_mono=time.monotonic(),
                                    group=group, priority=priority)
         if not self._commit_soon:
-            # Not now: after the pushes already queued on the loop, so that a burst shares one bucket.
-            self._commit_soon = True
-            if self._loop is None:
-                self._start()
-            assert self._loop is not None
-            self._loop.call_soon(self._commit)
+            self._add_done()
         if sealed:
             self._sealed.extend(sealed)
             self._kick_writers()
+
+    def _add_done(self) -> None:
+        """Ask the accumulator what to write, not now: after the pushes already queued on the loop, so that a
+        burst shares one bucket."""
+        self._commit_soon = True
+        if self._loop is None:
+            self._start()
+        assert self._loop is not None
+        self._loop.call_soon(self._commit)
 
     async def _wait_for_space(self, size: int) -> None:
         limit = self._options.max_buffered_bytes

@@ -85,6 +85,64 @@ def test_append_is_add_without_the_clock_for_messages_due_now(lengths, max_size,
     assert run(fast=True) == run(fast=False)
 
 
+class _RunLog:
+    """A run waiter that records what it was settled with."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, message_id: str) -> None:
+        self.ids.append(message_id)
+
+    def set_results(self, message_ids: list[str]) -> None:
+        self.ids += message_ids
+
+    def set_exception(self, failure: BaseException) -> None:
+        raise AssertionError(failure)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=200), st.integers(1, 50), st.integers(4096, 40_000),
+       st.integers(0, 60_000), st.integers(0, 8))
+def test_extend_fills_buckets_as_appending_one_by_one_does(lengths, max_size, max_bytes, room, tight):
+    """``extend`` (``push_many``'s run path) takes messages into the open bucket exactly as ``append`` one at a
+    time would, stops at ``room`` bytes, and its run waiter is settled with the ids of its slots in order.
+    ``tight``: a bucket of the first ``tight`` messages is exactly ``max_bytes``, the bound's edge."""
+    slots = [Slot(f"{n:06d}" + "x" * length) for n, length in enumerate(lengths)]
+    sizes = [slot_bytes(s.payload) for s in slots]
+    if tight:
+        max_bytes = BUCKET_OVERHEAD + sum(sizes[:tight])
+
+    def run(bulk: bool) -> tuple[list[tuple[list, int]], int]:
+        acc = Accumulator(max_size=max_size, max_bytes=max_bytes, max_wait=0.5, granularity=1.0, codec="json")
+        sealed, log, index = [], _RunLog(), 0
+        while index < len(slots):
+            if bulk:
+                taken = acc.extend(slots, sizes, index, log, room + sizes[index] * (index % 3 == 0))
+            else:  # append while it takes the next message and the room holds it
+                taken, added = 0, 0
+                while index + taken < len(slots) and added + sizes[index + taken] <= room + \
+                        sizes[index] * (index % 3 == 0) and acc.append(slots[index + taken], sizes[index + taken], log):
+                    added += sizes[index + taken]
+                    taken += 1
+            if not taken:
+                sealed += acc.add(slots[index], sizes[index], log, due=None, now_wall=T0, now_mono=0.0)
+                taken = 1
+            index += taken
+        sealed += acc.seal_all(T0)
+        for bucket in sealed:
+            bucket.resolve()
+        order = {str(b.id): k for k, b in enumerate(sealed)}  # ids by the bucket's place, not its random _id
+        ids = [f"{order[i.split(':')[0]]}:{i.split(':')[1]}" for i in log.ids]
+        assert ids == [f"{k}:{slot}" for k, b in enumerate(sealed) for slot in range(len(b.document["p"]))]
+        return [(b.document["p"], b.size_bytes) for b in sealed], acc.buffered_bytes
+
+    assert run(bulk=True) == run(bulk=False)
+
+
 class GroupCommitMachine(RuleBasedStateMachine):
     """A shell that obeys the accumulator (asks ``ready`` after each burst of pushes, when a write ends and
     at ``next_deadline``), with writes ending in any order: an open bucket is written at once when no write is
@@ -196,7 +254,7 @@ def test_sealed_bucket_resolves_each_waiter_once_with_a_failure_of_its_own(n, ca
     for i in cancelled & set(range(n)):
         waiters[i].cancel()
     error = ConnectionError("refused") if fails else None
-    bucket = SealedBucket(doc, list(waiters), 0, immediate=True)
+    bucket = SealedBucket(doc, list(waiters), [1] * n, 0, immediate=True)
     bucket.resolve(error)
     bucket.resolve(ConnectionError("a second outcome changes nothing"))
     live = [(i, w) for i, w in enumerate(waiters) if i not in cancelled]

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate, islice
 from typing import Any, Protocol
 
 from bson import ObjectId
@@ -49,12 +51,19 @@ class Waiter(Protocol):
     def set_exception(self, failure: BaseException) -> None: ...
 
 
+class RunWaiter(Waiter, Protocol):
+    """What waits for a run of messages added together (``extend``): settled once, with the ids of its slots."""
+
+    def set_results(self, message_ids: list[str]) -> None: ...
+
+
 @dataclass
 class SealedBucket:
     """A bucket ready to be written: its document and the waiters of the pushes it holds, which it resolves."""
 
     document: dict[str, Any]
     waiters: list[Waiter]
+    counts: list[int]  # the consecutive slots each waiter stands for: 1, or a run's length (``extend``)
     size_bytes: int
     immediate: bool  # due at once: the writer stamps ``due`` when it writes the bucket
     group: str | None = None
@@ -72,9 +81,17 @@ class SealedBucket:
         prefix = str(self.id)  # message ids are "<bucket id>:<slot>" (format.message_id), built in one pass
         if error is None:
             merged = self.merged
-            for slot, waiter in enumerate(waiters):
-                if not waiter.done():
-                    waiter.set_result(merged[slot] if merged and slot in merged else f"{prefix}:{slot}")
+            slot = 0
+            for waiter, count in zip(waiters, self.counts, strict=False):  # no waiters on a second resolve
+                if count == 1:
+                    if not waiter.done():
+                        waiter.set_result(merged[slot] if merged and slot in merged else f"{prefix}:{slot}")
+                elif not waiter.done():
+                    ids = [f"{prefix}:{s}" for s in range(slot, slot + count)]
+                    if merged:
+                        ids = [merged.get(s, i) for s, i in enumerate(ids, slot)]
+                    waiter.set_results(ids)  # type: ignore[attr-defined]  # a run: RunWaiter
+                slot += count
             return
         for waiter in waiters:
             if not waiter.done():
@@ -90,6 +107,7 @@ class _OpenBucket:
     created: dt.datetime
     slots: list[Slot] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)  # SealedBucket.counts
     size_bytes: int = BUCKET_OVERHEAD
     latest_due: dt.datetime | None = None
     group: str | None = None
@@ -155,6 +173,7 @@ class Accumulator:
                 self.buffered_bytes += GROUP_OVERHEAD  # given back with the rest by ``written``
         bucket.slots.append(slot)
         bucket.waiters.append(waiter)
+        bucket.counts.append(1)
         bucket.size_bytes += slot_size
         self.buffered_bytes += slot_size
         if _window(key) != NOW and due is not None and (bucket.latest_due is None or due > bucket.latest_due):
@@ -175,9 +194,34 @@ class Accumulator:
             return False
         slots.append(slot)
         bucket.waiters.append(waiter)
+        bucket.counts.append(1)
         bucket.size_bytes = size
         self.buffered_bytes += slot_size
         return True
+
+    def extend(self, slots: list[Slot], sizes: list[int], start: int, waiter: RunWaiter, room: int) -> int:
+        """``append`` for many messages at once (``push_many``): add ``slots[start:]`` (their sizes in ``sizes``),
+        as many as the open bucket of messages due now takes without being made full and as fit in ``room``
+        bytes, under one waiter settled once (``RunWaiter.set_results``). Returns how many it took: 0 when there
+        is no such open bucket or the first does not fit; the caller then ``add``s that one."""
+        bucket = self._open.get(NOW)
+        if bucket is None:
+            return 0
+        taken = min(self.max_size - 1 - len(bucket.slots), len(slots) - start)
+        if taken <= 0:
+            return 0
+        # append's byte rule for each message in turn: the bucket stays below max_bytes
+        ends = list(accumulate(islice(sizes, start, start + taken), initial=bucket.size_bytes))
+        fits = bisect_left(ends, min(self.max_bytes, bucket.size_bytes + room + 1), lo=1) - 1
+        if fits <= 0:
+            return 0
+        bucket.slots += slots[start:start + fits]
+        bucket.waiters.append(waiter)
+        bucket.counts.append(fits)
+        added = ends[fits] - bucket.size_bytes
+        bucket.size_bytes = ends[fits]
+        self.buffered_bytes += added
+        return fits
 
     def ready(self, now_wall: dt.datetime, now_mono: float) -> list[SealedBucket]:
         """Seal the open buckets to write now: when no write is in flight, those open for ``min_wait`` or
@@ -229,7 +273,8 @@ class Accumulator:
         assert due is not None  # every add to a delayed bucket sets latest_due
         document = bucket_document(bucket.id, bucket.slots, codec=self.codec, created=bucket.created, due=due,
                                    group=group, priority=bucket.priority)
-        sealed = SealedBucket(document, bucket.waiters, bucket.size_bytes, immediate=immediate, group=group)
+        sealed = SealedBucket(document, bucket.waiters, bucket.counts, bucket.size_bytes, immediate=immediate,
+                              group=group)
         if group is not None:
             waiting = self._writing.get(group)
             if waiting is not None:
