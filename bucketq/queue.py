@@ -19,6 +19,7 @@ from bucketq.core import claims, sharding, unique_keys
 from bucketq.core.cancellation import CANCELLED_RECORDS
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
+from bucketq.core.held import SlotState
 from bucketq.core.operator_writes import (
     check_message_id,
     copies_on_their_way,
@@ -40,6 +41,7 @@ from bucketq.producer import Producer
 from bucketq.setup import SetUp
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.transaction import check_session, push_in_transaction
+from bucketq.unique import release_keys
 from bucketq.wakeup import Wakeup, Watched
 
 HOUSEKEEPING_EVERY_S = 60.0
@@ -358,11 +360,19 @@ class Queue:
                                       f"{lease.get('owner', 'a consumer')} holds until {doc.get('due')}: it may be "
                                       f"handling it now; remove it once it is resolved or the lease has ended"
                                       f"{' (its other copies were removed)' if removed else ''}")
-            applied = [await self._store.update_bucket(*removal(doc, slots, now)) for doc, slots in found]
+            applied = [await self._remove_from(doc, slots, now) for doc, slots in found]
             removed = removed or any(applied)
             if all(applied):  # else a bucket was claimed or released since it was read: read again
                 return removed
         raise MessageHeld(f"message {message_id!r} kept being claimed while it was being removed; try again")
+
+    async def _remove_from(self, doc: dict[str, Any], slots: list[int], now: dt.datetime) -> bool:
+        """Mark ``slots`` of the bucket ``doc`` done, if it is still as read; a removed unique job is finished, so
+        its key is freed (else a push of the key would merge into a job no one will run)."""
+        applied = await self._store.update_bucket(*removal(doc, slots, now))
+        if applied and "u" in doc:
+            await release_keys(self._store, parse_bucket(doc), dict.fromkeys(slots, SlotState.ACKED))
+        return applied
 
     async def cancel(self, message_id: str) -> str:
         """Cancel a message by id so that it is not delivered (again) and not retried. Returns:

@@ -108,6 +108,18 @@ async def test_a_purge_frees_the_keys_of_the_jobs_it_deletes(make_queue, sync_db
     assert await q.push("other", key="held", unique_for=HOUR) != held
 
 
+async def test_a_removed_unique_job_frees_its_key(make_queue, sync_db):
+    q = make_queue("jobs", **QUICK)
+    first = await q.push("job", key="k", unique_for=HOUR)
+    kept = await q.push("other", key="kept", unique_for=HOUR)
+    assert await q.remove(first)
+    assert [d["_id"] for d in sync_db["jobs.unique"].find()] == ["kept"]
+    again = await q.push("job", key="k", unique_for=HOUR)
+    assert again != first  # a new job, not merged into the removed one
+    assert await q.push("other", key="kept", unique_for=HOUR) == kept
+    assert sorted(m.id for m in await drained(q)) == sorted([kept, again])
+
+
 async def test_a_key_frees_once_unique_for_has_passed(make_queue, monkeypatch):
     q = make_queue("jobs", **QUICK)
     first = await q.push("job", key="k", unique_for=60)
