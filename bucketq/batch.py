@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -33,7 +34,7 @@ from pymongo.database import Database
 
 from bucketq.clock import ServerClock
 from bucketq.connection import client_of, reaching
-from bucketq.core import claims
+from bucketq.core import claims, unique_keys
 from bucketq.core.backoff import Backoff
 from bucketq.core.batch_attempt import AttemptPolicy, BatchStep, ClaimNext, GiveBack, Quarantine, ReleaseWithBackoff
 from bucketq.core.conversation import carry
@@ -47,6 +48,8 @@ from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
 
 REAP_EVERY_S = 60.0
+
+log = logging.getLogger("bucketq")
 
 
 
@@ -233,10 +236,12 @@ class BatchQueue:
         is left alone). Returns how many buckets this batch finished."""
         self._quarantine_messages(batch)
         now = self.now()
-        return len(self._fenced(batch.token, batch.refs,
-                                lambda ref: ReplaceOne(claims.fenced(ref, batch.token),
-                                                       claims.finish(now, batch.token, ref["pt"])),
-                                claims.finished_by))
+        finished = set(self._fenced(batch.token, batch.refs,
+                                    lambda ref: ReplaceOne(claims.fenced(ref, batch.token),
+                                                           claims.finish(now, batch.token, ref["pt"])),
+                                    claims.finished_by))
+        self._free_keys([doc for doc in batch.buckets if doc["_id"] in finished])
+        return len(finished)
 
     def release(self, batch: Batch, error: BaseException | str) -> dict[str, list[Any]]:
         """After a failed batch: buckets with attempts left are due again after the backoff, tries + 1;
@@ -263,10 +268,31 @@ class BatchQueue:
         entry = quarantined_bucket(doc, reason=reason, at=self.now(), host=self._host, pid=os.getpid())
         with self._reaching():
             self.store.insert_copies(self.store.quarantine, [entry])
-        return bool(self._fenced(token, {doc["_id"]: ref},
-                                 lambda ref: ReplaceOne(claims.fenced(ref, token),
-                                                        claims.finish(self.now(), token, ref["pt"])),
-                                 claims.finished_by))
+        if not self._fenced(token, {doc["_id"]: ref},
+                            lambda ref: ReplaceOne(claims.fenced(ref, token),
+                                                   claims.finish(self.now(), token, ref["pt"])),
+                            claims.finished_by):
+            return False
+        self._free_keys([doc])
+        return True
+
+    def _free_keys(self, finished: list[dict[str, Any]]) -> None:
+        """Free the keys of the unique jobs that the buckets ``finished`` (as claimed, now tombstones) held, as the
+        consumer's finish does: else pushes of those keys would merge into jobs that are over until ``unique_for``
+        passes. A bucket whose fields do not hold together (quarantined as malformed) keeps its keys until then,
+        as does a failed delete (logged)."""
+        held: dict[str, str] = {}
+        for doc in finished:
+            if doc.get("u"):
+                with contextlib.suppress(LookupError, TypeError):
+                    held |= unique_keys.held_by(doc)
+        if not held:
+            return
+        try:
+            with self._reaching():
+                self.store.release_keys(held)
+        except Exception as exc:
+            log.warning("unique keys %s of finished jobs stay held until they expire: %s", sorted(held), exc)
 
     def _quarantine_messages(self, batch: Batch) -> None:
         """Copy each message of ``batch.malformed`` to quarantine (``kind: "message"``, its payload as stored), for

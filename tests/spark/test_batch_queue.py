@@ -129,6 +129,30 @@ async def test_release_backoff_then_quarantine_after_max_attempts(make_queue, sy
     assert sync_db.events.count_documents({"fin.token": first.token}) == 1  # quarantine left a tombstone too
 
 
+async def test_a_batch_frees_the_keys_of_the_unique_jobs_it_commits_or_quarantines(make_queue, sync_db, bq) -> None:
+    """A unique job finished by a batch (committed, or quarantined after its last attempt) frees its key, as the
+    consumer's finish does: a later push of the key is a new job, not merged into one that is over."""
+    q = make_queue(bucket_max_size=1, bucket_max_wait=0.02)
+    committed = await q.push({"i": 1}, key="committed", unique_for=3600)
+    poisoned = await q.push({"i": 2}, key="poisoned", unique_for=3600)
+    keys = sync_db["events.unique"]
+    batch = bq.claim(10)
+    assert sorted(batch.ids) == sorted(ObjectId(i.split(":")[0]) for i in (committed, poisoned))
+    first = next(d for d in batch.buckets if d["k"] == ["committed"])
+    rest = bq.release(batch, ValueError("retry the other"))  # a retried job keeps its key
+    assert sorted(rest["released"]) == sorted(batch.ids) and keys.count_documents({}) == 2
+    batch = _claim_released(bq, 10)
+    done = type(batch)(batch.token, batch.lease_until, [d for d in batch.buckets if d["_id"] == first["_id"]])
+    assert bq.commit(done) == 1
+    assert [d["_id"] for d in keys.find()] == ["poisoned"]
+    poison = type(batch)(batch.token, batch.lease_until, [d for d in batch.buckets if d["_id"] != first["_id"]])
+    bq.release(poison, ValueError("again"))
+    assert bq.release(_claim_released(bq, 10), ValueError("for good"))["quarantined"]
+    assert keys.count_documents({}) == 0
+    assert await q.push({"i": 1}, key="committed", unique_for=3600) != committed
+    assert await q.push({"i": 2}, key="poisoned", unique_for=3600) != poisoned
+
+
 async def test_claim_quarantines_unreadable_and_expired_too_often(make_queue, sync_db, bq) -> None:
     await _fill(make_queue, n=10)
     await _fill(make_queue, n=10, codec="msgpack")
