@@ -63,7 +63,7 @@ test-pythons: venv
 # pytest's rewritten test modules) is cached under .cache/pycache even where PYTHONDONTWRITEBYTECODE is set:
 # each worker otherwise recompiles every module, which took a third of the tier's time. The first run fills
 # the cache once, in one process, before the workers start.
-UNIT_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
+UNIT_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache BUCKETQ_HYPOTHESIS_PROFILE=unit
 UNIT_MARKS := unit
 unit: venv
 	@test -d .cache/pycache || $(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -q --collect-only > /dev/null

@@ -22,7 +22,7 @@ import bucketq.testing
 from bucketq.core.cancellation import still_pending
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.held import ClaimedBucket, Policy, SlotState
-from tests.helpers import eventually
+from tests.helpers import eventually, examples
 from tests.proxy import TcpProxy
 from tests.test_format import check, check_bucket
 from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
@@ -367,7 +367,7 @@ async def test_cancels_racing_two_consumer_processes_end_each_message_once(make_
 
 # -- the state machine (no database) ----------------------------------------------------------------------------
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from(["serve", "ack", "nack", "dead", "cancel", "flush"]),
                                 st.integers(0, 3)), max_size=40))
 def test_a_slot_ends_cancelled_exactly_when_its_request_was_known_before_it_was_resolved(steps):
