@@ -63,11 +63,13 @@ test-pythons: venv
 # pytest's rewritten test modules) is cached under .cache/pycache even where PYTHONDONTWRITEBYTECODE is set:
 # each worker otherwise recompiles every module, which took a third of the tier's time. The first run fills
 # the cache once, in one process, before the workers start.
-UNIT_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache BUCKETQ_HYPOTHESIS_PROFILE=unit
+UNIT_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache BUCKETQ_HYPOTHESIS_PROFILE=unit \
+	HYPOTHESIS_NO_PLUGINS=1
 UNIT_MARKS := unit
+UNIT_WORKERS := 4
 unit: venv
 	@test -d .cache/pycache || $(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -q --collect-only > /dev/null
-	$(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -n 4 --dist worksteal -q $(PYTEST_ARGS)
+	$(UNIT_ENV) $(PY) -m pytest -p no:anyio -m "$(UNIT_MARKS)" -n $(UNIT_WORKERS) --dist worksteal -q $(PYTEST_ARGS)
 
 demo: venv jars
 	$(PY) -m examples.demo $(DEMO_ARGS)
