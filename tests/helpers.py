@@ -14,6 +14,10 @@ from hypothesis import settings
 
 from tests.proxy import TcpProxy
 
+# For a pytest run in a subprocess on a file of its own: this venv's plugins that such a run does not need (xdist,
+# anyio's, Hypothesis's) turned off, and the cache: they were two thirds of its start-up CPU time.
+SUBPROCESS_PYTEST_PLUGINS_OFF = tuple(arg for plugin in ("cacheprovider", "xdist", "anyio", "hypothesispytest")
+                                      for arg in ("-p", f"no:{plugin}"))
 PATIENCE_S = 20.0  # how long a test waits for what must happen: generous, so a loaded CI machine cannot fail it
 
 
