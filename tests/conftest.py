@@ -27,6 +27,7 @@ from typing import Any
 
 import pymongo.common
 import pytest
+from hypothesis import settings
 from pymongo import AsyncMongoClient, MongoClient
 
 from bucketq.memory import MemoryClient, MemoryDatabase
@@ -34,6 +35,12 @@ from devtools.testserver import TestServer
 from tests.features import server_features
 
 pytest_plugins = ["tests.watchdog", "pytester"]  # pytester: tests/test_watchdog.py runs a hung test
+
+# Hypothesis profiles, chosen by $BUCKETQ_HYPOTHESIS_PROFILE before any test module is imported: "default" (the
+# full counts: make test), or "unit" (make unit), a quarter of every property test's examples, the counts that
+# tests set themselves too (tests.helpers.examples): the fast tier spent half its CPU time in them.
+settings.register_profile("unit", max_examples=25)
+settings.load_profile(os.environ.get("BUCKETQ_HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -10,9 +10,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from hypothesis import settings
+
 from tests.proxy import TcpProxy
 
+# For a pytest run in a subprocess on a file of its own: this venv's plugins that such a run does not need (xdist,
+# anyio's, Hypothesis's) turned off, and the cache: they were two thirds of its start-up CPU time.
+SUBPROCESS_PYTEST_PLUGINS_OFF = tuple(arg for plugin in ("cacheprovider", "xdist", "anyio", "hypothesispytest")
+                                      for arg in ("-p", f"no:{plugin}"))
 PATIENCE_S = 20.0  # how long a test waits for what must happen: generous, so a loaded CI machine cannot fail it
+
+
+def examples(n: int) -> int:
+    """A property test's ``max_examples``: ``n`` under Hypothesis's default profile (100 examples), scaled like the
+    loaded profile's (tests/conftest.py: a quarter for make unit)."""
+    return max(1, n * settings.default.max_examples // 100)
 
 
 async def eventually(condition: Callable[[], bool | Awaitable[bool]], timeout: float = PATIENCE_S,

@@ -31,14 +31,15 @@ from pymongo.errors import PyMongoError
 import bucketq
 from bucketq.core.format import MAX_BUCKET_BYTES, Slot, bucket_document
 from bucketq.options import QueueOptions
+from tests.helpers import examples
 
 pytestmark = pytest.mark.timeout(600)
 
 UTC = dt.timezone.utc
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=examples(60), deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large, HealthCheck.filter_too_much])
-FEW = settings(SETTINGS, max_examples=25)
+FEW = settings(SETTINGS, max_examples=examples(25))
 SENTINEL = {"sentinel": True}
 # datetime's range ends in year 9999: delays past about 2.5e11 s cannot be a due time at all.
 MAX_REPRESENTABLE_DELAY_S = 2.0e11
@@ -226,7 +227,7 @@ CONTAINERS = [dict, collections.OrderedDict, lambda **kw: collections.defaultdic
               tuple]
 
 
-@settings(SETTINGS, max_examples=200)
+@settings(SETTINGS, max_examples=examples(200))
 @given(value=st.sampled_from([float("nan"), float("inf"), float("-inf"), 1.5]),
        wrappers=st.lists(st.sampled_from(range(len(CONTAINERS))), max_size=4))
 def test_json_codec_never_turns_a_non_finite_float_into_null(value, wrappers):

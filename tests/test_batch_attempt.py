@@ -27,6 +27,7 @@ from bucketq.core.batch_attempt import (
 )
 from bucketq.core.conversation import carry
 from bucketq.core.format import Slot, bucket_document, parse_bucket
+from tests.helpers import examples
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 POLICY = AttemptPolicy(max_attempts=3, backoff=Backoff(base=1.0, factor=2.0, maximum=60.0, jitter=0.0),
@@ -158,5 +159,5 @@ class BatchAttemptMachine(RuleBasedStateMachine):
         assert len(set().union(*places)) == self.pushed
 
 
-BatchAttemptMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+BatchAttemptMachine.TestCase.settings = settings(max_examples=examples(150), stateful_step_count=40, deadline=None)
 TestBatchAttempt = BatchAttemptMachine.TestCase

@@ -547,8 +547,13 @@ async def test_ack_many_stops_at_the_first_message_it_cannot_ack(make_queue):
     await q.ack_many([])
     other = make_queue(bucket_max_wait=0.01, change_streams=False)
     await other.push("d")
+    d = await other.reserve(timeout=1)
     with pytest.raises(bucketq.InvalidOption):  # a message of another queue's consumer
-        await q.ack_many([await other.reserve(timeout=1)])
+        await q.ack_many([d])
+    # Both are still served, and theirs to ack (unresolved, each close would wait drain_timeout for them).
+    await q.ack_many([c])
+    await other.ack_many([d])
+    assert (c.resolved, d.resolved) == (True, True)
 
 
 async def test_ack_many_stores_dedupe_keys_before_it_returns(make_queue):

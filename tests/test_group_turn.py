@@ -22,6 +22,7 @@ from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.group_turn import GroupStep, Turn
 from bucketq.memory import MemoryClient, MemoryDatabase
 from bucketq.store.sync.queue_store import QueueStore
+from tests.helpers import examples
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 LEASE_S = 30.0
@@ -222,8 +223,9 @@ class GroupTurnWithCrashesMachine(GroupTurnMachine):
         self.crashed = True
 
 
-GroupTurnMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
-GroupTurnWithCrashesMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=40, deadline=None)
+GroupTurnMachine.TestCase.settings = settings(max_examples=examples(100), stateful_step_count=40, deadline=None)
+GroupTurnWithCrashesMachine.TestCase.settings = settings(GroupTurnMachine.TestCase.settings,
+                                                         max_examples=examples(50))
 TestGroupTurn = GroupTurnMachine.TestCase
 TestGroupTurnWithCrashes = GroupTurnWithCrashesMachine.TestCase
 

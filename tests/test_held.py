@@ -15,6 +15,7 @@ from bucketq.core import claims
 from bucketq.core.format import BSON_LIMIT, MAX_BUCKET_BYTES, Slot, bucket_document, parse_bucket
 from bucketq.core.held import ClaimedBucket, FlushPlan, Policy, SlotState
 from bucketq.errors import AlreadyResolved, LeaseLost
+from tests.helpers import examples
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 POLICY = Policy(lease=30.0, max_attempts=3, granularity=1.0)
@@ -170,7 +171,7 @@ class HeldBucketMachine(RuleBasedStateMachine):
 
 
 TestHeldBucketMachine = HeldBucketMachine.TestCase
-TestHeldBucketMachine.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+TestHeldBucketMachine.settings = settings(max_examples=examples(80), stateful_step_count=50, deadline=None)
 
 
 @given(st.integers(0, 5), st.integers(1, 5))
@@ -287,7 +288,7 @@ def _group_bucket(n: int, tries: list[int], claims_: int = 1) -> ClaimedBucket:
     return ClaimedBucket(parse_bucket(doc), "token", POLICY.lease_from(T0), POLICY)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(tries=st.lists(st.integers(0, 3), min_size=1, max_size=6),
        steps=st.lists(st.sampled_from(["serve", "ack", "nack", "dead", "flush"]), max_size=40))
 def test_a_group_bucket_serves_one_slot_at_a_time_in_order_and_a_nack_releases_it(tries, steps):

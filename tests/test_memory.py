@@ -32,7 +32,7 @@ from bucketq.core.stats import stats_pipeline
 from bucketq.memory import MemoryClient, MemoryDatabase, Unsupported
 from bucketq.store.aio.base import insert_new
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from tests.helpers import eventually
+from tests.helpers import eventually, examples
 
 pytestmark = pytest.mark.memory  # the tests that use mongo_uri are marked server too, and make unit skips them
 
@@ -251,7 +251,7 @@ def _agree(theirs: Any, docs: list[dict[str, Any]], steps: list[tuple], *, stats
         assert ours.count_documents(query) == theirs.count_documents(query), query
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(steps=_STEPS)
 def test_bucketqs_writes_agree_with_mongomock(steps):
     """Claims, extensions, releases, finishes and reaps, in any order, leave the same documents and return the
@@ -262,7 +262,7 @@ def test_bucketqs_writes_agree_with_mongomock(steps):
 
 # -- against the test server -----------------------------------------------------------------------------------
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=_STEPS)
 def test_bucketqs_writes_agree_with_the_server(mongo_uri, steps):
     """The same on the MongoDB-wire test server, with malformed buckets, plus the stats aggregation (which

@@ -18,6 +18,7 @@ from bucketq.codecs import JsonCodec, MsgpackCodec
 from bucketq.core.accumulator import Accumulator, SealedBucket
 from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document, parse_bucket, slot_bytes
 from bucketq.errors import WriteFailed
+from tests.helpers import examples
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -28,7 +29,7 @@ pushes = st.lists(st.tuples(st.integers(1, 3000),                     # payload 
                   min_size=1, max_size=300)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(pushes, st.integers(1, 50), st.integers(4096, 40_000), st.floats(0.01, 5))
 def test_accumulator_places_every_message_once_within_limits(items, max_size, max_bytes, granularity):
     acc = Accumulator(max_size=max_size, max_bytes=max_bytes, max_wait=0.5, granularity=granularity, codec="json")
@@ -63,7 +64,7 @@ def test_accumulator_places_every_message_once_within_limits(items, max_size, ma
     assert acc.buffered_bytes == 0 and acc.in_flight == 0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=200), st.integers(1, 50), st.integers(4096, 40_000))
 def test_append_is_add_without_the_clock_for_messages_due_now(lengths, max_size, max_bytes):
     """The producer's fast path (``append``, falling back to ``add`` when it declines) makes the same buckets, with
@@ -234,7 +235,7 @@ class GroupCommitMachine(RuleBasedStateMachine):
 
 
 TestGroupCommit = GroupCommitMachine.TestCase
-TestGroupCommit.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+TestGroupCommit.settings = settings(max_examples=examples(80), stateful_step_count=40, deadline=None)
 
 
 class LingeringGroupCommitMachine(GroupCommitMachine):
@@ -244,7 +245,7 @@ class LingeringGroupCommitMachine(GroupCommitMachine):
 
 
 TestLingeringGroupCommit = LingeringGroupCommitMachine.TestCase
-TestLingeringGroupCommit.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestLingeringGroupCommit.settings = settings(max_examples=examples(60), stateful_step_count=40, deadline=None)
 
 
 @given(st.integers(1, 30), st.sets(st.integers(0, 29)), st.booleans())
@@ -307,7 +308,7 @@ def test_bucket_documents_parse_back(items):
     assert slot_bytes(slots[0].payload) + BUCKET_OVERHEAD > 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3000), st.booleans(), st.integers(0, 9)), min_size=1, max_size=60),
        st.integers(1, 30), st.integers(4_000, 40_000))
 def test_copies_are_split_into_buckets_within_max_bytes_in_order(items, max_size, max_bytes):
@@ -338,7 +339,7 @@ def test_backoff_stays_within_its_cap_for_any_attempt(attempt, factor):
     assert 0 < backoff.delay(attempt) <= 300.0  # no OverflowError once factor**attempt leaves the floats
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 3000), st.sampled_from([None, "a", "b", "é" * 500]), st.booleans()),
                 min_size=1, max_size=200),
        st.integers(1, 20), st.integers(4096, 40_000))

@@ -26,6 +26,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from pymongo import MongoClient
 
+from tests.helpers import SUBPROCESS_PYTEST_PLUGINS_OFF
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_URI = "mongodb://localhost:27017"
@@ -124,6 +126,7 @@ def run_as_script(block: Block, source: str) -> None:
 def run_as_tests(block: Block, directory: Path) -> None:
     (directory / "pytest.ini").write_text("[pytest]\n")  # none of this project's settings
     (directory / "test_snippet.py").write_text(block.source)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_snippet.py"],
+    # the plugins of this venv that a reader's project need not have are off (the snippet needs pytest-asyncio)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", *SUBPROCESS_PYTEST_PLUGINS_OFF, "test_snippet.py"],
                             cwd=directory, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout + result.stderr

@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import bucketq
 from bucketq.memory import MemoryClient
+from tests.helpers import examples
 
 UNIQUE_FOR = 10  # seconds; the clock moves by 4 or 11, so no hold ever ends exactly at a push
 KEYS = ["a", "b", "c"]
@@ -96,4 +97,4 @@ class UniqueJobsMachine(RuleBasedStateMachine):
 
 
 TestUniqueJobs = UniqueJobsMachine.TestCase
-TestUniqueJobs.settings = settings(max_examples=20, stateful_step_count=25, deadline=None)
+TestUniqueJobs.settings = settings(max_examples=examples(20), stateful_step_count=25, deadline=None)

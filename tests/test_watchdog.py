@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import SUBPROCESS_PYTEST_PLUGINS_OFF
+
 ROOT = Path(__file__).resolve().parent.parent
 
 HUNG = '''
@@ -53,8 +55,8 @@ def test_a_hung_async_test_fails_saying_which_after_how_long_and_where_each_task
     # the subprocess runs in a temporary folder: the plugin is found from the checkout, as in this process
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     result = pytester.runpytest_subprocess("-p", "tests.watchdog", "-o", "asyncio_mode=auto",
-                                           "-o", "asyncio_default_fixture_loop_scope=function", "-p",
-                                           "no:cacheprovider", timeout=60)
+                                           "-o", "asyncio_default_fixture_loop_scope=function",
+                                           *SUBPROCESS_PYTEST_PLUGINS_OFF, timeout=60)
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines([
         "test_hung.py::test_hung_while_a_task_retries did not finish within its timeout of 0.5 s: cancelled by "
