@@ -19,7 +19,9 @@ from tests.helpers import examples
 
 UNIQUE_FOR = 10  # seconds; the clock moves by 4 or 11, so no hold ever ends exactly at a push
 KEYS = ["a", "b", "c"]
-OPTIONS = {"poll_interval": 0.01, "state_flush_period": 0.02}
+# The clock moves by up to 25 x 11 s in a run, and no real time passes for the consumer's lease extensions: a lease
+# longer than that keeps the consumer's held buckets its own (leases are not what this machine tests).
+OPTIONS = {"poll_interval": 0.01, "state_flush_period": 0.02, "lease": 600}
 
 
 class UniqueJobsMachine(RuleBasedStateMachine):
