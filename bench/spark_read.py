@@ -2,17 +2,19 @@
 message, both filled with the same messages. Skipped, with the reason, when ``pyspark`` or ``bucketq_spark``
 does not import.
 
-``time_read_paths`` fills a bucketq queue (the real producer) and a flat collection (the naive layout of
+``time_read_paths`` fills a bucketq queue (the real producer, codec ``bson`` by default: payloads stored as BSON
+documents, which the connector maps to the payload struct; ``json``: JSON text decoded by ``from_json``) and a
+flat collection (the naive layout of
 ``bench/contenders/naive.py``: ``{"_id", "mature", "tries", "payload": {...}}``, the payload a BSON document)
 with the same payloads, then times, per layout, a read of every message through the connector that decodes
-each payload: buckets -> ``explode_messages`` (``from_json``) vs flat docs -> ``payload`` struct; both end in
+each payload: buckets -> ``explode_messages`` vs flat docs -> ``payload`` struct; both end in
 ``count`` and ``sum(payload.i)``. The fill is not timed. Each layout is read once untimed first (a fresh JVM
 would otherwise charge its JIT and code-generation warm-up to whichever layout goes first), then the layouts
 are read in turn, ``repeats`` times, and the best read of each is reported.
 
 On its own, for the read path only (``make bench-quick``'s settings by default; both layouts in one run, since
 the machine's load changes from minute to minute): ``python -m bench.spark_read [--messages 100000]
-[--payload-bytes 1024] [--repeats 3] [--partitions N]``.
+[--payload-bytes 1024] [--repeats 3] [--partitions N] [--codec bson|json]``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ LAYOUTS = {"bucketq": "bucket documents", "naive": "one document per message"}
 # partition) each bucket read was mostly its fixed cost (planning, code generation, the partitioner's queries:
 # about 0.4 s of 0.6 s), and measured that, not the read.
 SPARK_MESSAGES = 100_000
+# The bucket layout's payload codec: bson, which the connector maps to columns (json: from_json, issue 25's before)
+CODEC = "bson"
 PAYLOAD_SCHEMA = "i LONG, ts DOUBLE, pad STRING"
 PAYLOAD_FIELDS = ("i", "ts", "pad")
 FLAT_SCHEMA = "_id STRING, payload STRUCT<i: LONG, ts: DOUBLE, pad: STRING>"
@@ -48,10 +52,11 @@ def _payloads(n: int, payload_bytes: int) -> list[dict[str, Any]]:
     return [{"i": i, "ts": now, "pad": pad} for i in range(n)]
 
 
-async def _fill_queue(uri: str, db: str, queue: str, payloads: list[dict[str, Any]], bucket_size: int) -> None:
+async def _fill_queue(uri: str, db: str, queue: str, payloads: list[dict[str, Any]], bucket_size: int,
+                      codec: str) -> None:
     import bucketq
 
-    q = bucketq.Queue(uri, name=queue, db=db, bucket_max_size=bucket_size, bucket_max_wait=0.05)
+    q = bucketq.Queue(uri, name=queue, db=db, bucket_max_size=bucket_size, bucket_max_wait=0.05, codec=codec)
     try:
         for start in range(0, len(payloads), 10_000):
             await q.push_many(payloads[start:start + 10_000])
@@ -94,13 +99,16 @@ def _same_rows(a: DataFrame, b: DataFrame) -> None:
 
 def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, payload_bytes: int = 100,
                     bucket_size: int = 1024, partitions: int | None = None, repeats: int = 2,
-                    queue: str = "readbench", cleanup: bool = True, server_pid: int | None = None) -> dict[str, Any]:
+                    queue: str = "readbench", cleanup: bool = True, server_pid: int | None = None,
+                    codec: str = CODEC) -> dict[str, Any]:
     """Rows/s reading ``n_messages`` messages from buckets (``queue``) and from a flat collection
     (``<queue>_flat``) in database ``db``, the same payloads decoded by the same schema (``PAYLOAD_SCHEMA``).
     Both reads get the same ``ReadOptions(partitions=partitions)`` (None: ``ReadOptions``' policy, by documents
     and by bytes). Before the timing, the two layouts' decoded rows are checked equal (``AssertionError``).
 
-    Returns ``{"messages", "payload_bytes", "bucket_size", "partitions", "rounds",
+    ``codec`` is the queue's payload codec (``read_buckets(codec=...)``).
+
+    Returns ``{"messages", "payload_bytes", "bucket_size", "partitions", "rounds", "codec",
     "bucketq": {"docs", "partitions", "rows", "seconds", "rows_per_s", "median_s", "spark_cpu_s",
     "server_cpu_s", "best_cpu_s"}, "naive": {...}, "speedup", "median_speedup"}``: ``seconds`` is the best read
     (``best_cpu_s``: its Spark and server CPU seconds),
@@ -114,7 +122,7 @@ def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, 
 
     flat = f"{queue}_flat"
     payloads = _payloads(n_messages, payload_bytes)
-    asyncio.run(_fill_queue(uri, db, queue, payloads, bucket_size))
+    asyncio.run(_fill_queue(uri, db, queue, payloads, bucket_size, codec))
     _fill_flat(uri, db, flat, payloads)
     read = ReadOptions(partitions=partitions)
     parallelism = spark.sparkContext.defaultParallelism
@@ -125,7 +133,8 @@ def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, 
     try:
         def buckets() -> DataFrame:
             return explode_messages(read_buckets(spark, uri, db, queue, expected_docs=n_buckets, read=read,
-                                                 expected_bytes=data_bytes), PAYLOAD_SCHEMA)
+                                                 expected_bytes=data_bytes, codec=codec,
+                                                 payload_schema=PAYLOAD_SCHEMA), PAYLOAD_SCHEMA)
 
         def naive() -> DataFrame:
             return (spark.read.format("mongodb").schema(FLAT_SCHEMA)
@@ -152,7 +161,7 @@ def time_read_paths(spark: SparkSession, uri: str, db: str, n_messages: int, *, 
                     cpu[name].append(tuple(None if b is None or a is None else a - b  # type: ignore[misc]
                                            for b, a in zip(cpu_before, cpu_after, strict=True)))
         out: dict[str, Any] = {"messages": n_messages, "payload_bytes": payload_bytes, "bucket_size": bucket_size,
-                               "partitions": partitions, "rounds": len(seconds["naive"])}
+                               "partitions": partitions, "rounds": len(seconds["naive"]), "codec": codec}
         for name, (_, docs) in layouts.items():
             best = min(seconds[name])
             spark_cpu = [c[0] for c in cpu[name] if c[0] is not None]
@@ -207,7 +216,8 @@ def rows(cfg: Settings, server: Server) -> list[dict]:
         if figures is None:
             out.append(skip_row(job, f"skipped: {' and '.join(missing)} not importable"))
             continue
-        row = skip_row(job, f"rows/s reading {LAYOUTS[contender]} through the Spark connector (best of "
+        layout = LAYOUTS[contender] + (f" (codec {figures['codec']})" if contender == "bucketq" else "")
+        row = skip_row(job, f"rows/s reading {layout} through the Spark connector (best of "
                             f"{figures['rounds']}; paired-round median bucketq/naive {figures['median_speedup']:.2f}x; "
                             "both layouts' decoded rows checked equal)")
         read = figures[contender]
@@ -227,11 +237,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bucket-size", type=int, default=1024)
     parser.add_argument("--partitions", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--codec", choices=("bson", "json"), default=CODEC, help="the bucket layout's payload codec")
     args = parser.parse_args(argv)
     with server() as srv:
         out = _time(srv, args.messages, payload_bytes=args.payload_bytes, bucket_size=args.bucket_size,
-                    partitions=args.partitions, repeats=args.repeats)
-        print(f"server: {srv.label}")
+                    partitions=args.partitions, repeats=args.repeats, codec=args.codec)
+        print(f"server: {srv.label}; bucket payloads: codec {args.codec}")
     for name in LAYOUTS:
         f = out[name]
         cpu = " ".join(f"{k} {f[k]:.2f} s" for k in ("spark_cpu_s", "server_cpu_s") if f[k] is not None)

@@ -6,7 +6,7 @@
     await msg.ack()
 """
 
-from bucketq.codecs import Codec, CodecUnavailable, JsonCodec, MsgpackCodec
+from bucketq.codecs import BsonCodec, Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.connection import ServerUnreachable
 from bucketq.core.format import FORMAT_VERSION
 from bucketq.core.rate_window import RateLimit
@@ -37,8 +37,9 @@ from bucketq.stream_reader import StreamMessage, StreamReader
 from bucketq.worker import BatchTiming, Reject, Retry, Worker
 
 __all__ = [
-    "FORMAT_VERSION", "AlreadyResolved", "BatchTiming", "BucketqError", "BufferFull", "Codec", "CodecUnavailable",
-    "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket", "Message",
+    "FORMAT_VERSION", "AlreadyResolved", "BatchTiming", "BsonCodec", "BucketqError", "BufferFull", "Codec",
+    "CodecUnavailable", "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket",
+    "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
     "Position", "RateLimit", "Reject", "Retry", "Schedule", "ServerUnreachable", "Stream", "StreamMessage",
     "StreamOptions", "StreamReader", "Worker", "WriteFailed", "list_queues",

@@ -1,16 +1,23 @@
-"""Payload codecs: how a payload becomes the bytes or text stored in a bucket's ``p`` array.
+"""Payload codecs: how a payload becomes the bytes, text or document stored in a bucket's ``p`` array.
 
 A codec is any object with ``name``, ``dump(payload)`` and ``load(stored)``. ``dump`` returns ``str``
-(stored as a BSON string) or ``bytes`` (stored as BSON binary). The codec name is written into each bucket
+(stored as a BSON string) or ``bytes`` (stored as BSON binary); only the built-in ``bson`` codec stores
+documents (``p`` entries of BSON type object, docs/FORMAT.md). The codec name is written into each bucket
 (``enc``) so readers in other languages know how to decode it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+import bson
 import orjson
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.raw_bson import RawBSONDocument
 
+from bucketq.core.format import DOCUMENT_CODEC
 from bucketq.errors import InvalidOption, MalformedBucket
 
 
@@ -20,7 +27,7 @@ class Codec(Protocol):
 
     def dump(self, payload: Any) -> str | bytes: ...
 
-    def load(self, stored: str | bytes) -> Any: ...
+    def load(self, stored: Any) -> Any: ...
 
 
 class CodecUnavailable(MalformedBucket):
@@ -85,6 +92,32 @@ class MsgpackCodec:
         return self._msgpack.unpackb(stored, raw=False, strict_map_key=False)
 
 
+class BsonCodec:
+    """Payloads stored as native BSON subdocuments of ``p``: the Spark connector maps their fields straight to
+    columns (``bucketq_spark.reader``, no JSON parse), and other readers get documents. Payloads must be
+    documents (mappings with str keys) of what BSON stores; anything else fails its push. They come back as
+    BSON gives them: tuples as lists, datetimes in UTC to the millisecond, subclasses as their base type,
+    ``bytes`` as ``bytes``; a consumer gets its own copy, so changing it changes nothing a retry stores."""
+
+    name = DOCUMENT_CODEC
+
+    def dump(self, payload: Any) -> RawBSONDocument:
+        if not isinstance(payload, Mapping):
+            raise TypeError(f"the {self.name} codec stores documents (a dict), not {type(payload).__name__}")
+        # encoded once, now: the size check uses its bytes, and a later change to the caller's dict stores nothing
+        return RawBSONDocument(bson.encode(payload))
+
+    def load(self, stored: Any) -> Any:
+        if not isinstance(stored, Mapping):
+            raise TypeError(f"a {self.name} payload is a document, got {type(stored).__name__}")
+        return bson.decode(bson.encode(stored), codec_options=_AS_READ)
+
+
+# How the store reads documents (``bucketq.store.aio.base.collections``): a consumer's payload decodes alike.
+_AS_READ: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
+                                                      datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+
+
 # Datetimes and dataclasses are refused (there is no ``default``) instead of becoming strings and dicts.
 _JSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
@@ -109,7 +142,7 @@ def _check_json_native(value: Any) -> None:
             raise TypeError(f"{type(item).__name__} is not a JSON type: it would come back as something else")
 
 
-CODECS: dict[str, type] = {"json": JsonCodec, "msgpack": MsgpackCodec}
+CODECS: dict[str, type] = {"json": JsonCodec, "msgpack": MsgpackCodec, DOCUMENT_CODEC: BsonCodec}
 
 
 def codec_named(name: str) -> Codec:

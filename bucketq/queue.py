@@ -55,8 +55,8 @@ class Queue:
 
     ``target`` is a MongoDB URI, an ``AsyncMongoClient``, an ``AsyncDatabase`` or a Motor client/database;
     ``db`` picks the database (default: the URI's, else "bucketq"). ``codec`` is "json" (default, orjson),
-    "msgpack" or any object with ``name``, ``dump`` and ``load``. Other keywords are
-    ``QueueOptions`` and are validated here.
+    "msgpack", "bson" (payloads stored as BSON documents, which Spark reads without a JSON parse) or any object
+    with ``name``, ``dump`` and ``load``. Other keywords are ``QueueOptions`` and are validated here.
     """
 
     def __init__(self, target: Any, *, name: str, db: str | None = None, codec: str | Codec = "json",

@@ -143,6 +143,47 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
     assert released["released"] == held._holding.held.token and released["lease"] is None
 
 
+async def test_bson_documents_match_the_format(make_queue, sync_db):
+    """The bson codec's buckets, retry buckets and dead letters hold documents in ``p``; a ``p`` entry of the wrong
+    kind for its bucket's codec (text in a bson bucket, a document in a json one) makes the bucket malformed."""
+    q = make_queue(codec="bson", bucket_max_wait=0.01, max_attempts=2)
+    payloads = [{"i": i, "at": dt.datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=dt.timezone.utc), "tags": ["a"]}
+                for i in range(3)]
+    await q.push_many(payloads)
+    (doc,) = sync_db.events.find()
+    check_bucket(doc)
+    assert doc["enc"] == "bson" and [as_stored(p) for p in doc["p"]] == payloads
+
+    first = await q.reserve(timeout=2)
+    assert first.payload == payloads[0]
+    first.payload["i"] = "changed"  # the consumer's copy: the retry stores what was pushed
+    await first.nack(delay=0, error="again", wait=True)
+    retry = sync_db.events.find_one({"o": {"$exists": True}})
+    check_bucket(retry)
+    assert retry["enc"] == "bson" and as_stored(retry["p"][0]) == payloads[0]
+    while (m := await q.reserve(timeout=0.5)) is not None:
+        await (m.nack(error="for good", wait=True) if m.id == first.id else m.ack())
+    (dead,) = sync_db["events.dead"].find()
+    check(dead, "dead-fields")
+    assert dead["enc"] == "bson" and as_stored(dead["p"]) == payloads[0]
+
+    now = dt.datetime.now(dt.timezone.utc)
+    for enc, entry in (("bson", '{"i": 1}'), ("json", {"i": 1})):
+        sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": enc, "created": now, "due": now, "n": 1,
+                                   "p": [entry], "done": [], "c": 0, "lease": None})
+    assert await q.reserve(timeout=0.5) is None
+    entries = {e["doc"]["enc"]: e for e in sync_db["events.quarantine"].find()}
+    for entry in entries.values():
+        check(entry, "quarantine-fields")
+    assert "must be a document (codec bson)" in entries["bson"]["reason"]
+    assert "must be a string or binary" in entries["json"]["reason"]
+
+
+def as_stored(payload: dict) -> dict:
+    """A payload as the test's client reads it (naive UTC dates) made comparable to the aware ones pushed."""
+    return {k: as_utc(v) if isinstance(v, dt.datetime) else v for k, v in payload.items()}
+
+
 async def test_skip_mode_message_quarantine_entry_matches(make_queue, sync_db):
     q = make_queue(malformed="skip")
     sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": dt.datetime.now(dt.timezone.utc),

@@ -14,9 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from bucketq.codecs import JsonCodec, MsgpackCodec
+from bucketq.codecs import BsonCodec, JsonCodec, MsgpackCodec
 from bucketq.core.accumulator import Accumulator, SealedBucket
-from bucketq.core.format import BUCKET_OVERHEAD, Slot, bucket_document, parse_bucket, slot_bytes
+from bucketq.core.format import (
+    BUCKET_OVERHEAD,
+    Slot,
+    bucket_document,
+    encode_slot,
+    parse_bucket,
+    payload_size,
+    slot_bytes,
+)
 from bucketq.errors import WriteFailed
 from tests.helpers import examples
 
@@ -289,6 +297,45 @@ def test_msgpack_codec_round_trips(value):
     stored = codec.dump(value)
     assert isinstance(stored, bytes)
     assert codec.load(stored) == value
+
+
+# What BSON keeps as it is: besides JSON's values, 64-bit ints, binary, ObjectIds and UTC dates to the millisecond.
+bson_dates = st.datetimes(timezones=st.just(dt.timezone.utc)).map(lambda d: d.replace(microsecond=d.microsecond // 1000
+                                                                                      * 1000))
+bson_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.text()
+    | st.binary() | st.builds(ObjectId) | bson_dates,
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text().filter(lambda k: "\0" not in k), children, max_size=5),
+    max_leaves=10,
+)
+bson_documents = st.dictionaries(st.text(max_size=10).filter(lambda k: "\0" not in k), bson_values, max_size=6)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(bson_documents, min_size=1, max_size=4))
+def test_bson_codec_round_trips_documents_through_a_stored_bucket(payloads):
+    """Pushed, written, read back by a consumer (the store's codec options), parsed and loaded: the same documents,
+    each bucket no larger than its slots' counted bytes say."""
+    from bucketq.codecs import _AS_READ
+
+    codec = BsonCodec()
+    slots, sizes = zip(*(encode_slot(codec, p, None, None) for p in payloads), strict=True)
+    doc = bucket_document(ObjectId(), slots, codec="bson", created=T0, due=T0)
+    raw = bson.encode(doc)
+    assert len(raw) <= BUCKET_OVERHEAD + sum(sizes)
+    assert [payload_size(slot.payload) for slot in slots] == [len(bson.encode(p)) for p in payloads]
+    parsed = parse_bucket(bson.decode(raw, codec_options=_AS_READ))
+    loaded = [codec.load(p) for p in parsed.payloads]
+    assert loaded == payloads
+    loaded[0]["changed"] = True  # a consumer's copy: the stored payload (what a retry copies) stays as pushed
+    assert "changed" not in parsed.payloads[0]
+
+
+@given(st.one_of(st.lists(st.integers()), st.text(), st.integers(), st.none()))
+def test_bson_codec_refuses_what_is_no_document(payload):
+    with pytest.raises(TypeError, match="stores documents"):
+        BsonCodec().dump(payload)
 
 
 @given(st.sampled_from([math.nan, math.inf, -math.inf]), st.sampled_from(["top", "list", "dict", "flat"]))

@@ -23,6 +23,9 @@ FORMAT_VERSION = 1
 # quarantine them instead (docs/FORMAT.md, Versioning). Ungrouped buckets stay version 1.
 GROUP_FORMAT_VERSION = 2
 MAX_GROUP_BYTES = 1000
+# The codec whose payloads are BSON documents (``bucketq.codecs.BsonCodec``); every other codec's are strings or
+# binary (docs/FORMAT.md, Payloads).
+DOCUMENT_CODEC = "bson"
 MAX_BUCKET_SIZE = 65536
 BSON_LIMIT = 16 * 1024 * 1024
 # Room kept free below the BSON limit for what consumers add later: `done` (at most ~14 bytes a slot),
@@ -60,7 +63,7 @@ class Slot(NamedTuple):
     headers are a ``RawBSONDocument`` encoded at push time, so changing the caller's dict later changes
     nothing stored."""
 
-    payload: str | bytes
+    payload: str | bytes | Mapping[str, Any]  # a document: the ``bson`` codec's (a ``RawBSONDocument`` when pushed)
     headers: Mapping[str, Any] | None = None
     key: str | None = None
     tries: int = 0
@@ -78,12 +81,26 @@ PLAIN_SLOT_TAIL = (None, None, *_SLOT_DEFAULTS_AFTER_KEY)
 PLAIN_SLOT_BYTES = 24
 
 
-def slot_bytes(payload: str | bytes, headers_size: int = 0, key: str | None = None) -> int:
-    """An upper bound of the BSON bytes one slot adds to a bucket (array keys are at most 5 digits)."""
+def payload_size(payload: str | bytes | Mapping[str, Any]) -> int:
+    """A stored payload's bytes: UTF-8 text, binary, or a document's BSON (with its length and terminator)."""
     if isinstance(payload, str):
-        size = len(payload) if payload.isascii() else len(payload.encode())
-    else:
-        size = len(payload)
+        return len(payload) if payload.isascii() else len(payload.encode())
+    if isinstance(payload, bytes):
+        return len(payload)
+    return len(payload.raw) if isinstance(payload, RawBSONDocument) else len(bson.encode(payload))
+
+
+def stored_payload_ok(payload: Any, codec: str) -> TypeGuard[str | bytes | Mapping[str, Any]]:
+    """Whether ``payload`` is a ``p`` entry of a bucket of ``codec``: a document for ``DOCUMENT_CODEC``'s, else a
+    string or binary."""
+    if codec == DOCUMENT_CODEC:
+        return isinstance(payload, Mapping)
+    return isinstance(payload, (str, bytes))
+
+
+def slot_bytes(payload: str | bytes | Mapping[str, Any], headers_size: int = 0, key: str | None = None) -> int:
+    """An upper bound of the BSON bytes one slot adds to a bucket (array keys are at most 5 digits)."""
+    size = payload_size(payload)
     # type byte, key "65535\0", length, terminator / binary subtype (16), and room for the slot's null in `h`/`k`
     # when only some slots have them (8)
     total = size + PLAIN_SLOT_BYTES
@@ -238,7 +255,7 @@ class StoredBucket:
     id: ObjectId
     codec: str
     created: dt.datetime
-    payloads: list[str | bytes]
+    payloads: list[str | bytes | Mapping[str, Any]]
     headers: list[dict[str, Any] | None]
     keys: list[str | None]
     base_tries: list[int]
@@ -315,7 +332,10 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     n = len(payloads)
     if doc.get("n") != n:
         raise MalformedBucket(f"n is {doc.get('n')!r} but p holds {n} payloads")
-    if not all(isinstance(p, (str, bytes)) for p in payloads):
+    if codec == DOCUMENT_CODEC:
+        if not all(isinstance(p, Mapping) for p in payloads):
+            raise MalformedBucket(f"every payload in p must be a document (codec {DOCUMENT_CODEC})")
+    elif not all(isinstance(p, (str, bytes)) for p in payloads):
         raise MalformedBucket("every payload in p must be a string or binary")
     claims = doc.get("c")
     if not _count(claims):

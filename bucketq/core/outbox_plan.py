@@ -16,7 +16,7 @@ from bson import ObjectId
 from pymongo import UpdateOne
 
 from bucketq.core.backoff import check_delay
-from bucketq.core.format import MAX_BUCKET_BYTES, Slot, bucket_document, slot_bytes
+from bucketq.core.format import DOCUMENT_CODEC, MAX_BUCKET_BYTES, Slot, bucket_document, slot_bytes, stored_payload_ok
 
 REJECTED_SUFFIX = "_rejected"
 # A document's events due at once get due times this far apart, in their order: BSON dates count milliseconds.
@@ -51,8 +51,9 @@ def parse_event(value: Any) -> Event:
         raise ValueError("id must be an ObjectId")
     if not isinstance(codec, str) or not codec:
         raise ValueError("enc must be a codec name")
-    if not isinstance(payload, (str, bytes)):
-        raise ValueError("p must be a string or binary (the encoded payload)")
+    if not stored_payload_ok(payload, codec):
+        raise ValueError(f"p must be a {'document' if codec == DOCUMENT_CODEC else 'string or binary'} "
+                         f"(the payload encoded by codec {codec!r})")
     if headers is not None and not isinstance(headers, Mapping):
         raise ValueError("h must be a document")
     if key is not None and not isinstance(key, str):

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from bson import ObjectId
 
-from bucketq.core.format import FORMAT_VERSION, MAX_COUNT, as_utc
+from bucketq.core.format import FORMAT_VERSION, MAX_COUNT, as_utc, payload_size
 from bucketq.core.sharding import MAX_PARTITIONS
 from bucketq.errors import InvalidOption, MalformedBucket
 
@@ -156,7 +156,7 @@ def stream_bucket(sealed: Mapping[str, Any], part: Partition) -> dict[str, Any]:
     payloads = sealed["p"]
     doc: dict[str, Any] = {**part.doc_fields(sealed["s"]), "v": part.version, "b": sealed["b"], "enc": sealed["enc"],
                            "created": sealed["created"], "n": sealed["n"], "p": payloads,
-                           "bytes": sum(len(p) for p in payloads)}
+                           "bytes": sum(map(payload_size, payloads))}
     for per_slot in ("h", "k"):
         if per_slot in sealed:
             doc[per_slot] = sealed[per_slot]
@@ -348,7 +348,7 @@ class HeldStreamBucket:
     cid: dict[str, Any]
     token: str
     codec: str
-    payloads: list[str | bytes]
+    payloads: list[str | bytes | Mapping[str, Any]]
     headers: list[dict[str, Any] | None]
     created: dt.datetime
     done: set[int]  # acked (or skipped) and written to the claim

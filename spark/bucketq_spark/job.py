@@ -30,9 +30,10 @@ from bson import ObjectId
 
 from bucketq.batch import Batch, BatchQueue
 from bucketq.core.backoff import Backoff
+from bucketq.core.format import DOCUMENT_CODEC, payload_size, stored_payload_ok
 from bucketq.errors import BucketqError, InvalidOption
 from bucketq.redaction import redact
-from bucketq_spark.reader import ReadOptions, decode_options, payload_struct, read_messages
+from bucketq_spark.reader import READ_CODECS, ReadOptions, decode_options, payload_struct, read_messages
 from bucketq_spark.session import require_connector
 from bucketq_spark.sinks import Sink
 
@@ -66,6 +67,10 @@ class BatchResult:
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEPS, 0.0))
 
 
+# The connector's error for a value it cannot convert to the schema (a bson payload that does not fit)
+CONNECTOR_DATA_ERROR = "com.mongodb.spark.sql.connector.exceptions.DataException"
+
+
 class BatchJob:
     """Runs ``process`` over the messages of queue ``queue`` in batches of up to ``max_buckets`` buckets.
 
@@ -74,7 +79,8 @@ class BatchJob:
     "message"``, raw payload kept) when the batch commits, and ``process`` never sees them; ``"fail"`` fails
     the batch (``MalformedPayloads``): it is released, and after ``max_attempts`` its buckets go to quarantine
     whole. ``payload_schema`` must be a struct; ``json_options`` may not set ``mode`` nor
-    ``columnNameOfCorruptRecord`` (``InvalidOption``).
+    ``columnNameOfCorruptRecord`` (``InvalidOption``). ``codec``: the payloads' codec it reads, ``"json"`` or
+    ``"bson"`` (``bucketq_spark.reader``); its claims quarantine buckets of any other.
 
     ``progress(event)`` gets dicts ``{"batch", "step", "state": "start"|"running"|"done", "elapsed_s",
     "tasks": (done, total) | None, ...}``: "running" every ``progress_interval`` s while Spark works.
@@ -85,7 +91,7 @@ class BatchJob:
                  max_buckets: int = 100, lease: float = 300.0, max_attempts: int = 5, backoff: Backoff | None = None,
                  read: ReadOptions | None = None, json_options: Mapping[str, str] | None = None,
                  malformed: str = "quarantine", progress: Progress | None = None,
-                 progress_interval: float = 0.5, partitions: int | None = None) -> None:
+                 progress_interval: float = 0.5, partitions: int | None = None, codec: str = "json") -> None:
         if malformed not in MALFORMED_CHOICES:
             raise InvalidOption(f"malformed must be one of {', '.join(MALFORMED_CHOICES)}, got {malformed!r}")
         decode_options(json_options)
@@ -100,8 +106,12 @@ class BatchJob:
         self.max_buckets = max_buckets
         self.read_options = read or ReadOptions()
         self.json_options = json_options
+        if codec not in READ_CODECS:
+            raise InvalidOption(f"codec must be one of {', '.join(READ_CODECS)}, got {codec!r}")
+        self.codec = codec
+        # partitions: the queue's; claims go to one partition at a time
         self.queue = BatchQueue(uri, name=queue, db=database, lease=lease, max_attempts=max_attempts, backoff=backoff,
-                                partitions=partitions)  # the queue's: claims go to one partition at a time
+                                partitions=partitions, codecs=(codec,))
         try:
             require_connector(spark)  # after the URI's check, before anything is claimed
         except BaseException:
@@ -120,14 +130,25 @@ class BatchJob:
         """The batch's messages, cached, and their number, malformed ones included. Those are noted in
         ``batch.malformed`` for ``commit`` to quarantine, or, with ``malformed="fail"``, raise
         ``MalformedPayloads``."""
+        # The payloads' size sizes the partitions.
+        size = sum(payload_size(p) for doc in batch.buckets for p in doc.get("p") or ()
+                   if stored_payload_ok(p, self.codec))
+        try:
+            return self._read(batch, size, as_json=False)
+        except Exception as exc:
+            if self.codec != DOCUMENT_CODEC or CONNECTOR_DATA_ERROR not in str(exc):
+                raise
+        # A bson payload the connector could not convert to payload_schema failed the read: the batch is read again
+        # with its payloads as JSON text, which flags that payload alone (bucketq_spark.reader, Codecs).
+        return self._read(batch, size, as_json=True)
+
+    def _read(self, batch: Batch, size: int, *, as_json: bool) -> tuple[DataFrame, int]:
         from pyspark import StorageLevel
 
-        # The payloads' size sizes the partitions (a character of JSON is a byte unless it is not ASCII).
-        size = sum(len(p) for doc in batch.buckets for p in doc.get("p") or () if isinstance(p, str | bytes))
         df = read_messages(self.spark, self.uri, self.database, self.queue_name, self.payload_schema,
                            token=batch.token, ids=batch.ids, expected_docs=len(batch), expected_bytes=size,
-                           read=self.read_options, json_options=self.json_options
-                           ).persist(StorageLevel.MEMORY_AND_DISK)
+                           read=self.read_options, json_options=self.json_options, codec=self.codec,
+                           as_json=as_json).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             counts = {row.malformed: row["count"] for row in df.groupBy("malformed").count().collect()}
             if counts.get(True):

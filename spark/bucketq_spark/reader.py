@@ -9,7 +9,8 @@ The message columns (``MESSAGE_COLUMNS``), in this order:
     enqueued_at  TIMESTAMP  ``e[slot]``, else the bucket's ``created``
     key          STRING     dedupe key or null
     headers      STRING     the headers document as JSON, or null
-    payload      STRUCT     ``from_json(p[slot], payload_schema)``: the schema is the caller's, never inferred
+    payload      STRUCT     ``from_json(p[slot], payload_schema)`` (``bson``: ``p[slot]`` as the connector reads it):
+                            the schema is the caller's, never inferred
     malformed    BOOLEAN    the payload does not parse with the schema; ``payload`` is then partial or null
 
 ``malformed`` is Spark's own verdict (``from_json`` in PERMISSIVE mode with a corrupt-record column, or a null
@@ -18,8 +19,21 @@ LONG), a top-level value that is not an object (``42``, ``[...]``, ``null``), an
 is not malformed (it reads as null), nor is an extra one, nor text after the first JSON value (Spark ignores it).
 The batch job quarantines malformed messages instead of handing them to ``process`` (``BatchJob(malformed=...)``).
 
-Slots listed in ``done`` (finished by an async consumer before a crash) are skipped. Only ``enc = "json"``
-buckets can be decoded here: the batch claim quarantines the others (``BatchQueue(codecs=("json",))``).
+Slots listed in ``done`` (finished by an async consumer before a crash) are skipped.
+
+Codecs: a read takes the buckets of one codec (``read_buckets(codec=...)`` matches ``enc``): ``"json"`` (the
+default) or ``"bson"``. Given the ``payload_schema``, ``bson`` buckets are read as ``p ARRAY<STRUCT<...>>``:
+the connector maps each payload's fields to columns, with no JSON parse. It converts between numeric types (a
+double read as LONG is truncated, one beyond its range clamped; a numeric string is parsed) and renders any
+value as text for a STRING field; a value it cannot convert (text or a boolean for a LONG, an array for a
+struct) fails the whole read (``DataException``, its default FAILFAST mode: its PERMISSIVE mode flags the
+bucket's document, not the payload, and only for the columns a query happens to read). Without the
+``payload_schema``, ``bson`` buckets are read with ``p`` as text, the connector rendering each document as
+relaxed extended JSON, and decoded by ``from_json`` like ``json`` ones: the slower path, which flags the one
+payload that does not fit as ``malformed`` (a date or decimal field, written ``{"$date": ...}`` there, reads as
+malformed). The batch job reads a batch the first way, and a batch whose read fails the second way
+(``BatchJob(codec="bson")``); its claim quarantines buckets of the other codecs. A collection holding both
+codecs is read once per codec and the two unioned (``unionByName``: the columns are the same).
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ from bson import json_util
 
 from bucketq.connection import check_uri
 from bucketq.core import claims
+from bucketq.core.format import DOCUMENT_CODEC
 from bucketq.errors import InvalidOption
 from bucketq_spark.session import PAGINATE_INTO_PARTITIONS, SINGLE_PARTITION
 
@@ -44,6 +59,8 @@ BUCKET_SCHEMA = (
     "k ARRAY<STRING>, t ARRAY<LONG>, o ARRAY<STRING>, e ARRAY<TIMESTAMP>"
 )
 BUCKET_FIELDS = ("_id", "created", "c", "p", "done", "h", "k", "t", "o", "e")
+# What the reader decodes: the JSON text of ``json`` buckets, the documents of ``bson`` buckets
+READ_CODECS = ("json", DOCUMENT_CODEC)
 MESSAGE_COLUMNS = ("bucket_id", "slot", "message_id", "tries", "enqueued_at", "key", "headers", "payload", "malformed")
 # from_json's corrupt-record field, added to the caller's schema for the decode and dropped from ``payload``
 CORRUPT_FIELD = "_bucketq_corrupt_record"
@@ -105,24 +122,29 @@ class ReadOptions:
 def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, token: str | None = None,
                  ids: Sequence[Any] | None = None, pipeline: list[dict[str, Any]] | None = None,
                  expected_docs: int | None = None, read: ReadOptions | None = None,
-                 expected_bytes: int | None = None) -> DataFrame:
-    """The bucket documents of ``queue`` (all live ones, or those leased under ``token``) as rows of
-    ``BUCKET_SCHEMA``. ``ids``, the ``_id``s of the buckets a batch claimed, make the server find them by its
-    ``_id`` index instead of scanning the collection for the token. ``pipeline`` stages run after that match,
-    before the projection. ``expected_docs`` and ``expected_bytes`` (their BSON size) size the partitions
-    (``ReadOptions``)."""
+                 expected_bytes: int | None = None, codec: str = "json",
+                 payload_schema: str | StructType | None = None) -> DataFrame:
+    """The bucket documents of ``queue`` whose payloads' codec is ``codec`` (all live ones, or those leased under
+    ``token``) as rows of ``BUCKET_SCHEMA``; for ``"bson"`` with a ``payload_schema``, of its ``bucket_schema``.
+    ``ids``, the ``_id``s of the buckets a batch claimed, make the server find them by its ``_id`` index instead of
+    scanning the collection for the token. ``pipeline`` stages run after that match, before the projection.
+    ``expected_docs`` and ``expected_bytes`` (their BSON size) size the partitions (``ReadOptions``)."""
     check_uri(uri)  # before the connector could echo it
+    if codec not in READ_CODECS:
+        raise InvalidOption(f"codec must be one of {', '.join(READ_CODECS)}, got {codec!r}")
     match: dict[str, Any] = claims.LIVE if token is None else {"lease.token": token}
     if ids is not None:
         match = {"_id": {"$in": list(ids)}, **match}
+    match = {**match, "enc": codec}
     stages: list[dict[str, Any]] = [{"$match": match}]
     stages += list(pipeline or [])
     stages.append({"$project": {f: 1 for f in BUCKET_FIELDS}})
     options = (read or ReadOptions()).reader_options(expected_docs, spark.sparkContext.defaultParallelism,
                                                      expected_bytes)
+    documents = codec == DOCUMENT_CODEC and payload_schema is not None
     return (
         spark.read.format("mongodb")
-        .schema(BUCKET_SCHEMA)
+        .schema(bucket_schema(payload_schema) if documents else BUCKET_SCHEMA)  # type: ignore[arg-type]
         .option("connection.uri", uri)
         .option("database", database)
         .option("collection", queue)
@@ -130,6 +152,14 @@ def read_buckets(spark: SparkSession, uri: str, database: str, queue: str, *, to
         .options(**options)
         .load()
     )
+
+
+def bucket_schema(payload_schema: str | StructType) -> StructType:
+    """``BUCKET_SCHEMA`` for ``bson`` buckets: ``p`` as an array of ``payload_schema`` structs."""
+    from pyspark.sql.types import ArrayType, DataType, StructField, StructType
+
+    return StructType([StructField("p", ArrayType(payload_struct(payload_schema))) if f.name == "p" else f
+                       for f in DataType.fromDDL(BUCKET_SCHEMA).fields])
 
 
 def payload_struct(payload_schema: str | StructType) -> StructType:
@@ -161,21 +191,28 @@ def decode_options(json_options: Mapping[str, str] | None) -> dict[str, str]:
 
 def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
                      json_options: Mapping[str, str] | None = None) -> DataFrame:
-    """One row per unfinished message of ``buckets`` (rows of ``BUCKET_SCHEMA``), columns ``MESSAGE_COLUMNS``."""
+    """One row per unfinished message of ``buckets`` (rows of ``BUCKET_SCHEMA``, or of ``bucket_schema`` for
+    ``bson`` buckets), columns ``MESSAGE_COLUMNS``."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     schema = payload_struct(payload_schema)
     with_corrupt = StructType([*schema.fields, StructField(CORRUPT_FIELD, StringType())])
+    options = decode_options(json_options)
     exploded = buckets.select("*", F.posexplode("p").alias("slot", "raw"))
     slot = F.col("slot")
     unfinished = exploded.where(~F.coalesce(F.array_contains("done", slot.cast("long")), F.lit(False)))
-    # Each payload is decoded once, as the input of a generator over one element: `decoded` is then the
-    # generator's output, which the optimizer cannot inline. (From a projection, it copies from_json into every
-    # use of `decoded`, and into any filter on `malformed` pushed below it: three or four parses a payload.)
-    decoded = unfinished.select("*", F.explode(F.array(F.from_json("raw", with_corrupt, decode_options(json_options))))
-                                .alias("decoded"))
-    payload = F.col("decoded")
+    if isinstance(buckets.schema["p"].dataType.elementType, StructType):  # type: ignore[attr-defined]
+        # bson buckets read with their payload schema: the connector made the structs (or failed the read)
+        decoded, payload, malformed = unfinished, F.col("raw"), F.col("raw").isNull()
+    else:
+        # Each payload is decoded once, as the input of a generator over one element: `decoded` is then the
+        # generator's output, which the optimizer cannot inline. (From a projection, it copies from_json into every
+        # use of `decoded`, and into any filter on `malformed` pushed below it: three or four parses a payload.)
+        decoded = unfinished.select("*", F.explode(F.array(F.from_json("raw", with_corrupt, options))).alias("decoded"))
+        parsed = F.col("decoded")
+        payload = parsed.dropFields(CORRUPT_FIELD)
+        malformed = parsed.isNull() | parsed[CORRUPT_FIELD].isNotNull()
     return decoded.select(
         F.col("_id").alias("bucket_id"),
         slot,
@@ -184,16 +221,18 @@ def explode_messages(buckets: DataFrame, payload_schema: str | StructType,
         F.coalesce(F.get("e", slot), F.col("created")).alias("enqueued_at"),
         F.get("k", slot).alias("key"),
         F.get("h", slot).alias("headers"),
-        payload.dropFields(CORRUPT_FIELD).alias("payload"),
-        (payload.isNull() | payload[CORRUPT_FIELD].isNotNull()).alias("malformed"),
+        payload.alias("payload"),
+        malformed.alias("malformed"),
     )
 
 
 def read_messages(spark: SparkSession, uri: str, database: str, queue: str, payload_schema: str | StructType, *,
                   token: str | None = None, ids: Sequence[Any] | None = None, expected_docs: int | None = None,
                   read: ReadOptions | None = None, json_options: Mapping[str, str] | None = None,
-                  expected_bytes: int | None = None) -> DataFrame:
-    """``read_buckets`` then ``explode_messages``."""
+                  expected_bytes: int | None = None, codec: str = "json", as_json: bool = False) -> DataFrame:
+    """``read_buckets`` then ``explode_messages``. ``as_json`` reads ``bson`` payloads as JSON text, the slower
+    path that flags each payload that does not fit instead of failing the read."""
     buckets = read_buckets(spark, uri, database, queue, token=token, ids=ids, expected_docs=expected_docs,
-                           read=read, expected_bytes=expected_bytes)
+                           read=read, expected_bytes=expected_bytes, codec=codec,
+                           payload_schema=None if as_json else payload_schema)
     return explode_messages(buckets, payload_schema, json_options)

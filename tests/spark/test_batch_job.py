@@ -350,3 +350,67 @@ def test_batch_job_rejects_options_that_would_hide_malformed_payloads(spark, mon
     kw = {"payload_schema": SCHEMA, "process": _rows, "sink": ParquetSink(str(tmp_path)), **bad}
     with pytest.raises(InvalidOption):
         BatchJob(spark, mongo_uri, db_name, "events", **kw)
+
+
+def test_bson_reader_maps_documents_and_its_json_path_flags_exactly_the_payloads_that_do_not_fit(
+        spark, mongo_uri, db_name, sync_db) -> None:
+    """``bson`` buckets: the connector maps payload fields to columns, or fails the read on a value it cannot
+    convert; read as JSON text instead, each payload that does not fit is flagged alone. Buckets of another
+    codec are left to their own read, and the two reads union."""
+    from bucketq_spark.job import CONNECTOR_DATA_ERROR
+    from bucketq_spark.reader import read_messages
+
+    good = {"account": "a", "amount": 1.5, "seq": 1, "ts": 2.0}
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def bucket(payloads, enc="bson", done=()):
+        return {"_id": ObjectId(), "v": 1, "enc": enc, "created": now, "due": now, "n": len(payloads),
+                "p": payloads, "done": list(done), "c": 1, "lease": None}
+
+    clean = bucket([good, {"account": "b", "amount": 2, "seq": 2}, {"seq": 99}], done=[2])  # an int32 amount
+    sync_db.events.insert_many([clean, bucket(['{"seq": 3}'], enc="json")])
+    df = read_messages(spark, mongo_uri, db_name, "events", SCHEMA, codec="bson")
+    rows = sorted(df.collect())
+    assert [(r.slot, r.payload.asDict(), r.malformed) for r in rows] == [
+        (0, good, False), (1, {"account": "b", "amount": 2.0, "seq": 2, "ts": None}, False)]
+    assert df.schema == read_messages(spark, mongo_uri, db_name, "events", SCHEMA).schema
+    both = read_messages(spark, mongo_uri, db_name, "events", SCHEMA).unionByName(df)
+    assert sorted(r.payload.seq for r in both.collect()) == [1, 2, 3]
+
+    verdicts = [  # (payload, malformed?) of one bucket
+        (good, False), ({}, False), ({"account": "a", "extra": [1]}, False),
+        ({"account": "a", "amount": "x"}, True), ({"amount": True}, True), ({"seq": [1]}, True), ("text", True),
+        ({"account": "b", "amount": 2, "seq": 2}, False),
+    ]  # (a null entry would hide the bucket: Spark's IsNotNull(p), pushed down, matches no array holding a null)
+    flagged = bucket([p for p, _ in verdicts])
+    sync_db.events.insert_one(flagged)
+    with pytest.raises(Exception, match=CONNECTOR_DATA_ERROR):
+        read_messages(spark, mongo_uri, db_name, "events", SCHEMA, codec="bson").collect()
+    as_json = read_messages(spark, mongo_uri, db_name, "events", SCHEMA, codec="bson", as_json=True)
+    rows = {(r.bucket_id, r.slot): r for r in as_json.collect()}
+    assert [rows[str(flagged["_id"]), i].malformed for i in range(len(verdicts))] == [m for _, m in verdicts]
+    assert rows[str(flagged["_id"]), 0].payload.asDict() == good == rows[str(clean["_id"]), 0].payload.asDict()
+    assert len(rows) == len(verdicts) + 2, "the done slot and the json bucket are not read"
+
+
+async def test_bson_batch_job_quarantines_what_does_not_fit_and_the_other_codecs_buckets(
+        spark, make_queue, mongo_uri, db_name, sync_db, tmp_path) -> None:
+    from bucketq_spark.sinks import ParquetSink
+
+    events = _events(0, 120)
+    events[77]["amount"] = "12,50 EUR"  # not a DOUBLE: the connector would fail the read
+    q = make_queue(bucket_max_size=50, bucket_max_wait=0.02, codec="bson")
+    await q.push_many(events)
+    await q.close()
+    await _push(make_queue, _events(500, 3))  # a json bucket in the same queue
+    sink = ParquetSink(str(tmp_path / "rows"))
+
+    with _job(spark, mongo_uri, db_name, sink, codec="bson") as job:
+        results = job.run()
+
+    entries = {e["kind"]: e for e in sync_db["events.quarantine"].find()}
+    assert sorted(entries) == ["bucket", "message"]
+    assert entries["message"]["enc"] == "bson" and entries["message"]["p"] == events[77]  # the document, as stored
+    assert entries["bucket"]["doc"]["enc"] == "json" and "codec 'json'" in entries["bucket"]["reason"]
+    _assert_exactly_once(sink.read(spark), [i for i in range(120) if i != 77])
+    assert sum(r.malformed for r in results) == 1 and sync_db.events.count_documents(claims.LIVE) == 0
