@@ -86,7 +86,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         timeout = check_timeout(timeout)
         if self._permits is None:
             # A message at hand is served without a further coroutine (most reserves of a busy consumer).
-            message = self._at_hand()
+            message = self._next_message()
             if message is None:
                 message = await self._reserve(timeout)
         else:
@@ -103,16 +103,6 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
             await asyncio.sleep(0)
         return message
 
-    def _at_hand(self) -> Message | None:
-        """``_next_message``, and the claim ahead started when it came from the newest bucket held while the queue
-        has a backlog (``_claim_ahead``)."""
-        message = self._next_message()
-        if (message is not None and message._holding is self._holdings[-1] and self._backlog(message._holding.held)
-                and not self._claim_lock.locked() and (self._ahead is None or self._ahead.done())):
-            self._ahead = self._spawn(self._claim_ahead(message._holding))
-            self._ahead_unstarted = True
-        return message
-
     async def _reserve(self, timeout: float | None) -> Message | None:
         """``reserve`` when no message is at hand: claim, or wait for a wake-up, until one is or ``timeout``."""
         self._start()  # before the first claim: a message at hand means the flusher runs already
@@ -120,7 +110,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         claimed = False
         must_claim = timeout == 0  # a reserve that may not wait claims once, wake-up or not
         while True:
-            message = self._at_hand()
+            message = self._next_message()
             if message is not None:
                 return message
             if self._draining:
@@ -211,6 +201,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         return None, claimed
 
     def _next_message(self) -> Message | None:
+        """The next message at hand, if any; the claim ahead is started when it came from the newest bucket held
+        while the queue has a backlog and no claim is under way (``_claim_ahead``)."""
         now = self._clock.latest()  # serve only while no reading of the clock could put the lease past its end
         for holding in self._holdings:
             held = holding.held
@@ -222,6 +214,10 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                     self._schedule_flush(holding)
                 continue
             self._metrics.consumed(1)
+            if (holding is self._holdings[-1] and self._backlog(held) and not self._claim_lock.locked()
+                    and (self._ahead is None or self._ahead.done())):
+                self._ahead = self._spawn(self._claim_ahead(holding))
+                self._ahead_unstarted = True
             return Message(holding.payloads[slot], self, holding, slot)
         return None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
@@ -315,7 +316,7 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     n = len(payloads)
     if doc.get("n") != n:
         raise MalformedBucket(f"n is {doc.get('n')!r} but p holds {n} payloads")
-    if not all(isinstance(p, (str, bytes)) for p in payloads):
+    if not all(map(isinstance, payloads, itertools.repeat((str, bytes)))):  # in C: a check a message
         raise MalformedBucket("every payload in p must be a string or binary")
     claims = doc.get("c")
     if not _count(claims):
