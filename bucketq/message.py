@@ -23,6 +23,8 @@ class Consumer(Protocol):
     async def resolve(self, holding: Any, slot: int, outcome: tuple[str, float | None, str], *,
                       wait: bool) -> float | None: ...
 
+    def ack_at_once(self, holding: Any, slot: int) -> bool: ...
+
 
 class Message:
     """``payload``, ``id`` (stable across retries), ``tries`` (0 on first delivery), ``headers``,
@@ -84,7 +86,9 @@ class Message:
         """Mark the message done. It is written at the next state flush (``state_flush_period``) or when its
         bucket is finished; ``wait=True`` waits for that write. Raises ``LeaseLost`` if this consumer no
         longer holds the bucket (another consumer will deliver the message again)."""
-        await self._consumer.resolve(self._holding, self._slot, ("ack", None, ""), wait=wait)
+        # Most acks only record the state (no write waited for, no dedupe key to store first): no coroutine
+        if wait or not self._consumer.ack_at_once(self._holding, self._slot):
+            await self._consumer.resolve(self._holding, self._slot, ("ack", None, ""), wait=wait)
 
     async def nack(self, delay: float | None = None, *, error: str | BaseException | None = None,
                    wait: bool = False) -> float | None:

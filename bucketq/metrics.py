@@ -26,6 +26,7 @@ empty method.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -192,15 +193,11 @@ class OtelMetrics(Metrics):
         if not applied:
             totals.lease_lost += 1
             return
-        for state in plan.slots.values():
-            if state is SlotState.ACKED:
-                totals.acked += 1
-            elif state is SlotState.RETRY:
-                totals.nacked += 1
-            elif state is SlotState.DEAD:
-                totals.dead += 1
-            elif state is SlotState.QUARANTINED:
-                totals.quarantined += 1
+        states = Counter(plan.slots.values())  # counted in C: a plan holds a state a message
+        totals.acked += states[SlotState.ACKED]
+        totals.nacked += states[SlotState.RETRY]
+        totals.dead += states[SlotState.DEAD]
+        totals.quarantined += states[SlotState.QUARANTINED]
 
     def quarantined(self, n: int) -> None:
         self._t.quarantined += n

@@ -77,6 +77,9 @@ class Queue:
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
                                   on_written=self._wakeup.notify, before_write=self._ready)
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup)
+        # the change streams a consumer keeps open (``_consumer_set_up``): made once, not at every reserve
+        self._watches: list[Watched] = [self._store.watch_changes, (self._store.watch_control,
+                                                                    self._store.pause.changed)]
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
                                               self.options.write_timeout))
 
@@ -186,8 +189,7 @@ class Queue:
         if self._life.housekeeping is None or self._clock.stale:
             return False
         if self.options.change_streams is not False:
-            watches: list[Watched] = [self._store.watch_changes, (self._store.watch_control, self._store.pause.changed)]
-            self._wakeup.start_stream(watches, self._clock, required=bool(self.options.change_streams))
+            self._wakeup.start_stream(self._watches, self._clock, required=bool(self.options.change_streams))
         return True
 
     # -- observing -----------------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from bson import ObjectId
+from bson import Binary, ObjectId
 
 from bucketq import Outgoing
-from bucketq.core.format import FORMAT_VERSION, GROUP_FORMAT_VERSION, as_utc
+from bucketq.core.format import FORMAT_VERSION, GROUP_FORMAT_VERSION, Slot, as_utc, bucket_document, parse_bucket
+from bucketq.errors import MalformedBucket
 
 FORMAT_MD = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 TYPES = {"objectId": ObjectId, "int": int, "string": str, "date": dt.datetime, "binData": bytes, "object": dict,
@@ -354,3 +355,18 @@ async def test_rate_limit_windows_match_the_format(make_queue, sync_db):
     check(window, "rate-fields")
     assert window["_id"].replace(tzinfo=None) == limit.window(q._clock.now()).replace(tzinfo=None)
     assert window["n"] >= limit.limit
+
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize("stored", [b"{}", Binary(b"{}", 128)])
+def test_a_payload_is_stored_as_a_string_or_binary(stored):
+    """Strings and binaries of any subtype (``Binary`` is a ``bytes``) parse; anything else is a malformed bucket."""
+    doc = bucket_document(ObjectId(), [Slot('"a"'), Slot("{}")], codec="json", created=NOW, due=NOW)
+    doc["p"][1] = stored
+    assert parse_bucket(doc).payloads[1] == stored
+    for bad in (1, None, ["{}"]):
+        doc["p"][1] = bad
+        with pytest.raises(MalformedBucket, match="every payload in p must be a string or binary"):
+            parse_bucket(doc)

@@ -257,8 +257,10 @@ def test_an_extension_counts_only_once_applied():
     later = T0 + dt.timedelta(seconds=20)
     plan = held.take_plan(later)
     assert held.lease_until == POLICY.lease_from(T0), "an extension in flight must not count yet"
+    assert held.serve(POLICY.lease_from(T0)) is None, "nothing served past the lease applied so far"
     held.outcome(plan, applied=True)
     assert held.lease_until == POLICY.lease_from(later)
+    assert held.serve(POLICY.lease_from(T0)) is not None, "the extension applied moves the bound serve checks"
 
 
 def test_retry_buckets_of_a_full_bucket_are_split_below_the_bson_limit():

@@ -85,32 +85,33 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
             raise QueueClosed("the consumer is draining or closed")
         timeout = check_timeout(timeout)
         if self._permits is None:
-            return await self._reserve(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not await self._permits.wait_for_one(deadline, lambda: self._draining):
-            return None
-        message = await self._reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if message is None:
-            self._permits.give_back(1)
+            # A message at hand is served without a further coroutine (most reserves of a busy consumer).
+            message = self._next_message()
+            if message is None:
+                message = await self._reserve(timeout)
+        else:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if not await self._permits.wait_for_one(deadline, lambda: self._draining):
+                return None
+            message = await self._reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if message is None:
+                self._permits.give_back(1)
+        if message is not None and self._ahead_unstarted:
+            # Yield until the claim ahead has sent its request: tasks whose handlers never await I/O would not
+            # yield before the messages at hand run out, and its round trip would not overlap their work. Every
+            # such task yields once a message meanwhile, so it is soon its turn.
+            await asyncio.sleep(0)
         return message
 
     async def _reserve(self, timeout: float | None) -> Message | None:
-        self._start()
+        """``reserve`` when no message is at hand: claim, or wait for a wake-up, until one is or ``timeout``."""
+        self._start()  # before the first claim: a message at hand means the flusher runs already
         deadline = None if timeout is None else time.monotonic() + timeout
         claimed = False
         must_claim = timeout == 0  # a reserve that may not wait claims once, wake-up or not
         while True:
             message = self._next_message()
             if message is not None:
-                if (message._holding is self._holdings[-1] and self._backlog(message._holding.held)
-                        and not self._claim_lock.locked() and (self._ahead is None or self._ahead.done())):
-                    self._ahead = self._spawn(self._claim_ahead(message._holding))
-                    self._ahead_unstarted = True
-                if self._ahead_unstarted:
-                    # Yield until the claim ahead has sent its request: tasks whose handlers never await I/O
-                    # would not yield before the messages at hand run out, and its round trip would not overlap
-                    # their work. Every such task yields once a message meanwhile, so it is soon its turn.
-                    await asyncio.sleep(0)
                 return message
             if self._draining:
                 return None
@@ -200,6 +201,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         return None, claimed
 
     def _next_message(self) -> Message | None:
+        """The next message at hand, if any; the claim ahead is started when it came from the newest bucket held
+        while the queue has a backlog and no claim is under way (``_claim_ahead``)."""
         now = self._clock.latest()  # serve only while no reading of the clock could put the lease past its end
         for holding in self._holdings:
             held = holding.held
@@ -211,6 +214,10 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                     self._schedule_flush(holding)
                 continue
             self._metrics.consumed(1)
+            if (holding is self._holdings[-1] and self._backlog(held) and not self._claim_lock.locked()
+                    and (self._ahead is None or self._ahead.done())):
+                self._ahead = self._spawn(self._claim_ahead(holding))
+                self._ahead_unstarted = True
             return Message(holding.payloads[slot], self, holding, slot)
         return None
 
@@ -239,7 +246,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
     # -- resolving -----------------------------------------------------------------------------------------
 
     def ack_at_once(self, holding: Holding, slot: int) -> bool:
-        """Ack ``slot`` now, without a coroutine (``ack_many`` one message at a time); False, having done nothing,
+        """Ack ``slot`` now, without a coroutine (``Message.ack``, ``ack_many``); False, having done nothing,
         when the ack has a dedupe key to store first and so goes through ``resolve``."""
         held = holding.held
         if self._options.dedupe and held.bucket.keys[slot] is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
@@ -333,9 +334,9 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
     if doc.get("n") != n:
         raise MalformedBucket(f"n is {doc.get('n')!r} but p holds {n} payloads")
     if codec == DOCUMENT_CODEC:
-        if not all(isinstance(p, Mapping) for p in payloads):
+        if not all(map(isinstance, payloads, itertools.repeat(Mapping))):  # in C: a check a message
             raise MalformedBucket(f"every payload in p must be a document (codec {DOCUMENT_CODEC})")
-    elif not all(isinstance(p, (str, bytes)) for p in payloads):
+    elif not all(map(isinstance, payloads, itertools.repeat((str, bytes)))):
         raise MalformedBucket("every payload in p must be a string or binary")
     claims = doc.get("c")
     if not _count(claims):

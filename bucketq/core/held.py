@@ -111,9 +111,9 @@ class ClaimedBucket:
     def __init__(self, bucket: StoredBucket, token: str, lease_until: dt.datetime, policy: Policy) -> None:
         self.bucket = bucket
         self.token = token
-        self.lease_until = lease_until
         self.policy = policy
         self._margin = dt.timedelta(seconds=policy.lease * policy.safety)  # see lease_ending
+        self.lease_until = lease_until
         self.lost = False
         self.ended = False
         self.giving_back = False  # a drain is releasing the bucket: no more resolutions
@@ -134,6 +134,16 @@ class ClaimedBucket:
         self.held_back: int | None = None
         self.lock_until = lease_until  # the group's lock: taken with the lease's expiry, then as applied
 
+    @property
+    def lease_until(self) -> dt.datetime:
+        """The lease's expiry as the server last applied it."""
+        return self._lease_until
+
+    @lease_until.setter
+    def lease_until(self, value: dt.datetime) -> None:
+        self._lease_until = value
+        self._serve_until = value - self._margin  # lease_ending's bound: not worked out again a message
+
     # -- serving -------------------------------------------------------------------------------------------
 
     def tries(self, slot: int) -> int:
@@ -142,7 +152,7 @@ class ClaimedBucket:
 
     def lease_ending(self, now: dt.datetime) -> bool:
         """Lost, ended, or within the safety margin of the lease expiry the server last applied."""
-        return self.lost or self.ended or now >= self.lease_until - self._margin
+        return self.lost or self.ended or now >= self._serve_until
 
     def serve(self, now: dt.datetime) -> int | None:
         """The next slot to hand out, marked SERVED; None when nothing is left or the lease is ending.
