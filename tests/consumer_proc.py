@@ -29,6 +29,7 @@ async def main() -> None:
     parser.add_argument("--dedupe", action="store_true")
     parser.add_argument("--die-after", type=int, default=0)
     parser.add_argument("--rate-limit", help="LIMIT/PER: the queue's rate limit (bucketq.RateLimit)")
+    parser.add_argument("--idle-timeout", type=float, default=3.0, help="seconds idle before it ends")
     args = parser.parse_args()
     client: AsyncMongoClient = AsyncMongoClient(args.uri, tz_aware=True)
     rate_limit = None
@@ -39,7 +40,7 @@ async def main() -> None:
                       rate_limit=rate_limit)
     processed = client[args.db].processed
     handled = 0
-    async for message in q.consume(idle_timeout=3.0):
+    async for message in q.consume(idle_timeout=args.idle_timeout):
         start = time.time()
         await asyncio.sleep(0.001)  # the handler's work
         record = {"msg": message.id, "i": message.payload["i"], "g": message.payload.get("g"), "pid": os.getpid(),

@@ -246,7 +246,7 @@ def _run_consumer(mongo_uri: str, db_name: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events", *args])
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 async def test_a_sigkilled_consumer_holding_groups_leaves_them_to_resume_in_order(make_queue, sync_db, mongo_uri,
                                                                                  db_name):
     q = make_queue(bucket_max_size=10, bucket_max_wait=0.01)
@@ -259,6 +259,12 @@ async def test_a_sigkilled_consumer_holding_groups_leaves_them_to_resume_in_orde
     late = _run_consumer(mongo_uri, db_name)
     for proc in (survivor, late):
         assert await asyncio.to_thread(proc.wait, 120) == 0
+    if len({(r["g"], r["i"]) for r in sync_db.processed.find()}) < groups * per_group:
+        # A kill between a bucket's release and its hand-off leaves the group's waiting buckets to come back by
+        # themselves within 10 s (30 s for one that waited already: README, Known defects and limits), longer than
+        # the consumers' 3 s idle timeout: one more consumer waits that out.
+        patient = _run_consumer(mongo_uri, db_name, "--idle-timeout", "35")
+        assert await asyncio.to_thread(patient.wait, 120) == 0
     went_back = 0
     by_group = defaultdict(list)
     for r in sync_db.processed.find():

@@ -41,13 +41,23 @@ async def test_consumers_together_serve_at_most_the_limit_in_each_window(make_qu
     windows: Counter[dt.datetime] = Counter()
     seen: list[int] = []
 
+    all_seen = asyncio.Event()
+
     async def consume(q: bucketq.Queue) -> None:
-        async for m in q.consume(idle_timeout=1.0):
+        async for m in q.consume():
             windows[limit.window(q._clock.now())] += 1  # the window it was served in, by this consumer's clock
             seen.append(m.payload)
             await m.ack()
+            if len(seen) == 40:
+                all_seen.set()
 
-    await asyncio.gather(*(consume(q) for q in consumers))
+    tasks = [asyncio.create_task(consume(q)) for q in consumers]
+    # Until all are served, not until the consumers idle: the one holding the bucket can stall for seconds (README,
+    # Known defects and limits), which this test is not about.
+    await asyncio.wait_for(all_seen.wait(), 60)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     assert sorted(seen) == list(range(40))
     # A permit taken at the very end of a window can be spent just after it: one per consumer at most.
     assert max(windows.values()) <= limit.limit + len(consumers), windows
