@@ -169,7 +169,6 @@ class Producer:
         grouped item takes no delay, and no priority: level 0)."""
         prepared: list[tuple[Slot, int, dt.datetime | None]] = []
         routes: list[tuple[str | None, int]] = []  # each item's group and level
-        plain = True  # every item due now, ungrouped, of level 0: the run path (_push_runs)
         for index, item in enumerate(payloads):
             try:
                 if isinstance(item, Outgoing):
@@ -179,43 +178,43 @@ class Producer:
                                                   headers if item.headers is None else item.headers, item.key,
                                                   item.group, level, item.unique_for))
                     routes.append((item.group, level))
-                    plain = plain and item.group is None and not level and prepared[-1][2] is None
                 else:
                     prepared.append(self._prepare(item, delay, None, headers, None, None, priority))
                     routes.append((None, priority))
-                    plain = plain and not priority and prepared[-1][2] is None
             except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
                 raise type(exc)(f"payload {index}: {exc}") from exc
         if not prepared:
             return []
-        many = _Many(len(prepared))
-        if plain:
-            await self._push_runs(many, [p[0] for p in prepared], [p[1] for p in prepared])
-            return await many.future
-        limit = self._options.max_buffered_bytes
-        run: _Run | None = None  # the waiter of the messages just added to the open bucket of messages due now
-        for index, (slot, size, due) in enumerate(prepared):
-            group, level = routes[index]
-            plain = due is None and group is None and not level  # of the open bucket of messages due now
-            if self._acc.buffered_bytes + size > limit:
+        # each message due now, ungrouped and of level 0: of the open bucket of such messages, which takes runs
+        now = [due is None and group is None and not level
+               for (_, _, due), (group, level) in zip(prepared, routes, strict=True)]
+        slots, sizes = [p[0] for p in prepared], [p[1] for p in prepared]
+        many, index, n = _Many(len(prepared)), 0, len(prepared)
+        while index < n:
+            if now[index]:
+                end = index + 1
+                while end < n and now[end]:
+                    end += 1
+                await self._push_run(many, slots, sizes, index, end)
+                index = end
+            else:
+                _, size, due = prepared[index]
                 await self._wait_for_space(size)
-                run = None  # other pushes may have come in between
-            if run is not None and plain and self._acc.append(slot, size, run):
-                continue  # the next message of the run, in the same bucket
-            waiter = _Run(many, index)
-            self._add(slot, size, due, waiter, group, level)
-            run = waiter if plain else None
+                self._add(slots[index], size, due, _Run(many, index), *routes[index])
+                index += 1
         return await many.future
 
-    async def _push_runs(self, many: _Many, slots: list[Slot], sizes: list[int]) -> None:
-        """``push_many``'s messages all due now, ungrouped and of level 0: a bucket's worth at a time into the open
-        bucket of such messages (``Accumulator.extend``), one waiter a bucket, settled once."""
-        limit, n, index = self._options.max_buffered_bytes, len(slots), 0
-        while index < n:
-            taken = self._acc.extend(slots, sizes, index, _Run(many, index), limit - self._acc.buffered_bytes)
+    async def _push_run(self, many: _Many, slots: list[Slot], sizes: list[int], start: int, end: int) -> None:
+        """``push_many``'s messages ``start`` to ``end`` (excluded), all due now, ungrouped and of level 0: a bucket's
+        worth at a time into the open bucket of such messages (``Accumulator.extend``), one waiter a bucket, settled
+        once."""
+        limit, index = self._options.max_buffered_bytes, start
+        while index < end:
+            run = _Run(many, index)
+            taken = self._acc.extend(slots, sizes, index, end, run, limit - self._acc.buffered_bytes)
             if not taken:  # no open bucket, a full one, or no room: one message the general way opens the next
                 await self._wait_for_space(sizes[index])
-                self._add(slots[index], sizes[index], None, _Run(many, index))
+                self._add(slots[index], sizes[index], None, run)
                 taken = 1
             elif not self._commit_soon:
                 self._add_done()

@@ -130,7 +130,7 @@ def test_extend_fills_buckets_as_appending_one_by_one_does(lengths, max_size, ma
         sealed, log, index = [], _RunLog(), 0
         while index < len(slots):
             if bulk:
-                taken = acc.extend(slots, sizes, index, log, room + sizes[index] * (index % 3 == 0))
+                taken = acc.extend(slots, sizes, index, len(slots), log, room + sizes[index] * (index % 3 == 0))
             else:  # append while it takes the next message and the room holds it
                 taken, added = 0, 0
                 while index + taken < len(slots) and added + sizes[index + taken] <= room + \
@@ -263,7 +263,7 @@ def test_sealed_bucket_resolves_each_waiter_once_with_a_failure_of_its_own(n, ca
     for i in cancelled & set(range(n)):
         waiters[i].cancel()
     error = ConnectionError("refused") if fails else None
-    bucket = SealedBucket(doc, list(waiters), [1] * n, 0, immediate=True)
+    bucket = SealedBucket(doc, list(waiters), 0, immediate=True)
     bucket.resolve(error)
     bucket.resolve(ConnectionError("a second outcome changes nothing"))
     live = [(i, w) for i, w in enumerate(waiters) if i not in cancelled]

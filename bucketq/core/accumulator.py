@@ -63,11 +63,12 @@ class SealedBucket:
 
     document: dict[str, Any]
     waiters: list[Waiter]
-    counts: list[int]  # the consecutive slots each waiter stands for: 1, or a run's length (``extend``)
     size_bytes: int
     immediate: bool  # due at once: the writer stamps ``due`` when it writes the bucket
     group: str | None = None
     merged: dict[int, str] = field(default_factory=dict)  # unique jobs: slot -> the id of the job it merged into
+    # waiter index -> how many consecutive slots that waiter stands for, when more than one (``extend``'s runs)
+    runs: dict[int, int] = field(default_factory=dict)
 
     @property
     def id(self) -> ObjectId:
@@ -80,9 +81,10 @@ class SealedBucket:
         waiters, self.waiters = self.waiters, []
         prefix = str(self.id)  # message ids are "<bucket id>:<slot>" (format.message_id), built in one pass
         if error is None:
-            merged = self.merged
+            merged, runs = self.merged, self.runs
             slot = 0
-            for waiter, count in zip(waiters, self.counts, strict=False):  # no waiters on a second resolve
+            for index, waiter in enumerate(waiters):
+                count = runs.get(index, 1) if runs else 1
                 if count == 1:
                     if not waiter.done():
                         waiter.set_result(merged[slot] if merged and slot in merged else f"{prefix}:{slot}")
@@ -107,7 +109,7 @@ class _OpenBucket:
     created: dt.datetime
     slots: list[Slot] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)  # SealedBucket.counts
+    runs: dict[int, int] = field(default_factory=dict)  # SealedBucket.runs
     size_bytes: int = BUCKET_OVERHEAD
     latest_due: dt.datetime | None = None
     group: str | None = None
@@ -173,7 +175,6 @@ class Accumulator:
                 self.buffered_bytes += GROUP_OVERHEAD  # given back with the rest by ``written``
         bucket.slots.append(slot)
         bucket.waiters.append(waiter)
-        bucket.counts.append(1)
         bucket.size_bytes += slot_size
         self.buffered_bytes += slot_size
         if _window(key) != NOW and due is not None and (bucket.latest_due is None or due > bucket.latest_due):
@@ -194,20 +195,19 @@ class Accumulator:
             return False
         slots.append(slot)
         bucket.waiters.append(waiter)
-        bucket.counts.append(1)
         bucket.size_bytes = size
         self.buffered_bytes += slot_size
         return True
 
-    def extend(self, slots: list[Slot], sizes: list[int], start: int, waiter: RunWaiter, room: int) -> int:
-        """``append`` for many messages at once (``push_many``): add ``slots[start:]`` (their sizes in ``sizes``),
+    def extend(self, slots: list[Slot], sizes: list[int], start: int, end: int, waiter: RunWaiter, room: int) -> int:
+        """``append`` for many messages at once (``push_many``): add ``slots[start:end]`` (their sizes in ``sizes``),
         as many as the open bucket of messages due now takes without being made full and as fit in ``room``
         bytes, under one waiter settled once (``RunWaiter.set_results``). Returns how many it took: 0 when there
         is no such open bucket or the first does not fit; the caller then ``add``s that one."""
         bucket = self._open.get(NOW)
         if bucket is None:
             return 0
-        taken = min(self.max_size - 1 - len(bucket.slots), len(slots) - start)
+        taken = min(self.max_size - 1 - len(bucket.slots), end - start)
         if taken <= 0:
             return 0
         # append's byte rule for each message in turn: the bucket stays below max_bytes
@@ -216,8 +216,9 @@ class Accumulator:
         if fits <= 0:
             return 0
         bucket.slots += slots[start:start + fits]
+        if fits > 1:
+            bucket.runs[len(bucket.waiters)] = fits
         bucket.waiters.append(waiter)
-        bucket.counts.append(fits)
         added = ends[fits] - bucket.size_bytes
         bucket.size_bytes = ends[fits]
         self.buffered_bytes += added
@@ -273,8 +274,8 @@ class Accumulator:
         assert due is not None  # every add to a delayed bucket sets latest_due
         document = bucket_document(bucket.id, bucket.slots, codec=self.codec, created=bucket.created, due=due,
                                    group=group, priority=bucket.priority)
-        sealed = SealedBucket(document, bucket.waiters, bucket.counts, bucket.size_bytes, immediate=immediate,
-                              group=group)
+        sealed = SealedBucket(document, bucket.waiters, bucket.size_bytes, immediate=immediate, group=group,
+                              runs=bucket.runs)
         if group is not None:
             waiting = self._writing.get(group)
             if waiting is not None:
