@@ -57,20 +57,20 @@ test-pythons: venv
 	$(PY) -m devtools.pythons
 
 # Every test that needs no server, no JVM and is not slow: tests/conftest.py marks them "unit", the selection
-# make test-pythons runs too. Four workers on two cores: about a hundred tests still wait out real leases, delays
-# and timeouts (some 100 s in all), which the workers overlap; each worker collects the whole suite (2.5 s of
-# CPU), so two would spend some 7 s less CPU but wait twice as long. The property tests run a quarter of their
-# examples (Hypothesis profile "unit", tests/conftest.py; make test runs them all). Neither anyio's pytest plugin
-# nor Hypothesis's entry points (trio's, the only one) are needed: each imported trio in every worker. Bytecode
-# (and pytest's rewritten test modules) is cached under .cache/pycache even where PYTHONDONTWRITEBYTECODE is set:
-# each worker otherwise recompiles every module, which took a third of the tier's time. The first run fills
-# the cache once, in one process, before the workers start.
+# make test-pythons runs too. The tests on the in-memory database skip their idle waits (leases, delays, timeouts:
+# tests/fast_clock.py), so the tier is CPU-bound: two workers on two cores (each collects the whole suite, 2.5 s of
+# CPU; a third or fourth cost more CPU than its overlap saved). The property tests run a tenth of their examples
+# (Hypothesis profile "unit", tests/conftest.py; make test runs them all). Neither anyio's pytest plugin nor
+# Hypothesis's entry points (trio's, the only one) are needed: each imported trio in every worker. Bytecode (and
+# pytest's rewritten test modules) is cached under .cache/pycache even where PYTHONDONTWRITEBYTECODE is set: each
+# worker otherwise recompiles every module, which took a third of the tier's time. The first run fills the cache
+# once, in one process, before the workers start.
 UNIT_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache BUCKETQ_HYPOTHESIS_PROFILE=unit \
 	HYPOTHESIS_NO_PLUGINS=1
 UNIT_MARKS := unit
 unit: venv
 	@test -d .cache/pycache || $(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -q --collect-only > /dev/null
-	$(UNIT_ENV) $(PY) -m pytest -p no:anyio -m "$(UNIT_MARKS)" -n 4 --dist worksteal -q $(PYTEST_ARGS)
+	$(UNIT_ENV) $(PY) -m pytest -p no:anyio -m "$(UNIT_MARKS)" -n 2 --dist worksteal -q $(PYTEST_ARGS)
 
 demo: venv jars
 	$(PY) -m examples.demo $(DEMO_ARGS)

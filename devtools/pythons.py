@@ -61,7 +61,7 @@ def ensure_venv(version: str, interpreter: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.pythons", description=__doc__)
     parser.add_argument("versions", nargs="*", default=list(VERSIONS))
-    parser.add_argument("--workers", type=int, default=4, help="pytest-xdist workers per version")
+    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per version")
     args = parser.parse_args(argv)
     failed = []
     for version in args.versions:

@@ -23,7 +23,7 @@ PATIENCE_S = 20.0  # how long a test waits for what must happen: generous, so a 
 
 def examples(n: int) -> int:
     """A property test's ``max_examples``: ``n`` under Hypothesis's default profile (100 examples), scaled like the
-    loaded profile's (tests/conftest.py: a quarter for make unit)."""
+    loaded profile's (tests/conftest.py: a tenth for make unit)."""
     return max(1, n * settings.default.max_examples // 100)
 
 

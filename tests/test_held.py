@@ -263,6 +263,7 @@ def test_an_extension_counts_only_once_applied():
     assert held.serve(POLICY.lease_from(T0)) is not None, "the extension applied moves the bound serve checks"
 
 
+@pytest.mark.slow  # builds 65,536 slots, 14 MB (a second of CPU); the split bound's fast test is in test_properties
 def test_retry_buckets_of_a_full_bucket_are_split_below_the_bson_limit():
     """65,536 messages of ~220 bytes fill a bucket near ``MAX_BUCKET_BYTES``; nacked, their copies carry ids,
     tries and enqueue times as well, more than one bucket can hold."""

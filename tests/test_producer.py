@@ -214,10 +214,11 @@ async def test_connection_cuts_mid_run_lose_and_duplicate_nothing(mongo_uri, db_
     assert values == list(range(total)), "a message was lost or stored twice"
 
 
-async def test_write_that_keeps_failing_fails_its_pushes(db_name):
+async def test_write_that_keeps_failing_fails_its_pushes(db_name, closed_port):
     # Nothing listens on this port: every write fails, and the pushes must say so rather than succeed.
-    client = AsyncMongoClient("mongodb://127.0.0.1:9/", serverSelectionTimeoutMS=200, connectTimeoutMS=200)
-    q = bucketq.Queue(client, name="events", db=db_name, bucket_max_wait=0.01, write_timeout=1.0)
+    client = AsyncMongoClient(f"mongodb://127.0.0.1:{closed_port}/", serverSelectionTimeoutMS=100,
+                              connectTimeoutMS=100)
+    q = bucketq.Queue(client, name="events", db=db_name, bucket_max_wait=0.01, write_timeout=0.3)
     q._clock._synced_at = time.monotonic()  # skip the clock sync, which would fail first with the same error
     q._life.setup.indexed = True
     with pytest.raises(bucketq.WriteFailed):

@@ -10,7 +10,7 @@ import math
 import bson
 import pytest
 from bson import ObjectId
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -113,7 +113,7 @@ class _RunLog:
         raise AssertionError(failure)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=200), st.integers(1, 50), st.integers(4096, 40_000),
        st.integers(0, 60_000), st.integers(0, 8))
 def test_extend_fills_buckets_as_appending_one_by_one_does(lengths, max_size, max_bytes, room, tight):
@@ -312,7 +312,7 @@ bson_values = st.recursive(
 bson_documents = st.dictionaries(st.text(max_size=10).filter(lambda k: "\0" not in k), bson_values, max_size=6)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(bson_documents, min_size=1, max_size=4))
 def test_bson_codec_round_trips_documents_through_a_stored_bucket(payloads):
     """Pushed, written, read back by a consumer (the store's codec options), parsed and loaded: the same documents,
@@ -358,6 +358,7 @@ def test_bucket_documents_parse_back(items):
 @settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3000), st.booleans(), st.integers(0, 9)), min_size=1, max_size=60),
        st.integers(1, 30), st.integers(4_000, 40_000))
+@example([(1000, False, 0)] * 10, 30, 4_000)  # bytes bind, not the count: a bound off by one slot fails it
 def test_copies_are_split_into_buckets_within_max_bytes_in_order(items, max_size, max_bytes):
     """Copies (retries, requeues) with tries, origins and headers are split so that each bucket stays within
     ``max_size`` slots and ``max_bytes`` BSON bytes (a slot alone may be larger), in order, none lost, and

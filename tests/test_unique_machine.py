@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -16,6 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import bucketq
 from bucketq.memory import MemoryClient
 from tests.helpers import examples
+
+pytestmark = pytest.mark.memory  # its own in-memory database, in a loop of its own: idle waits are skipped
 
 UNIQUE_FOR = 10  # seconds; the clock moves by 4 or 11, so no hold ever ends exactly at a push
 KEYS = ["a", "b", "c"]

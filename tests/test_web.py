@@ -34,6 +34,8 @@ from bucketq.web.security import SESSION_COOKIE
 from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
+# The TestClient serves the app from a loop in a thread of its own, which the test waits for: real time.
+pytestmark = pytest.mark.real_time
 TOKEN = "s3cret-token"
 CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -214,6 +215,10 @@ class SyncCollection:
         if not isinstance(query, Mapping):
             raise TypeError("filter must be a mapping")
         matches({}, query)  # what the server refuses, it refuses in an empty collection too
+        wanted = query.get("_id")
+        if isinstance(wanted, (ObjectId, str)):  # types whose equality is their BSON's: look the one up
+            stored = self._ns.docs.get(id_key(wanted))
+            return [stored] if stored is not None and matches(stored.doc, query) else []
         return [s for s in self._ns.docs.values() if matches(s.doc, query)]
 
     def _plan(self, query: Any, sort: Any, comment: Any) -> None:
@@ -528,7 +533,7 @@ class SyncDatabase:
     def command(self, command: str | Mapping[str, Any], value: Any = 1, **ignored: Any) -> dict[str, Any]:
         name = command if isinstance(command, str) else next(iter(command))
         if name in ("isMaster", "ismaster", "hello"):
-            now = dt.datetime.now(UTC)
+            now = dt.datetime.fromtimestamp(time.time(), UTC)  # by time.time: a test may move it
             return self._decoded({"ismaster": True, "isWritablePrimary": True, "localTime": now,
                                   "maxBsonObjectSize": MAX_BSON_SIZE, "maxMessageSizeBytes": 48_000_000,
                                   "maxWriteBatchSize": 100_000, "minWireVersion": 0, "maxWireVersion": 21,
