@@ -12,7 +12,9 @@ their margins: only the idle gaps between them are gone. The tests on the server
 cannot be moved), and run every one of these tests as well.
 
 A test on the in-memory database that waits for a thread or a subprocess (whose end the loop cannot foresee, so
-skipping would fire its timers early) is marked ``real_time``.
+skipping would fire its timers early) is marked ``real_time``; a test elsewhere whose waits are all in its loop
+can be marked ``fast_clock``. Tests that compare with the wall clock read it as the library does: ``time.time``
+(``tests.helpers.utc_now``), not ``datetime.now``.
 """
 
 from __future__ import annotations
@@ -101,7 +103,6 @@ _previous_policy: asyncio.AbstractEventLoopPolicy | None = None
 
 def pytest_configure(config: pytest.Config) -> None:
     global _previous_policy
-    config.addinivalue_line("markers", "real_time: keep real time on the in-memory database (tests/fast_clock.py)")
     time.monotonic, time.time = CLOCK.monotonic, CLOCK.time
     _previous_policy = asyncio.get_event_loop_policy()
     asyncio.set_event_loop_policy(SkippingPolicy())
@@ -116,7 +117,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _fast_clock(request: pytest.FixtureRequest) -> Iterator[None]:
     node = request.node
-    if not node.get_closest_marker("memory") or node.get_closest_marker("real_time"):
+    if not (node.get_closest_marker("memory") or node.get_closest_marker("fast_clock")) \
+            or node.get_closest_marker("real_time"):
         yield
         return
     CLOCK.start()

@@ -31,7 +31,7 @@ from pymongo.errors import PyMongoError
 import bucketq
 from bucketq.core.format import MAX_BUCKET_BYTES, Slot, bucket_document
 from bucketq.options import QueueOptions
-from tests.helpers import examples
+from tests.helpers import examples, utc_now
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -387,7 +387,7 @@ async def test_push_arguments_are_refused_clearly_or_taken(adb, key, headers, de
                 key = at = None
         except bucketq.BucketqError:
             pass
-        immediate = message_id is not None and not delay and (at is None or at <= dt.datetime.now(UTC))
+        immediate = message_id is not None and not delay and (at is None or at <= utc_now())
         wanted = {await sentinel} | ({message_id} if immediate else set())
         got = await deliver_ids(q, wanted)
         assert got[await sentinel].payload == SENTINEL
@@ -635,7 +635,7 @@ SLOTS = st.lists(st.builds(
 
 
 def corrupted_bucket(slots: list, mutations: list, codec: str) -> dict:
-    now = dt.datetime.now(UTC) - dt.timedelta(seconds=5)
+    now = utc_now() - dt.timedelta(seconds=5)
     encode = (lambda v: orjson.dumps(v).decode()) if codec == "json" else (lambda v: msgpack.packb(v))
     doc = bucket_document(ObjectId(), [Slot(encode({"i": i}), headers=h, key=k, tries=t, origin=f"o:{i}",
                                             enqueued_at=now) for i, h, k, t in slots], codec=codec, created=now,
@@ -698,7 +698,7 @@ async def test_corrupted_bucket_goes_to_quarantine_and_no_other_message_is_lost(
 # -- the bugs, one minimal repro each (xfail until fixed) -----------------------------------------------------
 
 def _raw_bucket(**fields: Any) -> dict:
-    past = dt.datetime.now(UTC) - dt.timedelta(seconds=5)
+    past = utc_now() - dt.timedelta(seconds=5)
     doc = {"_id": ObjectId(), "v": 1, "enc": "json", "created": past, "due": past, "n": 1, "p": ['"bad"'],
            "done": [], "c": 0, "lease": None}
     doc.update(fields)

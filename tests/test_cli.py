@@ -24,6 +24,7 @@ from bucketq.cli.params import parse_duration
 from bucketq.core import claims
 from bucketq.core.stats import STATS_KEYS
 from tests import cli_handlers
+from tests.helpers import utc_now
 
 REPO = Path(__file__).resolve().parent.parent
 BQ = [sys.executable, "-m", "bucketq.cli"]
@@ -198,7 +199,7 @@ def test_stats_watch_refreshes_until_sigterm(mongo_uri: str, db_name: str, bq: R
 
 def _bucket(payloads: list[str], *, done: list[int] | None = None, age_s: float = 0.0) -> dict:
     """A due bucket as any producer writes it (docs/FORMAT.md), without going through a ``Queue``."""
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     return {"_id": ObjectId(), "v": 1, "enc": "json", "created": now - dt.timedelta(seconds=age_s), "due": now,
             "n": len(payloads), "p": payloads, "done": done or [], "c": 0, "lease": None}
 
@@ -213,7 +214,7 @@ async def test_read_commands_and_methods_write_nothing(bq: Run, sync_db, adb) ->
     # its two messages done, and a tombstone (a finished bucket), beside an application's own collections.
     sync_db["events"].insert_many([_bucket(['{"n": 1}', '{"n": 2}'], done=[0], age_s=5),
                                    {"_id": ObjectId(),
-                                    **claims.finish(dt.datetime.now(dt.timezone.utc), "a-token", 0)}])
+                                    **claims.finish(utc_now(), "a-token", 0)}])
     sync_db["users"].insert_one({"name": "ann"})
     sync_db["users"].create_index("name")
     sync_db.create_collection("empty")
@@ -393,8 +394,8 @@ async def test_dead_list_requeue_purge(bq: Run, adb, sync_db, mongo_uri: str, db
     await _make_dead_letters(adb, ["TimeoutError: upstream timeout", "KeyError: 'user'", "KeyError: 'id'"])
     sync_db["events.dead"].insert_one({  # an old one, in the dead-letter format (core/format.py dead_letter)
         "_id": f"{ObjectId()}:0", "enc": "json", "p": '{"old": true}', "h": None, "k": None, "tries": 5,
-        "error": "ValueError: ancient", "at": dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3),
-        "enqueued_at": dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3), "origin": {}})
+        "error": "ValueError: ancient", "at": utc_now() - dt.timedelta(days=3),
+        "enqueued_at": utc_now() - dt.timedelta(days=3), "origin": {}})
 
     listed = jsonl(ok(bq("dead", "list", "events", "--json")).stdout)
     assert listed[0]["payload"] == {"old": True}  # oldest first
@@ -427,7 +428,7 @@ async def test_dead_list_requeue_purge(bq: Run, adb, sync_db, mongo_uri: str, db
 
 
 async def test_quarantine_list_requeue_purge(bq: Run, adb, sync_db) -> None:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     bad = [ObjectId(), ObjectId()]
     sync_db["events"].insert_many([{"_id": b, "v": 1, "enc": "json", "created": now, "due": now, "n": 1,
                                     "p": ["{not json"], "done": [], "c": 0, "lease": None} for b in bad])
@@ -544,7 +545,7 @@ def test_remove_command_reports_a_malformed_id_and_removes_nothing(bq: Run) -> N
 
 
 def test_remove_command_refuses_a_held_message(bq: Run, mongo_uri: str, db_name: str, sync_db) -> None:
-    sync_db["events"].insert_one({**_bucket(["1"]), "due": dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5),
+    sync_db["events"].insert_one({**_bucket(["1"]), "due": utc_now() + dt.timedelta(minutes=5),
                                   "lease": {"token": "t", "owner": "worker-7:42", "until": dt.datetime.now()}})
     bucket_id = sync_db["events"].find_one()["_id"]
     one_line_error(bq("remove", "events", f"{bucket_id}:0"), "not removed", "worker-7:42 holds until")
@@ -732,7 +733,7 @@ def test_tables_fit_80_columns_or_turn_plain(mongo_uri: str, db_name: str, bq: R
     """Not a terminal, 80 columns: headers are never cut and cells never wrapped, as in the README."""
     ok(bq("push", LONG_NAME, "1"))
     ok(bq("push", "events", "0"))
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     sync_db["events.dead"].insert_one({  # the dead-letter format (core/format.py dead_letter)
         "_id": f"{ObjectId()}:0", "enc": "json", "p": '{"n": 0}', "h": None, "k": None, "tries": 5, "at": now,
         "error": "TimeoutError: the upstream payment service did not answer within 30 seconds", "enqueued_at": now,

@@ -19,7 +19,7 @@ import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
-from tests.helpers import PATIENCE_S
+from tests.helpers import PATIENCE_S, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -171,7 +171,7 @@ def _insert_raw(sync_db, doc):
 def _past():
     import datetime as dt
 
-    return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)
+    return utc_now() - dt.timedelta(seconds=5)
 
 
 @pytest.mark.parametrize("corruption, reason", [
@@ -291,6 +291,7 @@ async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(mak
     async def handler_that_never_awaits_io() -> None:
         for _ in range(40):
             message = await q.reserve(timeout=2)
+            time.sleep(0.01)  # blocking, as handlers that compute are: time for a loaded server to apply a claim
             seen.append(sync_db.events.count_documents({"c": 0}) == 0)  # all claimed; blocking: no yield
             await message.ack()
 
@@ -351,7 +352,7 @@ async def test_idle_consumer_is_woken_by_the_change_stream(make_queue, monkeypat
 
 class _FixedClock:
     def __init__(self) -> None:
-        self.at = dt.datetime.now(dt.timezone.utc)
+        self.at = utc_now()
 
     def now(self) -> dt.datetime:
         return self.at

@@ -14,6 +14,7 @@ from bson import Binary, ObjectId
 from bucketq import Outgoing
 from bucketq.core.format import FORMAT_VERSION, GROUP_FORMAT_VERSION, Slot, as_utc, bucket_document, parse_bucket
 from bucketq.errors import MalformedBucket
+from tests.helpers import utc_now
 
 FORMAT_MD = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 TYPES = {"objectId": ObjectId, "int": int, "string": str, "date": dt.datetime, "binData": bytes, "object": dict,
@@ -126,9 +127,9 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
     for doc in tombstones:
         check_tombstone(doc)
 
-    sync_db.events.insert_one({"v": 2, "due": dt.datetime.now(dt.timezone.utc)})
-    sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": dt.datetime.now(dt.timezone.utc),
-                               "due": dt.datetime.now(dt.timezone.utc), "n": 1, "p": ["{bad"], "done": [], "c": 0,
+    sync_db.events.insert_one({"v": 2, "due": utc_now()})
+    sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": utc_now(),
+                               "due": utc_now(), "n": 1, "p": ["{bad"], "done": [], "c": 0,
                                "lease": None})
     assert await q.reserve(timeout=0.5) is None
     entries = list(sync_db["events.quarantine"].find())
@@ -168,7 +169,7 @@ async def test_bson_documents_match_the_format(make_queue, sync_db):
     check(dead, "dead-fields")
     assert dead["enc"] == "bson" and as_stored(dead["p"]) == payloads[0]
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     for enc, entry in (("bson", '{"i": 1}'), ("json", {"i": 1})):
         sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": enc, "created": now, "due": now, "n": 1,
                                    "p": [entry], "done": [], "c": 0, "lease": None})
@@ -187,8 +188,8 @@ def as_stored(payload: dict) -> dict:
 
 async def test_skip_mode_message_quarantine_entry_matches(make_queue, sync_db):
     q = make_queue(malformed="skip")
-    sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": dt.datetime.now(dt.timezone.utc),
-                               "due": dt.datetime.now(dt.timezone.utc), "n": 2, "p": ["{bad", "1"], "done": [],
+    sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": utc_now(),
+                               "due": utc_now(), "n": 2, "p": ["{bad", "1"], "done": [],
                                "c": 0, "lease": None})
     message = await q.reserve(timeout=1)
     assert message.payload == 1
@@ -245,7 +246,7 @@ async def test_priority_documents_match_the_format(make_queue, sync_db):
     check(dead, "dead-fields")
     assert dead["pr"] == 4
     await (await q.reserve(timeout=2)).ack(wait=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": now, "due": now, "n": 2,
                                "p": ["{bad", "1"], "done": [], "c": 0, "lease": None, "pr": 2})
     served = await q.reserve(timeout=2)
@@ -312,7 +313,7 @@ async def test_stream_documents_match_the_format(queue_target, db_name, sync_db,
             for message in batch[:-1]:
                 await message.ack()
         await reader.flush()
-        await stream.reset("replay", at=dt.datetime.now(dt.timezone.utc))
+        await stream.reset("replay", at=utc_now())
         await stream.apply_retention()
     partitioned = ("stream-partitioned-bucket-fields",) if v2 else ()
     buckets = list(sync_db["log"].find({"gap": {"$exists": False}}))

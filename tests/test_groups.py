@@ -18,6 +18,7 @@ import bucketq
 from bucketq import Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core import groups
+from tests.helpers import utc_now
 from tests.test_consumer import consume_all  # every message until none comes, each acked
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -336,14 +337,14 @@ async def test_a_bucket_that_waited_already_comes_back_less_often(make_queue, sy
     first = await a.reserve(timeout=2)
     assert await b.reserve(timeout=0) is None
     waiting = sync_db.events.find_one({"g": "g", "w": True})
-    recheck = _utc(waiting["due"]) - dt.datetime.now(dt.timezone.utc)
+    recheck = _utc(waiting["due"]) - utc_now()
     assert dt.timedelta(seconds=5) < recheck < groups.RECHECK + dt.timedelta(seconds=1)
-    recheck_passed = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)
+    recheck_passed = utc_now() - dt.timedelta(seconds=1)
     sync_db.events.update_one({"_id": waiting["_id"]}, {"$set": {"due": recheck_passed}})
     assert await b.reserve(timeout=0) is None  # its recheck: the group is still held, so it waits again
     again = sync_db.events.find_one({"_id": waiting["_id"]})
     assert again["w"] is True
-    assert _utc(again["due"]) - dt.datetime.now(dt.timezone.utc) > groups.RECHECK + dt.timedelta(seconds=5)
+    assert _utc(again["due"]) - utc_now() > groups.RECHECK + dt.timedelta(seconds=5)
     await first.ack(wait=True)  # the hand-off still wakes it at once
     second = await b.reserve(timeout=2)
     assert second.payload == 1
@@ -358,7 +359,7 @@ async def test_the_claim_of_the_bucket_a_lock_names_takes_the_lock_over(make_que
     await a.push_many([Outgoing(i, group="g") for i in range(2)])
     first = await a.reserve(timeout=2)
     lock = sync_db["events.groups"].find_one({"_id": "g"})
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1)  # a's lease ran out; its lock did not
+    past = utc_now() - dt.timedelta(seconds=1)  # a's lease ran out; its lock did not
     sync_db.events.update_one({"_id": lock["bucket"]}, {"$set": {"due": past, "lease.until": past}})
     again = await b.reserve(timeout=2)
     assert (again.payload, again.id, again.tries) == (0, first.id, 1)
@@ -399,12 +400,12 @@ async def test_stats_say_what_each_group_waits_for(make_queue, sync_db):
     assert (held.payload, nacked.payload) == (0, "r")
     await nacked.nack(delay=60, wait=True)
     await q.push_many([Outgoing("w", group="waiting"), Outgoing("x", group="ready"), "plain"])
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=20)
+    later = utc_now() + dt.timedelta(seconds=20)
     sync_db.events.update_one({"g": "waiting"}, {"$set": {"w": True, "due": later}})
     groups_now = (await q.stats())["groups"]
     assert {state: (row["groups"], row["messages"]) for state, row in groups_now.items()} == {
         "served": (1, 2), "ready": (1, 1), "retry": (1, 1), "waiting": (1, 1)}
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     assert dt.timedelta(seconds=50) < groups_now["retry"]["until"] - now < dt.timedelta(seconds=61)
     assert dt.timedelta(seconds=15) < groups_now["waiting"]["until"] - now < dt.timedelta(seconds=21)
     assert groups_now["served"]["until"] > now
@@ -435,7 +436,7 @@ async def test_a_claim_of_a_bucket_that_must_wait_claims_its_free_groups_first_b
     A claim that finds the group free and its bucket not first claims the first one instead."""
     q = make_queue(bucket_max_size=1, bucket_max_wait=0.01)
     await q.push_many([Outgoing(i, group="g") for i in range(3)])
-    long_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=100)
+    long_ago = utc_now() - dt.timedelta(seconds=100)
     sync_db.events.update_many({"g": "g", "s": {"$gt": sync_db.events.find_one({"g": "g"}, sort=[("s", 1)])["s"]}},
                                {"$set": {"w": True, "due": long_ago}})
     first = await q.reserve(timeout=0)  # one claim (a waiting bucket), then the first bucket instead

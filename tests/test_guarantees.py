@@ -20,7 +20,7 @@ import bucketq
 from bucketq.core import claims
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION, MAX_BUCKET_BYTES
 from bucketq.memory import Fault, Faults, Operation
-from tests.helpers import eventually
+from tests.helpers import eventually, utc_now
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -31,7 +31,7 @@ QUICK = {"bucket_max_wait": 0.005, "change_streams": False, "poll_interval": 0.0
 
 
 def _past(seconds: float = 5) -> dt.datetime:
-    return dt.datetime.now(UTC) - dt.timedelta(seconds=seconds)
+    return utc_now() - dt.timedelta(seconds=seconds)
 
 
 def _raw_bucket(**fields: Any) -> dict:

@@ -6,7 +6,6 @@ that only the wake-up under test can deliver its message in time."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -17,7 +16,7 @@ from pymongo import AsyncMongoClient, monitoring
 from bucketq.core.claims import claim
 from bucketq.core.sharding import partition_of
 from bucketq.wakeup import Wakeup
-from tests.helpers import eventually
+from tests.helpers import eventually, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -143,7 +142,7 @@ async def test_an_idle_consumer_wakes_when_a_lease_ends(make_queue, sync_db, no_
     q = make_queue(lease=30)
     await q.push("orphan")
     # A consumer that died holding the bucket: its lease ends soon, and nobody extends it or writes again.
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     _, update, _ = claim(now, soon, "dead-token", "gone:1", expired_by=now, partition=0)
     assert sync_db.events.update_one({}, update).modified_count == 1
     await _idle(q)

@@ -32,7 +32,7 @@ from bucketq.core.stats import stats_pipeline
 from bucketq.memory import MemoryClient, MemoryDatabase, Unsupported
 from bucketq.store.aio.base import insert_new
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from tests.helpers import eventually, examples
+from tests.helpers import eventually, examples, utc_now
 
 pytestmark = pytest.mark.memory  # the tests that use mongo_uri are marked server too, and make unit skips them
 
@@ -41,7 +41,7 @@ QUICK = {"bucket_max_wait": 0.005, "poll_interval": 0.01, "drain_timeout": 0}
 
 
 def _now() -> dt.datetime:
-    now = dt.datetime.now(UTC)
+    now = utc_now()
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 

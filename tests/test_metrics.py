@@ -4,7 +4,6 @@ without OpenTelemetry; and counting that allocates nothing per call."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import sys
 import tracemalloc
 from typing import Any
@@ -18,6 +17,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import bucketq
 from bucketq import metrics
 from bucketq.core.held import FlushPlan, SlotState
+from tests.helpers import utc_now
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ async def test_counters_and_push_latency_follow_the_queue(reader, make_queue, sy
     await messages[1].ack(wait=True)
     await messages[2].nack(60, error="later", wait=True)
     await messages[3].dead_letter(error="never", wait=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     sync_db["events"].insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": now, "due": now, "n": 1,
                                   "p": ["{not json"], "done": [], "c": 0, "lease": None})
     await producer.purge()  # the consumer's bucket (5 messages unfinished) is gone under it...

@@ -17,6 +17,7 @@ from pymongo.errors import DuplicateKeyError
 import bucketq
 from bucketq.core import claims
 from bucketq.pause_gate import PAUSE_REFRESH_S
+from tests.helpers import utc_now
 from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
 
 UTC = dt.timezone.utc
@@ -124,7 +125,7 @@ async def test_remove_takes_a_bucket_back_from_a_claim_whose_lease_expired(make_
     q = make_queue()
     await q.push("set up")  # indexes and collections
     await served(q)
-    past = dt.datetime.now(UTC) - dt.timedelta(seconds=30)
+    past = utc_now() - dt.timedelta(seconds=30)
     bucket_id = ObjectId()
     sync_db["events"].insert_one({"_id": bucket_id, "v": 1, "enc": "json", "created": past, "due": past, "n": 2,
                                   "p": ['"keep"', '"drop"'], "done": [], "c": 1,
@@ -243,7 +244,7 @@ async def test_list_queues_by_uri_client_or_database_reads_only(make_queue, sync
 
 async def test_push_many_takes_keys_delays_and_headers_per_message(make_queue):
     q = make_queue(bucket_max_wait=0.005, dedupe=True)
-    at = dt.datetime.now(UTC) + dt.timedelta(hours=1)
+    at = utc_now() + dt.timedelta(hours=1)
     ids = await q.push_many([
         bucketq.Outgoing({"n": 1}, key="order-1", headers={"trace": "a"}),
         {"n": 2},  # a plain payload takes the call's headers
@@ -266,7 +267,7 @@ async def test_push_many_takes_keys_delays_and_headers_per_message(make_queue):
 @pytest.mark.parametrize("item, error, fragment", [
     (bucketq.Outgoing("x", key=5), bucketq.InvalidOption, "payload 1: key must be a string"),
     (bucketq.Outgoing("x", delay=-1), bucketq.InvalidOption, "payload 1: delay must be"),
-    (bucketq.Outgoing("x", delay=1, at=dt.datetime.now(UTC)), bucketq.InvalidOption, "payload 1: give delay or at"),
+    (bucketq.Outgoing("x", delay=1, at=utc_now()), bucketq.InvalidOption, "payload 1: give delay or at"),
     (bucketq.Outgoing("x", at=dt.datetime(2030, 1, 1)), bucketq.InvalidOption, "payload 1: at must be"),
     (bucketq.Outgoing("x", headers=["not", "a", "mapping"]), bucketq.InvalidOption, "payload 1: headers must be"),
     (bucketq.Outgoing({1, 2}), bucketq.EncodeError, "payload 1: cannot encode set"),

@@ -21,6 +21,7 @@ import bucketq
 from bucketq.codecs import CodecUnavailable, codec_for, codec_named
 from bucketq.core.format import QUEUE_SUFFIXES, Slot, bucket_document
 from bucketq.options import MAX_DELAY_S, MAX_NAMESPACE_BYTES, SIDE_COLLECTION_SUFFIXES, QueueOptions
+from tests.helpers import utc_now
 
 LONGEST_SUFFIX = max(SIDE_COLLECTION_SUFFIXES, key=len)
 
@@ -280,7 +281,7 @@ def test_a_queue_with_a_missing_codec_is_invalid_option(mongo_uri, msgpack_missi
 
 
 async def test_a_bucket_naming_a_missing_codec_is_quarantined(make_queue, sync_db, msgpack_missing):
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)
+    past = utc_now() - dt.timedelta(seconds=5)
     doc = bucket_document(ObjectId(), [Slot(b"\x81\xa1k\x01")], codec="msgpack", created=past, due=past)
     sync_db.events.insert_one(doc)
     q = make_queue(bucket_max_wait=0.005, change_streams=False)

@@ -19,6 +19,7 @@ import bucketq
 from bucketq import InvalidOption, Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core.priorities import BY_AGE, BY_PRIORITY, Turns
+from tests.helpers import utc_now
 from tests.proxy import TcpProxy
 from tests.test_consumer import consume_all  # every message until none comes, each acked
 
@@ -28,7 +29,7 @@ QUICK = {"bucket_max_wait": 0.005, "poll_interval": 0.02, "drain_timeout": 0}
 
 
 def _past(seconds: float) -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds)
+    return utc_now() - dt.timedelta(seconds=seconds)
 
 
 def _bucket_of(message_id: str) -> ObjectId:
@@ -103,7 +104,7 @@ async def test_bad_priorities_are_refused_and_bad_stored_levels_go_to_quarantine
     assert sync_db.events.count_documents({}) == 0, "nothing was pushed"
     await q.push_many([Outgoing("g", group="g"), "plain"])  # a group's items take level 0, not the call's
     assert sync_db.events.count_documents({"pr": {"$exists": True}}) == 0
-    now = dt.datetime.now(dt.timezone.utc)
+    now = utc_now()
     for bad in ("9", 10, -1, 1.5):
         sync_db.events.insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": now, "due": now, "n": 1,
                                    "p": ["1"], "done": [], "c": 0, "lease": None, "pr": bad})

@@ -23,6 +23,11 @@ from bucketq.cli.common import URI_ENV
 from bucketq.redaction import redact
 from tests.hostile_uris import CASES, HOSTILE, UNREACHABLE, assert_hidden
 
+# An unreachable server is waited for until the server selection times out: in the async client, with nothing
+# else to do, so the clock skips that wait (tests/fast_clock.py); but the test of what the error says keeps real
+# time, for the client's first connection attempt (its address resolved in a thread) to fail within it.
+pytestmark = pytest.mark.fast_clock
+
 
 def test_redact_hides_up_to_the_last_at() -> None:
     assert redact("see mongodb://u:p@ss@h1,h2/db?x=1 now") == "see mongodb://***@h1,h2/db?x=1 now"
@@ -89,6 +94,7 @@ async def test_pymongo_uri_warnings_become_redacted_log_lines(caplog: pytest.Log
         "MongoDB URI mongodb://***@127.0.0.1:1/shop?w=1&w=2: Duplicate URI option 'w'."]
 
 
+@pytest.mark.real_time
 @pytest.mark.parametrize("entry", LIBRARY)
 async def test_an_unreachable_server_is_a_bucketq_error(entry: str, closed_port: int,
                                                        everything_logged: Callable[[], str]) -> None:

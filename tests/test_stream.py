@@ -13,7 +13,7 @@ import pytest
 import bucketq
 from bucketq import Position
 from bucketq.core.stream_protocol import COUNTER_ID
-from tests.helpers import read_all
+from tests.helpers import read_all, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -107,7 +107,7 @@ async def test_reset_replays_from_a_position_a_time_or_the_beginning_and_skips_t
     # ``created`` comes from the stream's estimate of the server's clock, ``middle`` from ours: a margin wider
     # than the estimate's error (half a clock sync's round trip, which a loaded machine stretches)
     await asyncio.sleep(0.25)
-    middle = dt.datetime.now(dt.timezone.utc)
+    middle = utc_now()
     await asyncio.sleep(0.25)
     positions = await stream.push_many(["d", "e"])
     reader = stream.reader("g", start="beginning")
@@ -359,7 +359,7 @@ async def test_retention_keeps_a_young_gap_marker_so_a_late_insert_is_still_refu
         landed.set()
     with pytest.raises(bucketq.WriteFailed):
         await late
-    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    old = utc_now() - dt.timedelta(hours=1)
     memory_db.sync["ev"].update_one({"_id": 1}, {"$set": {"created": old}})  # older than tombstone_retention
     assert await stream.apply_retention() == {"floor": 3, "deleted": 1}
     assert memory_db.sync["ev"].find_one({"_id": 1}) is None

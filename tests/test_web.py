@@ -31,7 +31,7 @@ from bucketq.web import check_bind, create_app
 from bucketq.web.charts import line_chart
 from bucketq.web.history import History
 from bucketq.web.security import SESSION_COOKIE
-from tests.helpers import eventually
+from tests.helpers import eventually, utc_now
 
 ROOT = Path(__file__).resolve().parent.parent
 # The TestClient serves the app from a loop in a thread of its own, which the test waits for: real time.
@@ -45,7 +45,7 @@ async def fill(target: Any, raw: Any) -> None:
     why) and one more bucket quarantined (``raw`` is a synchronous handle on the database, to write it as it is);
     queue ``emails`` with 5 ready and 5 scheduled messages; stream ``events`` of 30 messages, reader group
     ``audit`` at its beginning (30 behind) and ``billing`` at its end."""
-    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=60)
+    past = utc_now() - dt.timedelta(seconds=60)
     raw["orders"].insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": past, "due": past, "n": 1,
                               "p": ["{not json"], "done": [], "c": 0, "lease": None})
     async with bucketq.Queue(target, name="orders", bucket_max_wait=0.005, drain_timeout=0) as orders:

@@ -17,6 +17,7 @@ from pymongo.errors import AutoReconnect
 from bucketq.batch import BatchQueue
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
+from tests.helpers import utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -216,7 +217,7 @@ async def test_retry_after_a_lost_reply_does_not_count_someone_elses_write(make_
     (bucket_id,) = batch.ids
 
     def taken_over() -> None:  # the lease ran out; another job claimed the bucket and finished or released it
-        others_write(sync_db.events, bucket_id, dt.datetime.now(dt.timezone.utc))
+        others_write(sync_db.events, bucket_id, utc_now())
 
     calls = _lose_first_reply(bq.store.buckets, "bulk_write", applied=False, meanwhile=taken_over)
     applied = bq.commit(batch) if step == "commit" else len(bq.release(batch, "boom")["released"])
@@ -293,7 +294,7 @@ async def test_a_stale_claimant_does_not_quarantine_a_bucket_another_claimant_ho
 def test_claims_reap_old_tombstones(queue_target, db_name, sync_db):
     sync_db.events.insert_many([
         {"_id": ObjectId(), "v": 1, "due": claims.TOMBSTONE_DUE, "lease": None,
-         "fin": {"token": "t", "at": dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=age)}}
+         "fin": {"token": "t", "at": utc_now() - dt.timedelta(seconds=age)}}
         for age in (5, 3600)])
     with BatchQueue(queue_target, name="events", db=db_name, op_timeout_s=1, tombstone_retention=60) as bq:
         assert bq.claim(10) is None
