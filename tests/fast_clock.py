@@ -117,8 +117,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _fast_clock(request: pytest.FixtureRequest) -> Iterator[None]:
     node = request.node
-    if not (node.get_closest_marker("memory") or node.get_closest_marker("fast_clock")) \
-            or node.get_closest_marker("real_time"):
+    skips = node.get_closest_marker("memory") or node.get_closest_marker("fast_clock")
+    if not skips or node.get_closest_marker("real_time"):
         yield
         return
     CLOCK.start()

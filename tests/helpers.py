@@ -19,13 +19,13 @@ from tests.proxy import TcpProxy
 # anyio's, Hypothesis's) turned off, and the cache: they were two thirds of its start-up CPU time.
 SUBPROCESS_PYTEST_PLUGINS_OFF = tuple(arg for plugin in ("cacheprovider", "xdist", "anyio", "hypothesispytest")
                                       for arg in ("-p", f"no:{plugin}"))
+PATIENCE_S = 20.0  # how long a test waits for what must happen: generous, so a loaded CI machine cannot fail it
+
+
 def utc_now() -> dt.datetime:
     """The wall clock as bucketq and the in-memory database read it: ``time.time``, which moves on with the clock
     that skips idle waits (tests/fast_clock.py), where ``datetime.now`` stays behind."""
     return dt.datetime.fromtimestamp(time.time(), dt.timezone.utc)
-
-
-PATIENCE_S = 20.0  # how long a test waits for what must happen: generous, so a loaded CI machine cannot fail it
 
 
 def examples(n: int) -> int:

@@ -37,9 +37,17 @@ class Unsupported(BucketqError, NotImplementedError):
 
 def _rank(value: Any) -> int:
     """The rank of a value's type in MongoDB's comparison order (numbers share one rank)."""
-    rank = _RANKS.get(type(value))  # the common types at once: matching a filter ranks every value it reaches
-    if rank is not None:
-        return rank
+    kind = type(value)
+    rank = _RANKS.get(kind)  # matching a filter ranks every value it reaches: each type is looked up once
+    if rank is None:
+        rank = _RANKS[kind] = _rank_of_type(value)
+    return rank
+
+
+_RANKS: dict[type, int] = {}  # filled by _rank: the rank depends on the type alone
+
+
+def _rank_of_type(value: Any) -> int:
     if value is None or value is _MISSING:
         return 1
     if isinstance(value, bool):
@@ -67,10 +75,6 @@ def _rank(value: Any) -> int:
     if isinstance(value, MaxKey):
         return 12
     raise Unsupported(f"values of type {type(value).__name__} cannot be compared")
-
-
-_RANKS = {type(None): 1, bool: 8, int: 2, float: 2, Int64: 2, str: 3, dict: 4, list: 5, bytes: 6, ObjectId: 7,
-          dt.datetime: 9, Timestamp: 10}
 
 
 def _millis(value: dt.datetime | bson.DatetimeMS) -> int:
