@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -20,7 +19,7 @@ from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
-from bucketq.core.format import PLAIN_SLOT_BYTES, PLAIN_SLOT_TAIL, Slot, check_group, encode_slot
+from bucketq.core.format import PLAIN_SLOT_BYTES, PLAIN_SLOT_TAIL, AnySlot, PlainSlot, check_group, encode_slot
 from bucketq.core.priorities import MAX_PRIORITY, check_priority
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
@@ -30,6 +29,7 @@ from bucketq.store.aio.stream_store import AsyncStreamStore
 from bucketq.unique import hold_keys, unique_until
 
 BUCKETS_PER_WRITE = 8
+_DUE_NOW = (None, 0)  # push_many's route of a message due now: no group, level 0
 UNIQUE_SLOT_BYTES = 16  # a date in the bucket's ``u`` array (unique jobs)
 
 
@@ -142,6 +142,10 @@ class Producer:
                     unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
         """Buffer a message now; the future resolves to its id once stored. Raises ``BufferFull`` instead of
         waiting when ``max_buffered_bytes`` is reached."""
+        if delay is None and at is None and headers is None and key is None and group is None \
+                and unique_for is None and priority.__class__ is int and not priority \
+                and (plain := self._push_plain(payload)) is not None:
+            return plain
         slot, size, due = self._prepare(payload, delay, at, headers, key, group, priority, unique_for)
         buffered = self._acc.buffered_bytes
         if buffered and buffered + size > self._options.max_buffered_bytes:
@@ -153,6 +157,10 @@ class Producer:
     async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                    headers: Mapping[str, Any] | None = None, key: str | None = None, group: str | None = None,
                    priority: int = 0, unique_for: float | dt.timedelta | None = None) -> str:
+        if delay is None and at is None and headers is None and key is None and group is None \
+                and unique_for is None and priority.__class__ is int and not priority \
+                and (plain := self._push_plain(payload)) is not None:
+            return await plain
         slot, size, due = self._prepare(payload, delay, at, headers, key, group, priority, unique_for)
         buffered = self._acc.buffered_bytes
         if buffered and buffered + size > self._options.max_buffered_bytes:
@@ -167,8 +175,11 @@ class Producer:
         before any is pushed. An item may be an ``Outgoing`` carrying options of its own (key, delay or at,
         headers, group, priority); ``delay``, ``headers`` and ``priority`` apply to the items that set none (a
         grouped item takes no delay, and no priority: level 0)."""
-        prepared: list[tuple[Slot, int, dt.datetime | None]] = []
+        prepared: list[tuple[AnySlot, int, dt.datetime | None]] = []
         routes: list[tuple[str | None, int]] = []  # each item's group and level
+        # a call with no option: each payload with a plain slot skips _prepare (whose checks the call has passed)
+        plain_call = delay is None and headers is None and priority.__class__ is int and not priority \
+            and not self._closed
         for index, item in enumerate(payloads):
             try:
                 if isinstance(item, Outgoing):
@@ -178,6 +189,9 @@ class Producer:
                                                   headers if item.headers is None else item.headers, item.key,
                                                   item.group, level, item.unique_for))
                     routes.append((item.group, level))
+                elif plain_call and (plain := self._plain_slot(item)) is not None:
+                    prepared.append((*plain, None))
+                    routes.append(_DUE_NOW)
                 else:
                     prepared.append(self._prepare(item, delay, None, headers, None, None, priority))
                     routes.append((None, priority))
@@ -204,7 +218,7 @@ class Producer:
                 index += 1
         return await many.future
 
-    async def _push_run(self, many: _Many, slots: list[Slot], sizes: list[int], start: int, end: int) -> None:
+    async def _push_run(self, many: _Many, slots: list[AnySlot], sizes: list[int], start: int, end: int) -> None:
         """``push_many``'s messages ``start`` to ``end`` (excluded), all due now, ungrouped and of level 0: a bucket's
         worth at a time into the open bucket of such messages (``Accumulator.extend``), one waiter a bucket, settled
         once."""
@@ -222,23 +236,15 @@ class Producer:
 
     def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
                  headers: Mapping[str, Any] | None, key: str | None, group: str | None = None, priority: int = 0,
-                 unique_for: float | dt.timedelta | None = None) -> tuple[Slot, int, dt.datetime | None]:
+                 unique_for: float | dt.timedelta | None = None) -> tuple[AnySlot, int, dt.datetime | None]:
         if self._closed:
             raise QueueClosed("the queue was drained or closed; it takes no more pushes")
         # an int in range passes at the cost of a comparison (every push comes here); the rest is checked in full
         if priority.__class__ is not int or not 0 <= priority <= MAX_PRIORITY:
             check_priority(priority)  # raises, or takes an int subclass
-        if group is None and delay is None and at is None and headers is None and key is None and unique_for is None:
-            # The common push, its slot built here rather than by encode_slot and slot_bytes (two calls, a fifth of
-            # a push's own work): a payload the codec makes ASCII text that a bucket takes. Anything else, and a
-            # payload the codec refuses, goes the general way below (which raises the right error).
-            try:
-                stored = self._codec.dump(payload)
-            except Exception:
-                stored = None
-            if type(stored) is str and stored.isascii() and \
-                    (size := len(stored) + PLAIN_SLOT_BYTES) <= self._acc.max_slot_bytes:
-                return tuple.__new__(Slot, (stored, *PLAIN_SLOT_TAIL)), size, None
+        if group is None and delay is None and at is None and headers is None and key is None and unique_for is None \
+                and (plain := self._plain_slot(payload)) is not None:
+            return *plain, None
         if group is not None:
             check_group(group)
             if delay is not None or at is not None:
@@ -253,6 +259,43 @@ class Producer:
             raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
                                   f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
         return slot, size, None if delay is None and at is None else self._due(delay, at)
+
+    def _plain_slot(self, payload: Any) -> tuple[PlainSlot, int] | None:
+        """The slot and size of a push with no option whose payload the codec makes text or binary that a bucket
+        takes, built here rather than by ``encode_slot`` and ``slot_bytes`` (two calls, a fifth of a push's own
+        work). None for anything else (a document, text that is no UTF-8), and for a payload the codec refuses: the
+        general way then raises the right error."""
+        try:
+            stored = self._codec.dump(payload)
+            if type(stored) is str:
+                size = len(stored) if stored.isascii() else len(stored.encode())
+            elif type(stored) is bytes:
+                size = len(stored)
+            else:
+                return None
+        except Exception:
+            return None
+        if (size := size + PLAIN_SLOT_BYTES) <= self._acc.max_slot_bytes:
+            return (stored, *PLAIN_SLOT_TAIL), size
+        return None
+
+    def _push_plain(self, payload: Any) -> asyncio.Future[str] | None:
+        """The common push (``push`` and ``push_nowait`` with no option, of a payload with a plain slot) into the open
+        bucket of messages due now, in one pass: no ``_prepare`` and ``_add``. None, having changed nothing, for any
+        other push or when the buffer is full: the caller then goes the general way (which raises ``BufferFull``, or
+        waits, having encoded the payload again: a full buffer's cost only)."""
+        if self._closed or (plain := self._plain_slot(payload)) is None:
+            return None
+        slot, size = plain
+        acc = self._acc
+        if acc.buffered_bytes and acc.buffered_bytes + size > self._options.max_buffered_bytes:
+            return None
+        future = self._new_future()
+        if not acc.append(slot, size, future):
+            self._add(slot, size, None, future)  # opens a bucket: once a bucket
+        elif not self._commit_soon:
+            self._add_done()
+        return future
 
     def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
         if delay is not None and at is not None:
@@ -271,7 +314,7 @@ class Producer:
         self._start()
         return self._new_future()
 
-    def _add(self, slot: Slot, size: int, due: dt.datetime | None, waiter: Waiter, group: str | None = None,
+    def _add(self, slot: AnySlot, size: int, due: dt.datetime | None, waiter: Waiter, group: str | None = None,
              priority: int = 0) -> None:
         # Most pushes join the open bucket of messages due now: no clock read, nothing sealed.
         sealed = None
@@ -306,10 +349,11 @@ class Producer:
     def _start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         self._space = asyncio.Condition()
-        # asyncio's own loops make a future with a Python-level method; the C class, bound to the loop by a C
-        # partial, makes the same future without that call (one a push). Other loops (uvloop) keep their own.
+        # asyncio's own loops make a future with a Python-level method; the C class, which binds to the running
+        # loop (this one: pushes run on it), makes the same future without that call or a keyword argument to parse
+        # (one a push). Other loops (uvloop) keep their own.
         plain = type(loop).create_future is asyncio.BaseEventLoop.create_future
-        self._new_future = functools.partial(asyncio.Future, loop=loop) if plain else loop.create_future
+        self._new_future = asyncio.Future if plain else loop.create_future
 
     def _commit(self) -> None:
         """Write what the accumulator says is due now, and keep the linger timer on its next deadline."""

@@ -10,13 +10,13 @@ from typing import Any
 from bson import ObjectId
 from pymongo.asynchronous.client_session import AsyncClientSession
 
-from bucketq.core.format import Slot, bucket_document, message_id
+from bucketq.core.format import AnySlot, bucket_document, message_id
 from bucketq.errors import InvalidOption
 from bucketq.motor_adapter import is_motor
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
 
-def single_bucket(bucket_id: ObjectId, slot: Slot, *, codec: str, now: dt.datetime,
+def single_bucket(bucket_id: ObjectId, slot: AnySlot, *, codec: str, now: dt.datetime,
                   due: dt.datetime | None, priority: int = 0) -> dict[str, Any]:
     """A bucket holding one message, due at ``due`` (None: now): a transaction's push, an outbox event."""
     return bucket_document(bucket_id, [slot], codec=codec, created=now, due=due or now, priority=priority)
@@ -38,7 +38,7 @@ def check_session(session: Any, client: Any) -> None:
                             "inside `async with await session.start_transaction():` or session.with_transaction()")
 
 
-async def push_in_transaction(store: AsyncQueueStore, session: Any, slot: Slot, *, codec: str, now: dt.datetime,
+async def push_in_transaction(store: AsyncQueueStore, session: Any, slot: AnySlot, *, codec: str, now: dt.datetime,
                               due: dt.datetime | None, priority: int = 0) -> str:
     """Write one message, already checked and encoded as a push's is (``slot``), in ``session``'s transaction,
     once: its errors are the caller's (a retry belongs to the whole transaction). Returns its id."""

@@ -12,7 +12,15 @@ import pytest
 from bson import Binary, ObjectId
 
 from bucketq import Outgoing
-from bucketq.core.format import FORMAT_VERSION, GROUP_FORMAT_VERSION, Slot, as_utc, bucket_document, parse_bucket
+from bucketq.core.format import (
+    FORMAT_VERSION,
+    GROUP_FORMAT_VERSION,
+    PLAIN_SLOT_TAIL,
+    Slot,
+    as_utc,
+    bucket_document,
+    parse_bucket,
+)
 from bucketq.errors import MalformedBucket
 from tests.helpers import utc_now
 
@@ -371,3 +379,14 @@ def test_a_payload_is_stored_as_a_string_or_binary(stored):
         doc["p"][1] = bad
         with pytest.raises(MalformedBucket, match="every payload in p must be a string or binary"):
             parse_bucket(doc)
+
+
+def test_a_plain_slot_is_the_slot_of_a_push_with_no_option():
+    """The producer's common push stores ``(stored, *PLAIN_SLOT_TAIL)``, a plain tuple: the same fields as its Slot,
+    so the same bucket document."""
+    stored = '{"a":1}'
+    plain = (stored, *PLAIN_SLOT_TAIL)
+    assert plain == Slot(stored)
+    bucket_id = ObjectId()
+    assert bucket_document(bucket_id, [plain, plain], codec="json", created=NOW, due=NOW) == \
+        bucket_document(bucket_id, [Slot(stored), Slot(stored)], codec="json", created=NOW, due=NOW)

@@ -87,9 +87,11 @@ async def test_retries_dead_letters_and_requeues_keep_the_level(make_queue, sync
 
 async def test_bad_priorities_are_refused_and_bad_stored_levels_go_to_quarantine(make_queue, sync_db):
     q = make_queue(**QUICK)
-    for bad in (10, -1, True, 1.5, "1", None):
+    for bad in (10, -1, True, 1.5, 0.0, False, "1", None):  # 0.0, False and None are falsy: no level 0 for them
         with pytest.raises(InvalidOption, match="priority must be an int from 0 to 9"):
             await q.push("x", priority=bad)
+        with pytest.raises(InvalidOption, match="priority must be an int from 0 to 9"):
+            q.push_nowait("x", priority=bad)
         with pytest.raises(InvalidOption, match="payload 0: priority"):
             await q.push_many(["x"], priority=bad)
         if bad is not None:  # an Outgoing's None: the call's priority

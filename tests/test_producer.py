@@ -249,6 +249,24 @@ async def test_payload_too_large_for_any_bucket(make_queue):
     q = make_queue(bucket_max_bytes=4096, max_buffered_bytes=65536)
     with pytest.raises(bucketq.PayloadTooLarge, match="bucket_max_bytes"):
         await q.push("x" * 5000)
+    # counted in UTF-8 bytes, not characters: 2,000 characters that take 4,000 bytes
+    for push in (q.push_nowait, q.push):
+        with pytest.raises(bucketq.PayloadTooLarge, match="bucket_max_bytes"):
+            await push("\u00e9" * 2000)
+
+
+@pytest.mark.parametrize("codec, payload", [("json", {"name": "Zo\u00eb", "city": "\u6771\u4eac" * 50}),
+                                            ("msgpack", {"b": b"\xff" * 10})])
+async def test_non_ascii_and_binary_payloads_fill_buckets_within_max_bytes(make_queue, sync_db, codec, payload):
+    """Text that is not ASCII and binary payloads take the producer's common path too: their slots are counted in
+    the bytes that BSON stores, so no bucket goes over ``bucket_max_bytes``."""
+    q = make_queue(bucket_max_bytes=4096, max_buffered_bytes=1024 * 1024, codec=codec)
+    await asyncio.gather(*(q.push_nowait(payload) for _ in range(300)))
+    docs = list(sync_db.events.find())
+    assert sum(d["n"] for d in docs) == 300
+    assert max(len(bson.encode(d)) for d in docs) <= 4096
+    message = await q.reserve(timeout=2)
+    assert message is not None and message.payload == payload
 
 
 async def test_push_after_drain_or_close_is_refused(make_queue):

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from bson import ObjectId
 
-from bucketq.core.format import BUCKET_OVERHEAD, MAX_GROUP_BYTES, Slot, bucket_document
+from bucketq.core.format import BUCKET_OVERHEAD, MAX_GROUP_BYTES, AnySlot, bucket_document
 from bucketq.errors import WriteFailed
 
 # What a group bucket stores besides its payloads, counted against ``max_bytes`` (the headroom below 16 MiB is
@@ -107,7 +107,7 @@ class _OpenBucket:
     id: ObjectId
     opened_at: float  # monotonic seconds
     created: dt.datetime
-    slots: list[Slot] = field(default_factory=list)
+    slots: list[AnySlot] = field(default_factory=list)
     waiters: list[Waiter] = field(default_factory=list)
     runs: dict[int, int] = field(default_factory=dict)  # SealedBucket.runs
     size_bytes: int = BUCKET_OVERHEAD
@@ -143,7 +143,7 @@ class Accumulator:
 
     def add(
         self,
-        slot: Slot,
+        slot: AnySlot,
         slot_size: int,
         waiter: Waiter,
         *,
@@ -183,7 +183,7 @@ class Accumulator:
             sealed += self._seal(key, now_wall)
         return sealed
 
-    def append(self, slot: Slot, slot_size: int, waiter: Waiter) -> bool:
+    def append(self, slot: AnySlot, slot_size: int, waiter: Waiter) -> bool:
         """The common push, kept cheap (no clock read, nothing to seal): add a message due at once and ungrouped to
         the open bucket of such messages if there is one that it leaves short of full. False when it did nothing:
         the caller then goes through ``add``, which opens and seals buckets (once a bucket, not once a message)."""
@@ -199,7 +199,7 @@ class Accumulator:
         self.buffered_bytes += slot_size
         return True
 
-    def extend(self, slots: list[Slot], sizes: list[int], start: int, end: int, waiter: RunWaiter, room: int) -> int:
+    def extend(self, slots: list[AnySlot], sizes: list[int], start: int, end: int, waiter: RunWaiter, room: int) -> int:
         """``append`` for many messages at once (``push_many``): add ``slots[start:end]`` (their sizes in ``sizes``),
         as many as the open bucket of messages due now takes without being made full and as fit in ``room``
         bytes, under one waiter settled once (``RunWaiter.set_results``). Returns how many it took: 0 when there

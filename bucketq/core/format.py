@@ -80,6 +80,10 @@ _SLOT_DEFAULTS_AFTER_KEY = tuple(Slot._field_defaults[name] for name in Slot._fi
 # ``slot_bytes`` adds to a payload without headers or key: for a producer's common push, built inline.
 PLAIN_SLOT_TAIL = (None, None, *_SLOT_DEFAULTS_AFTER_KEY)
 PLAIN_SLOT_BYTES = 24
+# That message's slot as a plain tuple, ``(stored, *PLAIN_SLOT_TAIL)``: a Slot's fields in order, which is all
+# ``bucket_document`` reads (columns, by position), made at a fifth of what a NamedTuple instance costs.
+PlainSlot = tuple[str | bytes, None, None, int, None, None, None]
+AnySlot = Slot | PlainSlot  # what a producer's open bucket holds
 
 
 def payload_size(payload: str | bytes | Mapping[str, Any]) -> int:
@@ -198,7 +202,7 @@ def message_id(bucket_id: ObjectId, slot: int) -> str:
 
 def bucket_document(
     bucket_id: ObjectId,
-    slots: Sequence[Slot],
+    slots: Sequence[AnySlot],
     *,
     codec: str,
     created: dt.datetime,
