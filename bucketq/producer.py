@@ -175,7 +175,9 @@ class Producer:
         before any is pushed. An item may be an ``Outgoing`` carrying options of its own (key, delay or at,
         headers, group, priority); ``delay``, ``headers`` and ``priority`` apply to the items that set none (a
         grouped item takes no delay, and no priority: level 0)."""
-        prepared: list[tuple[AnySlot, int, dt.datetime | None]] = []
+        slots: list[AnySlot] = []
+        sizes: list[int] = []
+        dues: list[dt.datetime | None] = []
         routes: list[tuple[str | None, int]] = []  # each item's group and level
         # a call with no option: each payload with a plain slot skips _prepare (whose checks the call has passed)
         plain_call = delay is None and headers is None and priority.__class__ is int and not priority \
@@ -185,25 +187,31 @@ class Producer:
                 if isinstance(item, Outgoing):
                     timed = item.delay is not None or item.at is not None
                     level = item.priority if item.priority is not None else 0 if item.group is not None else priority
-                    prepared.append(self._prepare(item.payload, item.delay if timed else delay, item.at,
-                                                  headers if item.headers is None else item.headers, item.key,
-                                                  item.group, level, item.unique_for))
-                    routes.append((item.group, level))
+                    slot, size, due = self._prepare(item.payload, item.delay if timed else delay, item.at,
+                                                    headers if item.headers is None else item.headers, item.key,
+                                                    item.group, level, item.unique_for)
+                    route = (item.group, level)
                 elif plain_call and (plain := self._plain_slot(item)) is not None:
-                    prepared.append((*plain, None))
-                    routes.append(_DUE_NOW)
+                    (slot, size), due, route = plain, None, _DUE_NOW
                 else:
-                    prepared.append(self._prepare(item, delay, None, headers, None, None, priority))
-                    routes.append((None, priority))
+                    slot, size, due = self._prepare(item, delay, None, headers, None, None, priority)
+                    route = (None, priority)
             except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
                 raise type(exc)(f"payload {index}: {exc}") from exc
-        if not prepared:
+            slots.append(slot)
+            sizes.append(size)
+            dues.append(due)
+            routes.append(route)
+        n = len(slots)
+        if not n:
             return []
+        many = _Many(n)
+        if dues.count(None) == n and routes.count(_DUE_NOW) == n:  # the common call: counted in C
+            await self._push_run(many, slots, sizes, 0, n)
+            return await many.future
         # each message due now, ungrouped and of level 0: of the open bucket of such messages, which takes runs
-        now = [due is None and group is None and not level
-               for (_, _, due), (group, level) in zip(prepared, routes, strict=True)]
-        slots, sizes = [p[0] for p in prepared], [p[1] for p in prepared]
-        many, index, n = _Many(len(prepared)), 0, len(prepared)
+        now = [due is None and group is None and not level for due, (group, level) in zip(dues, routes, strict=True)]
+        index = 0
         while index < n:
             if now[index]:
                 end = index + 1
@@ -212,9 +220,8 @@ class Producer:
                 await self._push_run(many, slots, sizes, index, end)
                 index = end
             else:
-                _, size, due = prepared[index]
-                await self._wait_for_space(size)
-                self._add(slots[index], size, due, _Run(many, index), *routes[index])
+                await self._wait_for_space(sizes[index])
+                self._add(slots[index], sizes[index], dues[index], _Run(many, index), *routes[index])
                 index += 1
         return await many.future
 
