@@ -28,6 +28,11 @@ def utc_now() -> dt.datetime:
     return dt.datetime.fromtimestamp(time.time(), dt.timezone.utc)
 
 
+def seconds_ago(seconds: float = 5) -> dt.datetime:
+    """``utc_now()`` less ``seconds``: a due time or lease already past."""
+    return utc_now() - dt.timedelta(seconds=seconds)
+
+
 def examples(n: int) -> int:
     """A property test's ``max_examples``: ``n`` under Hypothesis's default profile (100 examples), scaled like the
     loaded profile's (tests/conftest.py: a tenth for make unit)."""

@@ -19,7 +19,7 @@ import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
-from tests.helpers import PATIENCE_S, utc_now
+from tests.helpers import PATIENCE_S, seconds_ago, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -161,17 +161,11 @@ async def test_purge_dead(make_queue):
 
 
 def _insert_raw(sync_db, doc):
-    base = {"_id": ObjectId(), "v": FORMAT_VERSION, "enc": "json", "due": _past(), "created": _past(),
+    base = {"_id": ObjectId(), "v": FORMAT_VERSION, "enc": "json", "due": seconds_ago(), "created": seconds_ago(),
             "n": 2, "p": ['{"ok":1}', '{"ok":2}'], "done": [], "c": 0, "lease": None}
     base.update(doc)
     sync_db.events.insert_one({k: v for k, v in base.items() if v is not ...})
     return base["_id"]
-
-
-def _past():
-    import datetime as dt
-
-    return utc_now() - dt.timedelta(seconds=5)
 
 
 @pytest.mark.parametrize("corruption, reason", [

@@ -20,7 +20,7 @@ import bucketq
 from bucketq.core import claims
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION, MAX_BUCKET_BYTES
 from bucketq.memory import Fault, Faults, Operation
-from tests.helpers import eventually, utc_now
+from tests.helpers import eventually, seconds_ago
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -30,13 +30,9 @@ LIVE = {"fin": {"$exists": False}}
 QUICK = {"bucket_max_wait": 0.005, "change_streams": False, "poll_interval": 0.02, "drain_timeout": 0}
 
 
-def _past(seconds: float = 5) -> dt.datetime:
-    return utc_now() - dt.timedelta(seconds=seconds)
-
-
 def _raw_bucket(**fields: Any) -> dict:
-    doc = {"_id": ObjectId(), "v": FORMAT_VERSION, "enc": "json", "due": _past(), "created": _past(), "n": 1,
-           "p": ['"raw"'], "done": [], "c": 0, "lease": None}
+    doc = {"_id": ObjectId(), "v": FORMAT_VERSION, "enc": "json", "due": seconds_ago(), "created": seconds_ago(),
+           "n": 1, "p": ['"raw"'], "done": [], "c": 0, "lease": None}
     doc.update(fields)
     return doc
 
@@ -224,7 +220,7 @@ async def test_a_bucket_at_the_size_limit_is_quarantined_within_16_mib(make_queu
 def _near_the_limit(room: int, **fields: Any) -> dict:
     """A one-message bucket (``fields`` added) that someone else wrote: ``room`` bytes below 16 MiB once claimed."""
     doc = _raw_bucket(**fields)
-    claimed = {**doc, "lease": {"token": "0" * 24, "owner": claims.owner_name(), "until": _past()}}
+    claimed = {**doc, "lease": {"token": "0" * 24, "owner": claims.owner_name(), "until": seconds_ago()}}
     doc["p"] = ['"' + "w" * (BSON_LIMIT - room - len(bson.encode(claimed))) + '"']
     return doc
 
@@ -277,7 +273,8 @@ async def test_requeue_of_many_large_dead_letters_is_split_below_16_mib(make_que
     big = '"' + "z" * (1 << 20) + '"'  # 1 MiB each: 40 of them do not fit one bucket
     sync_db["events.dead"].insert_many([
         {"_id": f"{ObjectId()}:0", "enc": "json", "p": big, "h": None, "k": None, "tries": 5, "error": "e",
-         "at": _past(), "enqueued_at": _past(), "origin": {"bucket": ObjectId(), "slot": 0}} for _ in range(40)])
+         "at": seconds_ago(), "enqueued_at": seconds_ago(), "origin": {"bucket": ObjectId(), "slot": 0}}
+        for _ in range(40)])
     q = make_queue(**QUICK)
     assert await q.requeue_dead() == 40
     sizes = [len(bson.encode(doc)) for doc in sync_db.events.find(LIVE)]
@@ -385,7 +382,7 @@ async def test_drain_returns_within_drain_timeout_and_one_write_timeout_when_the
 # -- 10. a wall-clock step does not shorten or lengthen leases -------------------------------------------------
 
 async def test_a_wall_clock_step_does_not_let_two_consumers_serve_one_bucket(make_queue, sync_db, monkeypatch):
-    sync_db.events.insert_one(_raw_bucket(due=_past(7200), created=_past(7200)))
+    sync_db.events.insert_one(_raw_bucket(due=seconds_ago(7200), created=seconds_ago(7200)))
     a = make_queue(**QUICK, lease=30)
     await a.stats()  # A measures the server clock
     real = time.time

@@ -5,7 +5,6 @@ reply was lost, and consumers racing (in one process, and two processes on the s
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import subprocess
 import sys
 from collections import defaultdict
@@ -19,17 +18,13 @@ import bucketq
 from bucketq import InvalidOption, Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core.priorities import BY_AGE, BY_PRIORITY, Turns
-from tests.helpers import utc_now
+from tests.helpers import seconds_ago, utc_now
 from tests.proxy import TcpProxy
 from tests.test_consumer import consume_all  # every message until none comes, each acked
 
 pytestmark = pytest.mark.backends("memory", "server")
 
 QUICK = {"bucket_max_wait": 0.005, "poll_interval": 0.02, "drain_timeout": 0}
-
-
-def _past(seconds: float) -> dt.datetime:
-    return utc_now() - dt.timedelta(seconds=seconds)
 
 
 def _bucket_of(message_id: str) -> ObjectId:
@@ -58,7 +53,7 @@ async def test_every_nth_claim_takes_the_oldest_due_bucket_so_a_backlog_of_highe
         make_queue(**QUICK, bucket_max_size=1, priority_fairness=fairness)
     for q in (strict, fair):
         old = await q.push("old")
-        sync_db.events.update_one({"_id": _bucket_of(old)}, {"$set": {"due": _past(60)}})  # the oldest due bucket
+        sync_db.events.update_one({"_id": _bucket_of(old)}, {"$set": {"due": seconds_ago(60)}})  # the oldest due bucket
         await q.push_many([{"i": i} for i in range(2 * fairness)], priority=9)
         got = [m.payload for m in await consume_all(q, timeout=0.3)]
         assert sorted(got, key=str) == sorted(["old", *({"i": i} for i in range(2 * fairness))], key=str)
@@ -167,7 +162,7 @@ async def test_batch_claims_honour_priorities_and_fairness(make_queue, sync_db, 
     q = make_queue(**QUICK)
     for i, level in enumerate([0, 2, 9, 9, 9]):  # each older than the next
         pushed = await q.push(level, priority=level)
-        sync_db.events.update_one({"_id": _bucket_of(pushed)}, {"$set": {"due": _past(60 - i)}})
+        sync_db.events.update_one({"_id": _bucket_of(pushed)}, {"$set": {"due": seconds_ago(60 - i)}})
     bq = BatchQueue(queue_target, name="events", db=db_name, priority_fairness=3)
     batch = bq.claim(max_buckets=5)
     assert batch is not None and [d["p"][0] for d in batch.buckets] == ["9", "9", "0", "9", "2"]
