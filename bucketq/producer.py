@@ -19,7 +19,15 @@ from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
-from bucketq.core.format import PLAIN_SLOT_BYTES, PLAIN_SLOT_TAIL, AnySlot, PlainSlot, check_group, encode_slot
+from bucketq.core.format import (
+    DOCUMENT_CODEC,
+    PLAIN_SLOT_BYTES,
+    PLAIN_SLOT_TAIL,
+    AnySlot,
+    PlainSlot,
+    check_group,
+    encode_slot,
+)
 from bucketq.core.priorities import MAX_PRIORITY, check_priority
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
@@ -111,6 +119,7 @@ class Producer:
                  before_write: Callable[[], Awaitable[None]] | None = None) -> None:
         self._store = store
         self._codec = codec
+        self._plain_codec = codec.name != DOCUMENT_CODEC  # its payloads are text or binary: plain slots (_plain_slot)
         self._options = options
         self._clock = clock
         self._on_written = on_written
@@ -271,7 +280,10 @@ class Producer:
         """The slot and size of a push with no option whose payload the codec makes text or binary that a bucket
         takes, built here rather than by ``encode_slot`` and ``slot_bytes`` (two calls, a fifth of a push's own
         work). None for anything else (a document, text that is no UTF-8), and for a payload the codec refuses: the
-        general way then raises the right error."""
+        general way then raises the right error. A codec that stores documents is not asked: the general way encodes
+        its payload, once."""
+        if not self._plain_codec:
+            return None
         try:
             stored = self._codec.dump(payload)
             if type(stored) is str:

@@ -255,6 +255,21 @@ async def test_payload_too_large_for_any_bucket(make_queue):
             await push("\u00e9" * 2000)
 
 
+@pytest.mark.parametrize("codec, payload", [("json", {"a": 1}), ("json", {"name": "Zo\u00eb"}),
+                                            ("msgpack", {"b": b"\xff"}), ("bson", {"a": 1})])
+async def test_each_push_encodes_its_payload_once(make_queue, monkeypatch, codec, payload):
+    """Whichever way a push goes (the common path, or the general one for a codec that stores documents), its
+    payload is encoded once."""
+    q = make_queue(bucket_max_wait=0.01, codec=codec)
+    encoded = []
+    dump = q.codec.dump
+    monkeypatch.setattr(q.codec, "dump", lambda value: encoded.append(value) or dump(value))
+    await q.push(payload)
+    await q.push_nowait(payload)
+    await q.push_many([payload])
+    assert encoded == [payload] * 3
+
+
 @pytest.mark.parametrize("codec, payload", [("json", {"name": "Zo\u00eb", "city": "\u6771\u4eac" * 50}),
                                             ("msgpack", {"b": b"\xff" * 10})])
 async def test_non_ascii_and_binary_payloads_fill_buckets_within_max_bytes(make_queue, sync_db, codec, payload):
