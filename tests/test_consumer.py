@@ -273,13 +273,17 @@ async def test_next_bucket_is_claimed_ahead_while_one_is_served_and_handed_back_
     assert sorted(m.payload for m in await consume_all(other, want=len(rest))) == rest
 
 
-async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(make_queue, sync_db, mongo_uri):
+@pytest.mark.parametrize("pause_read_due", [False, True], ids=["pause-known", "pause-read-first"])
+async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(make_queue, sync_db, mongo_uri,
+                                                                            pause_read_due):
     # On the server only: it applies a claim as soon as the request arrives, while the in-memory database runs
     # operations on the event loop these handlers never give back.
     q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
     await q.push_many(range(300))
     for _ in range(100):  # the first bucket
         await (await q.reserve(timeout=2)).ack()
+    if pause_read_due:  # as after an event on the control document: the claim ahead reads the pause state first
+        q._store.pause.changed()
     seen = []
 
     async def handler_that_never_awaits_io() -> None:

@@ -48,13 +48,14 @@ class Claiming(ConsumerState):
         bucket ahead, only while the queue has a backlog (``_found_in_a_row``: an idle queue or a trickle costs
         no extra commands), and never two claims at once: it starts only while no reserve is claiming, and a
         reserve that needs to claim first waits for it (``_ahead_landed``), as does a drain."""
-        self._ahead_unstarted = False
-        if self._draining or not self._holdings or self._holdings[-1] is not newest:
-            return
         try:
+            if self._draining or not self._holdings or self._holdings[-1] is not newest:
+                return
             await self._claim()
         except Exception as exc:  # the next reserve that finds nothing at hand claims again, and raises
             log.warning("claim ahead failed: %s", exc)
+        finally:
+            self._ahead_unsent = False
 
     def _backlog(self, newest: ClaimedBucket) -> bool:
         """Whether the queue likely holds another bucket behind ``newest``, the newest one claimed."""
@@ -86,6 +87,9 @@ class Claiming(ConsumerState):
                                             partition=partition, sort=sort), ordered_groups_held)
             if only is not None:
                 spec = groups.instead(spec, only)
+            # A claim ahead's request goes out in this step (unless the pool must open a connection first). Until
+            # here, reserves yield for it (Consumer.reserve): the pause read above may have waited for a reply.
+            self._ahead_unsent = False
             doc, unclaimable = await self._store.claim(spec)
             self.claim_counts[doc is not None] += 1
             if doc is not None:

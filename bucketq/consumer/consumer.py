@@ -67,7 +67,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         # an empty claim per bucket.
         self._found_in_a_row = 0
         self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
-        self._ahead_unstarted = False  # it is spawned and has not run yet
+        self._ahead_unsent = False  # it is spawned and its claim's request is not sent yet (see reserve)
         self._keys = KeyRecorder(store, clock)
         self._metrics = metrics.for_queue(store.name, store.database.name)
         self._rotation = Rotation()
@@ -96,10 +96,10 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
             message = await self._reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if message is None:
                 self._permits.give_back(1)
-        if message is not None and self._ahead_unstarted:
-            # Yield until the claim ahead has sent its request: tasks whose handlers never await I/O would not
-            # yield before the messages at hand run out, and its round trip would not overlap their work. Every
-            # such task yields once a message meanwhile, so it is soon its turn.
+        if message is not None and self._ahead_unsent:
+            # Yield until the claim ahead has sent its request (after the pause read, if one is due): tasks whose
+            # handlers never await I/O would not yield before the messages at hand run out, and its round trip
+            # would not overlap their work. Every such task yields once a message meanwhile, so it is soon its turn.
             await asyncio.sleep(0)
         return message
 
@@ -217,7 +217,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
             if (holding is self._holdings[-1] and self._backlog(held) and not self._claim_lock.locked()
                     and (self._ahead is None or self._ahead.done())):
                 self._ahead = self._spawn(self._claim_ahead(holding))
-                self._ahead_unstarted = True
+                self._ahead_unsent = True
             return Message(holding.payloads[slot], self, holding, slot)
         return None
 

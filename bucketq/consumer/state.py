@@ -43,7 +43,7 @@ class ConsumerState:
     _owner: str
     _found_in_a_row: int
     _ahead: asyncio.Task[None] | None
-    _ahead_unstarted: bool
+    _ahead_unsent: bool
     _keys: KeyRecorder
     _metrics: metrics.Metrics
     _rotation: Rotation
