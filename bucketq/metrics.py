@@ -26,7 +26,6 @@ empty method.
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -193,11 +192,13 @@ class OtelMetrics(Metrics):
         if not applied:
             totals.lease_lost += 1
             return
-        states = Counter(plan.slots.values())  # counted in C: a plan holds a state a message
-        totals.acked += states[SlotState.ACKED]
-        totals.nacked += states[SlotState.RETRY]
-        totals.dead += states[SlotState.DEAD]
-        totals.quarantined += states[SlotState.QUARANTINED]
+        # Counted in C: a plan holds a state a message. Not by a Counter, which would call the enum's __hash__, a
+        # Python function, for each.
+        states = list(plan.slots.values())
+        totals.acked += states.count(SlotState.ACKED)
+        totals.nacked += states.count(SlotState.RETRY)
+        totals.dead += states.count(SlotState.DEAD)
+        totals.quarantined += states.count(SlotState.QUARANTINED)
 
     def quarantined(self, n: int) -> None:
         self._t.quarantined += n

@@ -188,7 +188,7 @@ class Queue:
         change stream lost to a server restart. Runs before every reserve: no coroutine of its own."""
         if self._life.housekeeping is None or self._clock.stale:
             return False
-        if self.options.change_streams is not False:
+        if self._wakeup.stream_start_due and self.options.change_streams is not False:
             self._wakeup.start_stream(self._watches, self._clock, required=bool(self.options.change_streams))
         return True
 

@@ -61,6 +61,9 @@ class Wakeup:
         self._answered: set[int] = set()  # the watches (by index) whose stream answered
         self._ever_streamed = False
         self._tasks: list[asyncio.Task[None]] = []
+        # No watch started yet, or one ended since (set by the tasks' done callbacks): ``start_stream`` has work.
+        # Consumers ask before every reserve, so that the common case is one attribute read.
+        self.stream_start_due = True
 
     @property
     def ready(self) -> bool:
@@ -123,17 +126,29 @@ class Wakeup:
 
     def start_stream(self, watches: Watched | list[Watched], clock: ServerClock, required: bool) -> None:
         """Start watching (``watches``: one change stream each), or start again a stream that was lost after
-        streams worked (a server restart). Called with the same watches each time."""
+        streams worked (a server restart). Called with the same watches each time; a no-op unless
+        ``stream_start_due``."""
+        if not self.stream_start_due:
+            return
         listed = watches if isinstance(watches, list) else [watches]
-        loop = asyncio.get_running_loop()
         if not self._tasks:
-            self._tasks = [loop.create_task(self._watch(i, w, clock, required), name="bucketq-watch")
-                           for i, w in enumerate(listed)]
+            self._tasks = [self._start_watch(i, w, clock, required) for i, w in enumerate(listed)]
         elif self._ever_streamed:
             for i, task in enumerate(self._tasks):
                 if task.done():
-                    self._tasks[i] = loop.create_task(self._watch(i, listed[i], clock, required),
+                    self._tasks[i] = self._start_watch(i, listed[i], clock, required)
+        else:  # a watch ended before streams ever worked: polling it is (asked again at the next call)
+            return
+        self.stream_start_due = False
+
+    def _start_watch(self, index: int, watched: Watched, clock: ServerClock, required: bool) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._watch(index, watched, clock, required),
                                                       name="bucketq-watch")
+        task.add_done_callback(self._watch_ended)
+        return task
+
+    def _watch_ended(self, _task: asyncio.Task[None]) -> None:
+        self.stream_start_due = True
 
     @property
     def watching(self) -> bool:
@@ -145,6 +160,7 @@ class Wakeup:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        self.stream_start_due = True
         self._answered.clear()
         self.streaming = False
 

@@ -10,16 +10,17 @@ import sys
 import time
 from collections import Counter, defaultdict
 from itertools import pairwise
+from typing import Any
 
 import pytest
 from bson import ObjectId
-from pymongo.errors import OperationFailure
+from pymongo.errors import AutoReconnect, OperationFailure
 
 import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
-from tests.helpers import PATIENCE_S, seconds_ago, utc_now
+from tests.helpers import PATIENCE_S, eventually, seconds_ago, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -346,6 +347,47 @@ async def test_idle_consumer_is_woken_by_the_change_stream(make_queue, monkeypat
         await message.ack()
     assert consumer._wakeup.streaming
     assert max(latencies) < 10, f"delivery latencies {latencies}: a poll delivered, not the stream"
+
+
+@pytest.mark.needs("change_streams")
+async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_next_reserve(make_queue):
+    """As after a server restart: the buckets' stream fails; the next reserve starts it again (only then: a
+    consumer asks before each reserve, at the cost of one attribute read while nothing was lost)."""
+    q = make_queue(bucket_max_wait=0.01)
+    real, lose = q._watches[0], []
+
+    class Failing:  # the stream, until the test loses it (once)
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+
+        async def try_next(self) -> Any:
+            if lose and not lose[0]:
+                lose[0] = True
+                raise AutoReconnect("connection closed (a server restart)")
+            return await self.stream.try_next()
+
+        async def close(self) -> None:
+            await self.stream.close()
+
+    async def watch(start: Any) -> Failing:
+        return Failing(await real(start))
+
+    q._watches[0] = watch
+    assert await q.reserve(timeout=0.05) is None
+    await eventually(lambda: q._wakeup.streaming, what="the change streams answering")
+    first = q._wakeup._tasks[0]
+    lose.append(False)
+    await eventually(lambda: first.done(), what="the stream's watch ending")
+    assert not q._wakeup.streaming
+    await asyncio.sleep(0.05)
+    assert q._wakeup._tasks[0] is first, "started again before any reserve"
+    assert await q.reserve(timeout=0.05) is None
+    assert q._wakeup._tasks[0] is not first
+    await eventually(lambda: q._wakeup.streaming, what="the restarted stream answering")
+    await q.push(1)
+    message = await q.reserve(timeout=PATIENCE_S)
+    assert message is not None and message.payload == 1
+    await message.ack()
 
 
 class _FixedClock:

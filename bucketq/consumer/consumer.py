@@ -83,7 +83,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         rate limit, a permit is taken first (waiting for the next window while this one's are spent)."""
         if self._draining:
             raise QueueClosed("the consumer is draining or closed")
-        timeout = check_timeout(timeout)
+        if type(timeout) is not float or timeout != timeout:  # else a number of seconds already: no call
+            timeout = check_timeout(timeout)
         if self._permits is None:
             # A message at hand is served without a further coroutine (most reserves of a busy consumer).
             message = self._next_message()
@@ -214,8 +215,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                     self._schedule_flush(holding)
                 continue
             self._metrics.consumed(1)
-            if (holding is self._holdings[-1] and self._backlog(held) and not self._claim_lock.locked()
-                    and (self._ahead is None or self._ahead.done())):
+            if (holding is self._holdings[-1] and (self._ahead is None or self._ahead.done())
+                    and not self._claim_lock.locked() and self._backlog(held)):
                 self._ahead = self._spawn(self._claim_ahead(holding))
                 self._ahead_unsent = True
             return Message(holding.payloads[slot], self, holding, slot)
