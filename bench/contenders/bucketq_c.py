@@ -62,27 +62,28 @@ def _sent_ts(body: Any) -> float:
 
 async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,
                    mark: Callable[[int], None], batch: int = 1) -> None:
-    """Reserve (``batch`` at a time) and ack until the producers are done and nothing came for idle_s; ``mark``
-    after each ack (each ``ack_many`` of a batch)."""
+    """Reserve and ack (``batch`` > 1: ``reserve_many`` and one ``ack_many`` of the batch, as a batch handler
+    would) until the producers are done and nothing came for idle_s; ``mark`` after each ack (each ``ack_many``)."""
     idle_s = ctx.spec["idle_s"]
     while True:
-        messages = await q.reserve_many(batch, timeout=idle_s if producers_done.is_set() else min(idle_s, 0.25))
-        if not messages:
-            if producers_done.is_set():
-                return
-            continue
-        if batch > 1:  # consume_batch: a batch handler acks its batch at once
-            if timed_latency:
-                for msg in messages:
-                    ctx.latency(_sent_ts(msg.payload))
-            await q.ack_many(messages)
-            mark(len(messages))
-            continue
-        for msg in messages:
+        timeout = idle_s if producers_done.is_set() else min(idle_s, 0.25)
+        if batch > 1:
+            messages = await q.reserve_many(batch, timeout=timeout)
+            if messages:
+                if timed_latency:
+                    for msg in messages:
+                        ctx.latency(_sent_ts(msg.payload))
+                await q.ack_many(messages)
+                mark(len(messages))
+                continue
+        elif (msg := await q.reserve(timeout=timeout)) is not None:
             if timed_latency:
                 ctx.latency(_sent_ts(msg.payload))
             await msg.ack()
             mark()
+            continue
+        if producers_done.is_set():
+            return
 
 
 async def _consumers(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,

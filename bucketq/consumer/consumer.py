@@ -14,7 +14,8 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
+from operator import attrgetter
 from typing import Any
 
 from pymongo.errors import PyMongoError
@@ -263,20 +264,15 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         returns once every ack is written. ``InvalidOption``, before any ack, for what is not a message of this
         consumer's."""
         messages = list(messages)
-        for message in messages:
-            if not isinstance(message, Message) or message._consumer is not self:
-                raise InvalidOption(f"not a message this queue's consumer handed out: {message!r:.80}")
+        # checked in C when each is a Message of this consumer's, as in a reserve_many batch
+        if not set(map(type, messages)) <= {Message} or not set(map(_CONSUMER, messages)) <= {self}:
+            for message in messages:
+                if not isinstance(message, Message) or message._consumer is not self:
+                    raise InvalidOption(f"not a message this queue's consumer handed out: {message!r:.80}")
         futures: list[asyncio.Future[None]] = []
         loop = asyncio.get_running_loop()
-        start, end = 0, len(messages)
         try:
-            while start < end:  # a run of messages of one bucket at a time (a reserve_many's come so)
-                holding: Holding = messages[start]._holding  # type: ignore[assignment]  # this consumer's
-                stop = start + 1
-                while stop < end and messages[stop]._holding is holding:
-                    stop += 1
-                slots = [message._slot for message in messages[start:stop]]
-                start = stop
+            for holding, slots in _runs(messages):  # a run of messages of one bucket at a time
                 held = holding.held
                 if wait or (self._options.dedupe and any(held.bucket.keys[slot] is not None for slot in slots)):
                     for slot in slots:  # one by one: a future each, or a dedupe key to store first
@@ -332,3 +328,21 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         if future is not None:
             await future
         return retry_in
+
+
+_CONSUMER, _HOLDING, _SLOT = attrgetter("_consumer"), attrgetter("_holding"), attrgetter("_slot")
+
+
+def _runs(messages: list[Message]) -> Iterator[tuple[Holding, list[int]]]:
+    """``(holding, slots)`` of each run of ``messages`` from one bucket, in order: one for a batch from one bucket
+    (found in C, as most ``reserve_many`` batches are)."""
+    holdings: list[Holding] = list(map(_HOLDING, messages))
+    ids = list(map(id, holdings))
+    if ids and ids.count(ids[0]) == len(ids):
+        yield holdings[0], list(map(_SLOT, messages))
+        return
+    start = 0
+    for stop in range(1, len(messages) + 1):
+        if stop == len(messages) or holdings[stop] is not holdings[start]:
+            yield holdings[start], list(map(_SLOT, messages[start:stop]))
+            start = stop
