@@ -76,8 +76,9 @@ class Queue:
         self._wakeup = Wakeup(self.options.poll_interval)
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
                                   on_written=self._wakeup.notify, before_write=self._ready)
-        self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup)
-        # the change streams a consumer keeps open (``_consumer_set_up``): made once, not at every reserve
+        self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup,
+                                  before_claim=self._before_claim)
+        # the change streams a consumer keeps open (``_before_claim``): made once, not at every claim
         self._watches: list[Watched] = [self._store.watch_changes, (self._store.watch_control,
                                                                     self._store.pause.changed)]
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
@@ -143,8 +144,6 @@ class Queue:
 
     async def reserve(self, timeout: float | None = None) -> Message | None:
         """Claim the next message; None when none arrives within ``timeout`` seconds."""
-        if not self._consumer_set_up():
-            await self._consumer_ready()
         return await self._consumer.reserve(timeout)
 
     async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
@@ -152,8 +151,6 @@ class Queue:
         first, then adds those due now, from the buckets this consumer holds and, while fewer than ``n``, from
         further buckets it claims, without waiting. Empty when none arrives in time. Each message is acked or
         nacked on its own, or the batch at once with ``ack_many``."""
-        if not self._consumer_set_up():
-            await self._consumer_ready()
         return await self._consumer.reserve_many(n, timeout)
 
     async def ack_many(self, messages: Iterable[Message], *, wait: bool = False) -> None:
@@ -171,26 +168,18 @@ class Queue:
 
     async def consume(self, idle_timeout: float | None = None) -> AsyncIterator[Message]:
         """``async for msg in q.consume(): ...``; ends after ``idle_timeout`` seconds without a message."""
-        await self._consumer_ready()
         async for message in self._consumer.consume(idle_timeout):
             yield message
 
-    async def _consumer_ready(self) -> None:
-        """Before the first reserve: set up and start housekeeping; then only what is due (a clock resync, a
-        change stream lost to a server restart)."""
+    async def _before_claim(self) -> None:
+        """What the consumer awaits before each claim (not before each reserve: a message at hand needs none of
+        it): before the first, set up and start housekeeping; then only what is due (a clock resync, a change
+        stream lost to a server restart)."""
         if self._life.housekeeping is None or self._clock.stale:
             await self._ready()
             self._life.keep_house(HOUSEKEEPING_EVERY_S, self.purge_expired, "housekeeping", "bucketq-housekeeping")
-        self._consumer_set_up()
-
-    def _consumer_set_up(self) -> bool:
-        """Whether a reserve may go on without awaiting ``_consumer_ready`` (set up, clock fresh); restarts a
-        change stream lost to a server restart. Runs before every reserve: no coroutine of its own."""
-        if self._life.housekeeping is None or self._clock.stale:
-            return False
         if self._wakeup.stream_start_due and self.options.change_streams is not False:
             self._wakeup.start_stream(self._watches, self._clock, required=bool(self.options.change_streams))
-        return True
 
     # -- observing -----------------------------------------------------------------------------------------
 

@@ -44,22 +44,23 @@ async def consume(uri: str, queue: str, batch: int, ack_many: bool) -> int:
     q = bucketq.Queue(uri, name=queue, db=DB, bucket_max_size=1024, bucket_max_wait=0.5)
     count = 0
 
-    async def take() -> list[bucketq.Message]:
-        if batch > 1:
-            return await q.reserve_many(batch, timeout=0.5)
-        message = await q.reserve(timeout=0.5)
-        return [] if message is None else [message]
-
-    async def task() -> None:
+    async def task() -> None:  # as the bench's consume roles (bench/contenders/bucketq_c.py)
         nonlocal count
-        while messages := await take():
-            if ack_many:
-                await q.ack_many(messages)
-                count += len(messages)
-                continue
-            for message in messages:
+        while True:
+            if batch == 1:
+                if (message := await q.reserve(timeout=0.5)) is None:
+                    return
                 await message.ack()
                 count += 1
+                continue
+            if not (messages := await q.reserve_many(batch, timeout=0.5)):
+                return
+            if ack_many:
+                await q.ack_many(messages)
+            else:
+                for message in messages:
+                    await message.ack()
+            count += len(messages)
 
     await asyncio.gather(*(task() for _ in range(TASKS)))
     await q.close()

@@ -308,6 +308,27 @@ async def test_a_first_claim_of_a_bucket_written_under_load_already_claims_ahead
     await first.ack()
 
 
+async def test_a_consumer_serving_from_held_buckets_resyncs_its_clock_at_its_claims_ahead(make_queue):
+    """A reserve with a message at hand does not look at the clock's age: the claims do, the claim ahead too, so
+    that a consumer that always has a message at hand still resyncs (``RESYNC_EVERY_S``)."""
+    from bucketq.clock import RESYNC_EVERY_S
+
+    q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
+    await q.push_many(range(300))
+    messages = [await q.reserve(timeout=2)]
+    await q._consumer._ahead_landed()  # the second bucket is held
+    synced_at = q._clock._synced_at
+    assert synced_at is not None
+    q._clock._synced_at = synced_at - RESYNC_EVERY_S - 1
+    assert q._clock.stale
+    while len(messages) < 101:  # the first bucket's, then the second's first, which sends a claim ahead
+        messages.append(await q.reserve(timeout=0))
+    await q._consumer._ahead_landed()
+    assert not q._clock.stale and q._clock._synced_at > synced_at
+    assert [m.payload for m in messages] == list(range(101)), "every one came from a bucket held"
+    await q.ack_many(messages)
+
+
 async def test_no_claim_ahead_while_buckets_come_one_at_a_time(make_queue):
     q = make_queue(bucket_max_wait=0.01)
     for i in range(3):
@@ -350,9 +371,9 @@ async def test_idle_consumer_is_woken_by_the_change_stream(make_queue, monkeypat
 
 
 @pytest.mark.needs("change_streams")
-async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_next_reserve(make_queue):
-    """As after a server restart: the buckets' stream fails; the next reserve starts it again (only then: a
-    consumer asks before each reserve, at the cost of one attribute read while nothing was lost)."""
+async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_next_claim(make_queue):
+    """As after a server restart: the buckets' stream fails; the next claim starts it again (only then: a
+    consumer asks before each claim, at the cost of one attribute read while nothing was lost)."""
     q = make_queue(bucket_max_wait=0.01)
     real, lose = q._watches[0], []
 
@@ -380,8 +401,8 @@ async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_nex
     await eventually(lambda: first.done(), what="the stream's watch ending")
     assert not q._wakeup.streaming
     await asyncio.sleep(0.05)
-    assert q._wakeup._tasks[0] is first, "started again before any reserve"
-    assert await q.reserve(timeout=0.05) is None
+    assert q._wakeup._tasks[0] is first, "started again before any claim"
+    assert await q.reserve(timeout=0) is None  # claims once, wake-up or not
     assert q._wakeup._tasks[0] is not first
     await eventually(lambda: q._wakeup.streaming, what="the restarted stream answering")
     await q.push(1)

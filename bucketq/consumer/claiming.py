@@ -51,6 +51,7 @@ class Claiming(ConsumerState):
         try:
             if self._draining or not self._holdings or self._holdings[-1] is not newest:
                 return
+            await self._before_claim()
             await self._claim()
         except Exception as exc:  # the next reserve that finds nothing at hand claims again, and raises
             log.warning("claim ahead failed: %s", exc)

@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from operator import attrgetter
 from typing import Any
 
@@ -48,8 +48,9 @@ log = logging.getLogger("bucketq")
 
 class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
     def __init__(self, store: AsyncQueueStore, codec: Codec, options: QueueOptions, clock: ServerClock,
-                 wakeup: Wakeup) -> None:
+                 wakeup: Wakeup, *, before_claim: Callable[[], Awaitable[None]]) -> None:
         self._store = store
+        self._before_claim = before_claim  # the queue's set-up, clock resync and stream restarts, as they fall due
         self._codec = codec
         self._options = options
         self._clock = clock
@@ -93,6 +94,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                 message = await self._reserve(timeout)
         else:
             deadline = None if timeout is None else time.monotonic() + timeout
+            await self._before_claim()  # the permits are counted by the server's clock: synced first
             if not await self._permits.wait_for_one(deadline, lambda: self._draining):
                 return None
             message = await self._reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -190,6 +192,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                 message = self._next_message()
             if message is not None or self._draining or not (force or self._wakeup.ready):
                 return message, False
+            await self._before_claim()  # its errors reach the reserve, as before a first claim
             try:
                 claimed = await self._claim()
             except PyMongoError as exc:

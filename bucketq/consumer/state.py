@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from bucketq import metrics
@@ -33,6 +33,7 @@ class ConsumerState:
     _options: QueueOptions
     _clock: ServerClock
     _wakeup: Wakeup
+    _before_claim: Callable[[], Awaitable[None]]
     _backoff: Backoff
     _policy: Policy
     _holdings: list[Holding]
