@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from typing import Any
 
 from pymongo import ReplaceOne
@@ -142,22 +142,25 @@ class Queue:
 
     # -- consuming -----------------------------------------------------------------------------------------
 
-    async def reserve(self, timeout: float | None = None) -> Message | None:
-        """Claim the next message; None when none arrives within ``timeout`` seconds."""
-        return await self._consumer.reserve(timeout)
+    # reserve, reserve_many and ack_many hand back the consumer's coroutine to await, not one of their own: one
+    # coroutine fewer a call, on the path of every message.
 
-    async def reserve_many(self, n: int, timeout: float | None = None) -> list[Message]:
+    def reserve(self, timeout: float | None = None) -> Coroutine[Any, Any, Message | None]:
+        """Claim the next message; None when none arrives within ``timeout`` seconds."""
+        return self._consumer.reserve(timeout)
+
+    def reserve_many(self, n: int, timeout: float | None = None) -> Coroutine[Any, Any, list[Message]]:
         """Up to ``n`` messages for a handler that takes many at once: waits up to ``timeout`` seconds for the
         first, then adds those due now, from the buckets this consumer holds and, while fewer than ``n``, from
         further buckets it claims, without waiting. Empty when none arrives in time. Each message is acked or
         nacked on its own, or the batch at once with ``ack_many``."""
-        return await self._consumer.reserve_many(n, timeout)
+        return self._consumer.reserve_many(n, timeout)
 
-    async def ack_many(self, messages: Iterable[Message], *, wait: bool = False) -> None:
+    def ack_many(self, messages: Iterable[Message], *, wait: bool = False) -> Coroutine[Any, Any, None]:
         """Ack messages this queue handed out (a ``reserve_many`` batch) in one call: as ``await m.ack(wait=wait)``
         of each in turn, the first that raises (``LeaseLost``, ``AlreadyResolved``) stopping it with the ones before
         it acked, at a fraction of the CPU. ``InvalidOption``, before any ack, for anything else in the list."""
-        await self._consumer.ack_many(messages, wait=wait)
+        return self._consumer.ack_many(messages, wait=wait)
 
     async def pop(self, timeout: float | None = None) -> Message | None:
         """Reserve and ack in one step (at-most-once from here on: the message is not redelivered)."""
