@@ -231,8 +231,11 @@ async def test_a_message_resolved_before_its_holder_heard_of_the_cancel_keeps_it
 
 async def test_a_message_nacked_before_its_holder_heard_of_the_cancel_is_cancelled_in_its_retry(make_queue, sync_db):
     producer, consumer = make_queue(**QUICK), make_queue(**QUICK, lease=60, state_flush_period=20)
-    message_id = await producer.push("nacked first")
+    # A second message keeps the bucket unfinished: a bucket's last resolution is flushed at once, and that flush
+    # would race the cancel below.
+    message_id, _ = await producer.push_many(["nacked first", "left unserved"])
     message = await consumer.reserve(timeout=5)
+    assert message.payload == "nacked first"
     await message.nack(60, error="later")  # in memory: its retry copy is written at the drain
     assert await producer.cancel(message_id) == "requested"
     await consumer.drain()
