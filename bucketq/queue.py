@@ -181,7 +181,7 @@ class Queue:
         if self._life.housekeeping is None or self._clock.stale:
             await self._ready()
             self._life.keep_house(HOUSEKEEPING_EVERY_S, self.purge_expired, "housekeeping", "bucketq-housekeeping")
-        if self._wakeup.stream_start_due and self.options.change_streams is not False:
+        if self.options.change_streams is not False:
             self._wakeup.start_stream(self._watches, self._clock, required=bool(self.options.change_streams))
 
     # -- observing -----------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ class Wakeup:
         self._ever_streamed = False
         self._tasks: list[asyncio.Task[None]] = []
         # No watch started yet, or one ended since (set by the tasks' done callbacks): ``start_stream`` has work.
-        # Consumers ask before every reserve, so that the common case is one attribute read.
+        # Until then it returns at once, without walking the watches.
         self.stream_start_due = True
 
     @property
