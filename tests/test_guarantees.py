@@ -487,9 +487,9 @@ async def test_stats_count_a_message_pushed_by_a_clock_ahead_of_this_ones_as_rea
         async with bucketq.Queue(producer.database, name="skew", **QUICK) as reader:
             await reader.stats()  # synced
             # A reading a second behind the producer's, within its error of two (a sync on a loaded host)
-            reader._clock._server_s -= 1.0
-            reader._clock._error_s = 2.0
-            reader._clock._last = (-1, reader._clock._last[1])
+            clock = reader._clock
+            clock._anchor(clock._server_s - 1.0, clock._mono_s, 2.0)
+            clock._last = (-1, clock._last[1])
             assert (await reader.stats())["ready"] == 1
 
 
@@ -501,9 +501,9 @@ async def test_a_message_pushed_by_a_clock_ahead_within_its_error_is_due_at_once
             bucketq.Queue(database, name="skew", **QUICK) as reader:
         await asyncio.gather(producer.stats(), reader.stats())  # both synced
         # The producer's reading a second ahead, within its error of two (its sync's request was held up)
-        producer._clock._server_s += 1.0
-        producer._clock._error_s = 2.0
-        reader._clock._error_s = 0.0
+        ahead, exact = producer._clock, reader._clock
+        ahead._anchor(ahead._server_s + 1.0, ahead._mono_s, 2.0)
+        exact._anchor(exact._server_s, exact._mono_s, 0.0)
         await producer.push("x")
         assert (await reader.stats())["ready"] == 1
         message = await reader.reserve(timeout=0)

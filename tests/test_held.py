@@ -99,7 +99,8 @@ class HeldBucketMachine(RuleBasedStateMachine):
             return
         ok = next((i for i, slot in enumerate(slots) if self.held.state[slot] is not SlotState.SERVED), len(slots))
         if ok == len(slots):
-            self.held.ack_each(slots)
+            flush_due = self.held.ack_each(slots)
+            assert flush_due == (self.held.finished or self.held.held_back is not None)
         else:
             with pytest.raises(AlreadyResolved):
                 self.held.ack_each(slots)

@@ -428,3 +428,33 @@ def test_accumulator_writes_a_groups_buckets_one_at_a_time_in_push_order(items, 
         assert bucket.group == doc.get("g") and (doc["v"] == 2) == ("g" in doc)
         assert len(bson.encode({**doc, "s": 2**62})) <= bucket.size_bytes
     assert acc.buffered_bytes == 0 and acc.in_flight == 0
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.floats(1e9, 4e9), st.floats(0.0, 10.0), st.floats(0.0, 1e6),
+       st.lists(st.one_of(st.floats(0.0, 0.002), st.floats(0.0, 100.0)), min_size=1, max_size=60),
+       st.one_of(st.none(), st.tuples(st.integers(0, 59), st.floats(-5.0, 5.0), st.floats(0.0, 10.0))))
+def test_clock_latest_kept_between_readings_is_the_reading_it_would_compute(server_s, error_s, anchor_s, steps,
+                                                                          resync):
+    """``latest()`` keeps its last datetime until the exact reading passes it: each reading must be what it would
+    compute afresh (the rounded-up millisecond of the exact reading), through readings a microsecond apart and
+    across a new anchor, and so never earlier than the exact reading."""
+    from unittest import mock
+
+    from bucketq import clock as clock_module
+
+    mono = anchor_s
+    with mock.patch.object(clock_module.time, "monotonic", lambda: mono):
+        clock = clock_module.ServerClock()
+        clock._anchor(server_s, anchor_s, error_s)
+        for n, step in enumerate(steps):
+            if resync is not None and resync[0] == n:  # a sync moves the anchor, either way
+                server_s, error_s = clock._server_s + resync[1], resync[2]
+                clock._anchor(server_s, mono, error_s)
+                anchor_s = mono
+            mono += step
+            since = mono - anchor_s
+            afresh = math.ceil((server_s + error_s + since + clock_module.MAX_DRIFT * since) * 1000)
+            got = clock.latest()
+            assert got == dt.datetime.fromtimestamp(afresh / 1000, dt.timezone.utc)
+            assert got.timestamp() >= server_s + error_s + since * (1 + clock_module.MAX_DRIFT) - 1e-6
