@@ -339,7 +339,7 @@ def _runs(messages: list[Message]) -> Iterator[tuple[Holding, list[int]]]:
     """``(holding, slots)`` of each run of ``messages`` from one bucket, in order: one for a batch from one bucket
     (found in C, as most ``reserve_many`` batches are)."""
     holdings: list[Holding] = list(map(_HOLDING, messages))
-    ids = list(map(id, holdings))
+    ids = list(map(id, holdings))  # by identity: a Holding is a dataclass, whose == compares its fields
     if ids and ids.count(ids[0]) == len(ids):
         yield holdings[0], list(map(_SLOT, messages))
         return

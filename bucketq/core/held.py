@@ -167,7 +167,7 @@ class ClaimedBucket:
         """The next slot to hand out, marked SERVED; None when nothing is left or the lease is ending.
         Slots whose tries are used up (leases that kept expiring) are dead-lettered on the way, unserved."""
         unserved, state, group = self.unserved, self.state, self.bucket.group
-        if not unserved or self.lost or self.ended or now >= self._serve_until:  # lease_ending, written out
+        if not unserved or self.lease_ending(now):
             return None
         if group is not None and (self._serving is not None or self.held_back is not None):
             return None
@@ -248,16 +248,16 @@ class ClaimedBucket:
             # one at a time: a group's serving slot, the LeaseLost of the first, or a cancelled message's end
             for slot in slots:
                 self._resolve(slot, _ACK, allowed=_RESOLVABLE)
-            return self._unresolved == 0 or self.held_back is not None
-        state, unflushed = self.state, self._unflushed
-        for slot in slots:
-            if state[slot] is not _SERVED:
-                self._resolve(slot, _ACK, allowed=_RESOLVABLE)  # a slot acked unserved (dedupe), or AlreadyResolved
-                continue
-            state[slot] = _ACKED
-            unflushed[slot] = _ACK
-            self._unresolved -= 1
-        return self._unresolved == 0 or self.held_back is not None
+        else:
+            state, unflushed = self.state, self._unflushed
+            for slot in slots:
+                if state[slot] is not _SERVED:
+                    self._resolve(slot, _ACK, allowed=_RESOLVABLE)  # acked unserved (dedupe), or AlreadyResolved
+                    continue
+                state[slot] = _ACKED
+                unflushed[slot] = _ACK
+                self._unresolved -= 1
+        return self._unresolved == 0 or self.held_back is not None  # finished, written out: no property call
 
     def nack(self, slot: int, retry_at: dt.datetime, error: str = "") -> SlotState:
         """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt (or its
