@@ -60,11 +60,13 @@ class Permits:
             if await self.take(1):
                 return True
             assert self._window is not None
+            # Past its end already when the ask's answer came late: take again at once, from the next window
             wait = (self.limit.window_end(self._window) - self._clock.now()).total_seconds()
             if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return False
+                wait = min(wait, left)
             await asyncio.sleep(min(max(wait, 0.001), WAIT_SLICE_S))
         return False
 
