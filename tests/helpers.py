@@ -107,5 +107,7 @@ def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name
     host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
     proxy = TcpProxy(host, int(port)).start()
     request.addfinalizer(proxy.stop)
-    return make_queue(name, target=proxy.uri, **options), lambda command, collection: proxy.lose_reply(
-        command, collection=collection)
+    # The proxy stops before make_queue closes the queue (finalizers run last registered first): a close that finds
+    # it gone fails after a second instead of pymongo's 30 s of server selection.
+    return make_queue(name, target=f"{proxy.uri}&serverSelectionTimeoutMS=1000", **options), \
+        lambda command, collection: proxy.lose_reply(command, collection=collection)
