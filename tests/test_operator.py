@@ -119,6 +119,7 @@ async def test_remove_refuses_a_message_whose_bucket_a_consumer_holds(make_queue
     assert ids[1] in str(caught.value)
     held = await consumer.reserve(timeout=1)  # nothing was removed: the holder serves it
     assert held is not None and held.id == ids[1]
+    await consumer.ack_many([served, held])  # else the close waits drain_timeout (10 s) for them
 
 
 async def test_remove_takes_a_bucket_back_from_a_claim_whose_lease_expired(make_queue, sync_db):

@@ -282,6 +282,7 @@ async def test_non_ascii_and_binary_payloads_fill_buckets_within_max_bytes(make_
     assert max(len(bson.encode(d)) for d in docs) <= 4096
     message = await q.reserve(timeout=2)
     assert message is not None and message.payload == payload
+    await message.ack()  # else the close waits drain_timeout (10 s) for it
 
 
 async def test_push_after_drain_or_close_is_refused(make_queue):
