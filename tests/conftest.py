@@ -191,18 +191,24 @@ async def _close_all(made: list[Any]) -> None:
 
 @pytest.fixture
 async def make_queue(queue_target: Any, db_name: str, sync_db) -> AsyncIterator:
-    """``make_queue(name="events", target=None, **options)``: Queues on the test's database, closed after."""
+    """``make_queue(name="events", target=None, **options)``: Queues on the test's database, closed after; then
+    the callables given to ``make_queue.after_close`` run (a proxy the queues talk through: stopped by a finalizer,
+    it would stop first, since finalizers run last registered first, and each close would wait for it in vain)."""
     import bucketq
 
     made: list[bucketq.Queue] = []
+    after_close: list[Callable[[], object]] = []
 
     def make(name: str = "events", target: object = None, **options: object) -> bucketq.Queue:
         queue = bucketq.Queue(target or queue_target, name=name, db=db_name, **options)
         made.append(queue)
         return queue
 
+    make.after_close = after_close.append  # type: ignore[attr-defined]
     yield make
     await _close_all(made)
+    for then in after_close:
+        then()
 
 
 @pytest.fixture

@@ -106,8 +106,6 @@ def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name
             memory_command[command], collection=collection)
     host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
     proxy = TcpProxy(host, int(port)).start()
-    request.addfinalizer(proxy.stop)
-    # The proxy stops before make_queue closes the queue (finalizers run last registered first): a close that finds
-    # it gone fails after a second instead of pymongo's 30 s of server selection.
-    return make_queue(name, target=f"{proxy.uri}&serverSelectionTimeoutMS=1000", **options), \
-        lambda command, collection: proxy.lose_reply(command, collection=collection)
+    make_queue.after_close(proxy.stop)  # once the queue closed through it
+    return make_queue(name, target=proxy.uri, **options), lambda command, collection: proxy.lose_reply(
+        command, collection=collection)
