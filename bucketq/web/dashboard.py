@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketq.cli.common import one_line
-from bucketq.connection import connect
+from bucketq.connection import connect, reaching
 from bucketq.core.format import SEQ_SUFFIX
 from bucketq.discovery import queue_names
 from bucketq.flow import Flow
@@ -121,7 +121,9 @@ class Dashboard:
         while True:
             started = time.monotonic()
             try:
-                await self.sample()
+                # a server away names itself as the URI gives it (redacted), not only in pymongo's topology tuples
+                with reaching(self.uri, "a dashboard sample"):
+                    await self.sample()
             except Exception as exc:  # a server away for a while: the charts get a gap, the next sample retries
                 log.warning("dashboard sample failed: %s", one_line(redact(f"{type(exc).__name__}: {exc}", self.uri)))
             await asyncio.sleep(max(0.0, self.history.interval_s - (time.monotonic() - started)))
