@@ -263,7 +263,7 @@ def lossy(backend: str, request: pytest.FixtureRequest, make_queue: Any) -> Any:
         return make_queue(**QUICK), lambda command: faults.lose_reply(command, collection="events")
     host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(",")[0].split(":")
     proxy = TcpProxy(host, int(port)).start()
-    request.addfinalizer(proxy.stop)
+    make_queue.after_close(proxy.stop)  # once the queues closed through it
     return make_queue(target=proxy.uri, **QUICK), lambda command: proxy.lose_reply(command, collection="events")
 
 

@@ -365,7 +365,7 @@ async def test_drain_returns_within_drain_timeout_and_one_write_timeout_when_the
     if backend == "server":
         host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
         proxy = TcpProxy(host, int(port)).start()
-        request.addfinalizer(proxy.stop)
+        make_queue.after_close(proxy.stop)  # once the queues closed through it
     q = make_queue(target=proxy and proxy.uri, **options)
     await q.push_many(["a", "b", "c"])
     held = [await q.reserve(timeout=5) for _ in range(3)]
@@ -421,7 +421,7 @@ async def test_a_clock_read_slowed_down_does_not_let_two_consumers_serve_one_buc
     if backend == "server":
         host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
         proxy = TcpProxy(host, int(port)).start()
-        request.addfinalizer(proxy.stop)
+        make_queue.after_close(proxy.stop)  # once the queues closed through it
     faults = proxy or request.getfixturevalue("memory_db").faults
     a = make_queue(target=proxy and proxy.uri, **options)
     await a.push_many(["x", "y"])  # A has read the server's clock

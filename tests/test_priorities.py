@@ -118,7 +118,7 @@ async def test_a_claim_whose_reply_was_lost_serves_the_next_level_and_its_bucket
     if backend == "server":
         host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
         proxy = TcpProxy(host, int(port)).start()
-        request.addfinalizer(proxy.stop)
+        make_queue.after_close(proxy.stop)  # once the queues closed through it
     q = make_queue(target=proxy and proxy.uri, **QUICK, lease=1.0, state_flush_period=0.2, change_streams=False,
                    priority_fairness=0)
     await q.push("low")
