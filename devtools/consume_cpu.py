@@ -6,7 +6,7 @@ For each of two queue sizes: fill a queue with 1 KiB messages (buckets of 1,024;
 a child process as ``consume_instructions`` does (the floor, ``reserve`` + ``ack``, ``reserve_many(100)`` +
 ``ack_many``), timed with ``getrusage`` and with ``gc.callbacks`` around each collection. The smaller run is
 subtracted from the larger, so that start-up, imports and set-up cancel out. ``--rounds`` runs each of the three in
-turn that many times (the machine's load moves each figure by a fifth from run to run); the medians are printed,
+turn that many times (the machine's load moved the floor's figure by a third between runs); the medians are printed,
 with each figure over the floor's.
 
     python -m devtools.consume_cpu [--rounds 3] [--messages 16384,81920]
