@@ -252,12 +252,16 @@ def _idle_row(row: dict, result: dict, names: Counter[str], server_s: float | No
 
 def median_round(rounds: list[dict]) -> dict:
     """The row of the round with the median throughput (the lower middle of an even count), noting every
-    round's; the first failed round's row if any failed."""
+    round's; the first failed round's row if any failed. ``cpu_rounds`` keeps each round's client CPU per 1000
+    messages in the order they ran, for the CPU goals' paired ratios (``report.goals``)."""
     failed = [r for r in rounds if r["msgs_per_s"] is None]
-    if failed or len(rounds) == 1:
-        return (failed or rounds)[0]
+    if failed:
+        return failed[0]
+    cpu_rounds = [r.get("cpu_s_per_1000") for r in rounds]
+    if len(rounds) == 1:
+        return {**rounds[0], "cpu_rounds": cpu_rounds}
     ordered = sorted(rounds, key=lambda r: r["msgs_per_s"])
-    row = dict(ordered[(len(ordered) - 1) // 2])
+    row = dict(ordered[(len(ordered) - 1) // 2], cpu_rounds=cpu_rounds)
     spread = ", ".join(f"{r['msgs_per_s']:,.0f}" for r in rounds)
     row["notes"] = "; ".join(n for n in (row.get("notes"), f"median of {len(rounds)} rounds ({spread} msgs/s)") if n)
     return row

@@ -1,7 +1,9 @@
 """bucketq contender: the library under test, through its public async API.
 
 push: push_nowait per message with at most ``window`` un-acknowledged pushes, done when every push is
-durable. push_many (and fill, untimed, before a consume): push_many calls of ``FILL_CHUNK`` messages.
+durable. push_many (and fill, untimed, before a consume): push_many calls of ``FILL_CHUNK`` messages. Both build
+their payload dicts before the clock starts, as the floor does (the user's data, not the queue's work); the
+encoding is timed.
 stream_push: the same as push, into a ``bucketq.Stream``. consume: ``concurrency`` tasks doing reserve + ack;
 consume_batch: the same with ``reserve_many`` (batches of ``BATCH``, each batch acked by one ``ack_many``), as a
 batch handler would. end_to_end: both at once in
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
@@ -33,27 +35,27 @@ BATCH = 100  # consume_batch: messages per reserve_many
 Role = Callable[[Ctx, Any], Awaitable[None]]
 
 
-async def _produce(ctx: Ctx, q: Any, n: int, counted: bool) -> None:
+async def _produce(ctx: Ctx, q: Any, payloads: Iterable[dict], counted: bool) -> None:
     from bucketq import BufferFull
 
     pending: collections.deque[asyncio.Future] = collections.deque()
-    for i in range(n):
+    for item in payloads:
         while True:
             try:
-                pending.append(q.push_nowait(payload(i, ctx.pad)))
+                pending.append(q.push_nowait(item))
                 break
             except BufferFull:  # the library's own backpressure: wait for the oldest push, then retry
                 await pending.popleft()
                 if counted:
-                    ctx.mark()
+                    ctx.mark_in_loop()
         if len(pending) >= ctx.spec["window"]:
             await pending.popleft()
             if counted:
-                ctx.mark()
+                ctx.mark_in_loop()
     while pending:
         await pending.popleft()
         if counted:
-            ctx.mark()
+            ctx.mark_in_loop()
 
 
 def _sent_ts(body: Any) -> float:
@@ -88,7 +90,7 @@ async def _consume(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latenc
 
 async def _consumers(ctx: Ctx, q: Any, producers_done: asyncio.Event, timed_latency: bool,
                      mark: Callable[[int], None] | None = None, batch: int = 1) -> None:
-    await asyncio.gather(*(_consume(ctx, q, producers_done, timed_latency, mark or ctx.mark, batch)
+    await asyncio.gather(*(_consume(ctx, q, producers_done, timed_latency, mark or ctx.mark_in_loop, batch)
                            for _ in range(ctx.spec["concurrency"])))
 
 
@@ -120,18 +122,21 @@ async def _consume_cost(ctx: Ctx, q: Any) -> str:
 
 
 async def fill(ctx: Ctx, q: Any) -> None:
+    chunks = [[payload(i, ctx.pad) for i in range(n)]
+              for n in split(ctx.spec["messages"], -(-ctx.spec["messages"] // FILL_CHUNK) or 1)]
     await asyncio.to_thread(ctx.go)
-    for n in split(ctx.spec["messages"], -(-ctx.spec["messages"] // FILL_CHUNK) or 1):
-        await q.push_many([payload(i, ctx.pad) for i in range(n)])
-        ctx.mark(n)
+    for chunk in chunks:
+        await q.push_many(chunk)
+        ctx.mark_in_loop(len(chunk))
     ctx.stop()
     with ctx.tail():
         await q.drain()
 
 
 async def push(ctx: Ctx, q: Any) -> None:
+    payloads = [payload(i, ctx.pad) for i in range(ctx.spec["messages"])]
     await asyncio.to_thread(ctx.go)
-    await _produce(ctx, q, ctx.spec["messages"], counted=True)
+    await _produce(ctx, q, payloads, counted=True)
     ctx.stop()
     with ctx.tail():
         await q.drain()
@@ -165,7 +170,8 @@ async def end_to_end(ctx: Ctx, q: Any) -> None:
 
     async def producer() -> None:
         try:
-            await _produce(ctx, q, ctx.spec["messages"], counted=False)
+            # built as sent: each payload carries its send time, for the push-to-handler latency
+            await _produce(ctx, q, (payload(i, ctx.pad) for i in range(ctx.spec["messages"])), counted=False)
         finally:
             done.set()
 
