@@ -24,8 +24,7 @@ import bucketq.testing
 from bucketq.core.cancellation import still_pending
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.held import ClaimedBucket, Policy, SlotState
-from tests.helpers import eventually, examples
-from tests.proxy import TcpProxy
+from tests.helpers import eventually, examples, lossy_queue
 from tests.test_format import check, check_bucket
 from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
 
@@ -256,22 +255,15 @@ async def test_cancelling_a_message_of_an_ordered_group_lets_the_group_go_on(mak
 
 @pytest.fixture
 def lossy(backend: str, request: pytest.FixtureRequest, make_queue: Any) -> Any:
-    """(a queue whose connection can lose replies, ``lose_reply(command)``): the memory database's faults, or a
-    TCP proxy in front of the test server."""
-    if backend == "memory":
-        faults = request.getfixturevalue("memory_db").faults
-        return make_queue(**QUICK), lambda command: faults.lose_reply(command, collection="events")
-    host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(",")[0].split(":")
-    proxy = TcpProxy(host, int(port)).start()
-    make_queue.after_close(proxy.stop)  # once the queues closed through it
-    return make_queue(target=proxy.uri, **QUICK), lambda command: proxy.lose_reply(command, collection="events")
+    """(a queue whose connection can lose replies, ``lose_reply(command, collection)``): ``lossy_queue``."""
+    return lossy_queue(backend, make_queue, request, **QUICK)
 
 
 @pytest.mark.parametrize("command", ["findAndModify", "update"])
 async def test_a_cancel_whose_reply_was_lost_reports_cancelled_and_records_once(lossy, make_queue, sync_db, command):
     q, lose_reply = lossy
     ids = await q.push_many(["keep", "cancel me"])
-    lost = lose_reply(command)  # the request (retried), or the removal (read again)
+    lost = lose_reply(command, "events")  # the request (retried), or the removal (read again)
     assert await q.cancel(ids[1]) == "cancelled"
     assert lost.hits == 1
     assert sync_db["events"].find_one()["done"] == [1]
