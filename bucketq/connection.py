@@ -84,6 +84,14 @@ def server_errors(exc: ServerSelectionTimeoutError) -> str:
     return re.sub(r" \(configured timeouts:[^)]*\)", "", str(exc).split(", Timeout:")[0])
 
 
+def unreachable(uri: str | None, exc: ServerSelectionTimeoutError, tried: str = "") -> str:
+    """The line that says no server answered: ``uri`` (redacted; None when the caller passed a client), what was
+    ``tried``, if said, and what each server said. pymongo's own message may name the servers only in its
+    topology description, which this leaves out: the URI names them."""
+    where = f" at {redact(uri, uri)}" if uri else ""
+    return redact(f"cannot reach MongoDB{where}: {f'{tried}: ' if tried else ''}{server_errors(exc)}", uri)
+
+
 @contextmanager
 def reaching(uri: str | None, what: str, limit: str = "") -> Iterator[None]:
     """Raise bucketq's ``ServerUnreachable`` for a server that did not answer the code inside (sync or async): it
@@ -93,10 +101,8 @@ def reaching(uri: str | None, what: str, limit: str = "") -> Iterator[None]:
     try:
         yield
     except ServerSelectionTimeoutError as exc:
-        where = f" at {redact(uri, uri)}" if uri else ""
         tried = f"tried {what} for {time.monotonic() - started:.1f} s{f' ({limit})' if limit else ''}"
-        raise ServerUnreachable(redact(f"cannot reach MongoDB{where}: {tried}: {server_errors(exc)}", uri)) \
-            from None
+        raise ServerUnreachable(unreachable(uri, exc, tried)) from None
 
 
 @dataclass

@@ -290,7 +290,7 @@ def test_other_addresses_need_a_token(host: str) -> None:
 def test_no_page_or_log_line_shows_the_password(server: str, closed_port: int, everything_logged) -> None:
     """A server that refuses at once, or one that never answers (pymongo then says "No servers found yet", naming
     the server only in its topology's tuples: the log line used to lack ``host:port`` then, a flaky failure under
-    load even for the refusing one): the dashboard's log line names it as the URI does, redacted."""
+    load even for the refusing one): the dashboard's page and log line name it as the URI does, redacted."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()  # accepts connections and never answers
@@ -300,7 +300,9 @@ def test_no_page_or_log_line_shows_the_password(server: str, closed_port: int, e
             page = client.get("/")
             client.portal.call(eventually, lambda: "dashboard sample failed" in everything_logged())
     assert page.status_code == 503 and "MongoDB error" in page.text
-    assert "127.0.0.1" in page.text and "Pa55word" not in page.text and "alice" not in page.text
+    # as the CLI says it: the URI names the server, pymongo's topology description is left out
+    assert f"cannot reach MongoDB at mongodb://***@127.0.0.1:{port}/shop?" in page.text
+    assert "Topology" not in page.text and "Pa55word" not in page.text and "alice" not in page.text
     assert f"127.0.0.1:{port}" in everything_logged() and "Pa55word" not in everything_logged()
 
 

@@ -32,7 +32,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from bucketq.connection import DEFAULT_DB, ServerUnreachable, client_of, server_errors
+from bucketq.connection import DEFAULT_DB, ServerUnreachable, client_of, unreachable
 from bucketq.discovery import collection_names, is_queue
 from bucketq.errors import BucketqError, InvalidOption
 from bucketq.queue import Queue
@@ -90,7 +90,7 @@ def describe(exc: BaseException, uri: str = "") -> str | None:
     if isinstance(exc, ServerUnreachable):
         return str(exc)
     if isinstance(exc, ServerSelectionTimeoutError):
-        return f"cannot reach MongoDB{where}: {server_errors(exc)}"
+        return hide(unreachable(uri or None, exc))
     if isinstance(exc, ConfigurationError):
         return f"invalid MongoDB URI{' ' + hide(uri) if uri else ''}: {exc}"
     if isinstance(exc, InvalidName):

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from pymongo.errors import PyMongoError
+from pymongo.errors import PyMongoError, ServerSelectionTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -21,6 +21,7 @@ from starlette.templating import Jinja2Templates
 from bucketq.cli.common import one_line
 from bucketq.cli.entries import entry_view
 from bucketq.cli.output import age, preview, relative
+from bucketq.connection import unreachable
 from bucketq.redaction import redact
 from bucketq.web.charts import line_chart
 from bucketq.web.dashboard import ACTIONS, ENTRY_ROWS, RESETS, Dashboard
@@ -111,8 +112,10 @@ class Pages:
                            message=exc.detail)
 
     async def failed(self, request: Request, exc: Exception) -> Response:
-        """A server error as one line, its credentials hidden (a message of pymongo's may quote the URI)."""
-        text = one_line(redact(f"{type(exc).__name__}: {exc}", self.dashboard.uri))
+        """A server error as one line, its credentials hidden (a message of pymongo's may quote the URI); a server
+        that did not answer as the CLI and the dashboard's log say it, without pymongo's topology description."""
+        text = unreachable(self.dashboard.uri, exc) if isinstance(exc, ServerSelectionTimeoutError) \
+            else one_line(redact(f"{type(exc).__name__}: {exc}", self.dashboard.uri))
         return self.render(request, "message.html", 503, title="MongoDB error", message=text)
 
     def charts(self, kind: str, name: str, series: dict[str, str], unit: str = "") -> Any:
