@@ -87,7 +87,9 @@ def server_errors(exc: ServerSelectionTimeoutError) -> str:
 def unreachable(uri: str | None, exc: ServerSelectionTimeoutError, tried: str = "") -> str:
     """The line that says no server answered: ``uri`` (redacted; None when the caller passed a client), what was
     ``tried``, if said, and what each server said. pymongo's own message may name the servers only in its
-    topology description, which this leaves out: the URI names them."""
+    topology description, which this leaves out: the URI names them. A ``ServerUnreachable`` says it already."""
+    if isinstance(exc, ServerUnreachable):
+        return str(exc)
     where = f" at {redact(uri, uri)}" if uri else ""
     return redact(f"cannot reach MongoDB{where}: {f'{tried}: ' if tried else ''}{server_errors(exc)}", uri)
 

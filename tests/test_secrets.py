@@ -20,6 +20,7 @@ import bucketq
 from bucketq.batch import BatchQueue
 from bucketq.cli import cli
 from bucketq.cli.common import URI_ENV
+from bucketq.connection import unreachable
 from bucketq.redaction import redact
 from tests.hostile_uris import CASES, HOSTILE, UNREACHABLE, assert_hidden
 
@@ -106,6 +107,19 @@ async def test_an_unreachable_server_is_a_bucketq_error(entry: str, closed_port:
     assert f": 127.0.0.1:{closed_port}: " in message  # what the server said
     assert isinstance(caught.value, ServerSelectionTimeoutError)  # caught as before bucketq wrapped it
     assert_hidden(_shown(caught.value), everything_logged())
+
+
+def test_an_unreachable_server_is_said_once_with_its_uri_and_without_pymongos_topology() -> None:
+    uri = "mongodb://alice:Pa55word@db.example:27017/shop"
+    pymongos = ServerSelectionTimeoutError(
+        "db.example:27017: [Errno 111] Connection refused (configured timeouts: socketTimeoutMS: 20000.0ms, "
+        "connectTimeoutMS: 20000.0ms), Timeout: 0.2s, Topology Description: <TopologyDescription id: 1, "
+        "topology_type: Unknown, servers: [<ServerDescription ('db.example', 27017) server_type: Unknown>]>")
+    said = unreachable(uri, pymongos)
+    assert said == "cannot reach MongoDB at mongodb://***@db.example:27017/shop: db.example:27017: [Errno 111] " \
+                   "Connection refused"
+    # what bucketq raised already (reaching: what was tried, for how long) is said as it is, not wrapped again
+    assert unreachable(uri, bucketq.ServerUnreachable(said)) == said
 
 
 # -- the CLI ------------------------------------------------------------------------------------------------------

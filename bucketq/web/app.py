@@ -114,8 +114,8 @@ class Pages:
     async def failed(self, request: Request, exc: Exception) -> Response:
         """A server error as one line, its credentials hidden (a message of pymongo's may quote the URI); a server
         that did not answer as the CLI and the dashboard's log say it, without pymongo's topology description."""
-        text = unreachable(self.dashboard.uri, exc) if isinstance(exc, ServerSelectionTimeoutError) \
-            else one_line(redact(f"{type(exc).__name__}: {exc}", self.dashboard.uri))
+        text = one_line(unreachable(self.dashboard.uri, exc) if isinstance(exc, ServerSelectionTimeoutError)
+                        else redact(f"{type(exc).__name__}: {exc}", self.dashboard.uri))
         return self.render(request, "message.html", 503, title="MongoDB error", message=text)
 
     def charts(self, kind: str, name: str, series: dict[str, str], unit: str = "") -> Any:
