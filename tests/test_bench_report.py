@@ -183,4 +183,4 @@ def test_a_clock_stopped_at_the_last_mark_counts_the_cpu_spent_up_to_it_and_not_
     ctx.stop(at_last_mark=True)
     # With a CPU reading only every progress tick (0.25 s), the CPU between the last reading and the last mark was
     # interpolated over the time to the next reading, idle: here 0.31 of 0.375 s counted.
-    assert ctx.result()["cpu_s"] == pytest.approx(spent, abs=0.02)
+    assert ctx.result()["cpu_s"] == pytest.approx(spent, abs=0.03)  # a reading every 10 ms: within 0.015 s
