@@ -133,10 +133,9 @@ class Ctx:
         threading.Thread(target=self._progress, daemon=True).start()
 
     def mark(self, n: int = 1) -> None:
-        """n more messages completed (durably pushed, or acked)."""
+        """n more messages completed (durably pushed, or acked), from any thread."""
         with self._lock:
-            self.count += n
-            self._t_last = time.time()
+            self.mark_in_loop(n)
 
     def mark_in_loop(self, n: int = 1) -> None:
         """``mark`` for a role whose marks all come from one thread (an event loop's): without the lock, which

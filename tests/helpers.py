@@ -104,8 +104,13 @@ def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name
         memory_command = {"insert": "insert_many", "update": "update_one", "findAndModify": "find_one_and_update"}
         return make_queue(name, **options), lambda command, collection: faults.lose_reply(
             memory_command[command], collection=collection)
-    host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(",")[0].split(":")
-    proxy = TcpProxy(host, int(port)).start()
-    make_queue.after_close(proxy.stop)  # once the queue closed through it
+    proxy = server_proxy(request, make_queue)
     return make_queue(name, target=proxy.uri, **options), lambda command, collection: proxy.lose_reply(
         command, collection=collection)
+
+
+def server_proxy(request: Any, make_queue: Callable[..., Any]) -> TcpProxy:
+    """A started proxy in front of the test server, stopped once ``make_queue``'s queues closed through it."""
+    proxy = TcpProxy.to(request.getfixturevalue("mongo_uri")).start()
+    make_queue.after_close(proxy.stop)
+    return proxy

@@ -221,6 +221,12 @@ class TcpProxy:
         self._rules: list[Rule] = []  # touched only on the proxy's loop
         self._stopping = asyncio.Event()
 
+    @classmethod
+    def to(cls, uri: str, **options: Any) -> TcpProxy:
+        """A proxy (not started) in front of the first server that ``uri`` (``mongodb://host:port[,...]/...``) lists."""
+        host, port = uri.split("//")[1].split("/")[0].split(",")[0].split(":")
+        return cls(host, int(port), **options)
+
     @property
     def uri(self) -> str:
         return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"

@@ -20,7 +20,7 @@ import bucketq
 from bucketq.core import claims
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION, MAX_BUCKET_BYTES
 from bucketq.memory import Fault, Faults, Operation
-from tests.helpers import eventually, seconds_ago
+from tests.helpers import eventually, seconds_ago, server_proxy
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -332,8 +332,7 @@ async def test_stats_count_around_malformed_documents(make_queue, sync_db):
 # -- 9. shutdown stops every background task, also when it fails ---------------------------------------------
 
 async def test_a_failing_close_stops_every_background_task(mongo_uri, db_name, sync_db):
-    host, port = mongo_uri.split("//")[1].split("/")[0].split(",")[0].split(":")
-    proxy = TcpProxy(host, int(port)).start()
+    proxy = TcpProxy.to(mongo_uri).start()
     q = bucketq.Queue(proxy.uri + "&serverSelectionTimeoutMS=300&connectTimeoutMS=300", name="events", db=db_name,
                       **QUICK, write_timeout=0.5, state_flush_period=0.05)
     try:
@@ -363,9 +362,7 @@ async def test_drain_returns_within_drain_timeout_and_one_write_timeout_when_the
     options = {**QUICK, "drain_timeout": 0.2, "write_timeout": 1.0, "bucket_max_size": 1}
     proxy = None
     if backend == "server":
-        host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
-        proxy = TcpProxy(host, int(port)).start()
-        make_queue.after_close(proxy.stop)  # once the queues closed through it
+        proxy = server_proxy(request, make_queue)
     q = make_queue(target=proxy and proxy.uri, **options)
     await q.push_many(["a", "b", "c"])
     held = [await q.reserve(timeout=5) for _ in range(3)]
@@ -419,9 +416,7 @@ async def test_a_clock_read_slowed_down_does_not_let_two_consumers_serve_one_buc
     options = {**QUICK, "lease": lease, "bucket_max_size": 2}
     proxy = None
     if backend == "server":
-        host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
-        proxy = TcpProxy(host, int(port)).start()
-        make_queue.after_close(proxy.stop)  # once the queues closed through it
+        proxy = server_proxy(request, make_queue)
     faults = proxy or request.getfixturevalue("memory_db").faults
     a = make_queue(target=proxy and proxy.uri, **options)
     await a.push_many(["x", "y"])  # A has read the server's clock

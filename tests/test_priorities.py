@@ -18,8 +18,7 @@ import bucketq
 from bucketq import InvalidOption, Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core.priorities import BY_AGE, BY_PRIORITY, Turns
-from tests.helpers import seconds_ago, utc_now
-from tests.proxy import TcpProxy
+from tests.helpers import seconds_ago, server_proxy, utc_now
 from tests.test_consumer import consume_all  # every message until none comes, each acked
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -116,9 +115,7 @@ async def test_a_claim_whose_reply_was_lost_serves_the_next_level_and_its_bucket
         backend, make_queue, request):
     proxy = None
     if backend == "server":
-        host, port = request.getfixturevalue("mongo_uri").split("//")[1].split("/")[0].split(":")
-        proxy = TcpProxy(host, int(port)).start()
-        make_queue.after_close(proxy.stop)  # once the queues closed through it
+        proxy = server_proxy(request, make_queue)
     q = make_queue(target=proxy and proxy.uri, **QUICK, lease=1.0, state_flush_period=0.2, change_streams=False,
                    priority_fairness=0)
     await q.push("low")

@@ -36,11 +36,6 @@ async def test_100k_pushes_become_ceil_n_over_1024_buckets(make_queue, sync_db):
     assert stored == list(range(100_000))
 
 
-def _proxy(mongo_uri: str, **kwargs: float) -> TcpProxy:
-    host, port = mongo_uri.split("//")[1].rstrip("/").split(":")
-    return TcpProxy(host, int(port), **kwargs)
-
-
 async def test_lone_awaited_push_on_an_idle_queue_takes_a_round_trip_not_bucket_max_wait(make_queue, sync_db):
     """How fast (p50, p99) is the bench's latency goal; here, that sequential awaited pushes do not linger: with
     bucket_max_wait at 30 s, a push that waited for it would take 30 s, any machine writes one in far less."""
@@ -78,7 +73,7 @@ async def test_concurrent_first_pushes_on_a_cold_queue_still_fill_buckets(make_q
 @contextlib.asynccontextmanager
 async def _warm_queue_via_proxy(mongo_uri: str, db_name: str, **options: Any) -> AsyncIterator[tuple]:
     """A queue whose connection goes through a proxy, set up (clock, indexes) by a first push."""
-    with _proxy(mongo_uri) as proxy:
+    with TcpProxy.to(mongo_uri) as proxy:
         client = AsyncMongoClient(proxy.uri, tz_aware=True)
         q = bucketq.Queue(client, name="events", db=db_name, **options)
         try:
@@ -191,7 +186,7 @@ async def test_buckets_split_by_bytes_below_the_limit(make_queue, sync_db):
 
 @pytest.mark.timeout(120)
 async def test_connection_cuts_mid_run_lose_and_duplicate_nothing(mongo_uri, db_name, sync_db):
-    with _proxy(mongo_uri) as proxy:
+    with TcpProxy.to(mongo_uri) as proxy:
         client = AsyncMongoClient(proxy.uri, serverSelectionTimeoutMS=5000, tz_aware=True)
         q = bucketq.Queue(client, name="events", db=db_name, bucket_max_size=100, bucket_max_wait=0.05)
         total = 20_000
@@ -339,7 +334,7 @@ async def test_bad_push_arguments(make_queue, kwargs, message):
 
 async def test_memory_stays_bounded_under_a_producer_faster_than_the_server(mongo_uri, db_name, sync_db):
     limit = 256 * 1024
-    with _proxy(mongo_uri, delay_s=0.02) as proxy:  # every chunk waits 20 ms: a slow server
+    with TcpProxy.to(mongo_uri, delay_s=0.02) as proxy:  # every chunk waits 20 ms: a slow server
         client = AsyncMongoClient(proxy.uri, tz_aware=True)
         q = bucketq.Queue(client, name="events", db=db_name, bucket_max_bytes=32 * 1024, max_buffered_bytes=limit,
                           bucket_max_wait=0.05)
