@@ -13,7 +13,8 @@ import datetime as dt
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from itertools import repeat
+from typing import Any, cast
 
 from bucketq import metrics
 from bucketq.clock import ServerClock
@@ -22,7 +23,6 @@ from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
 from bucketq.core.format import (
     DOCUMENT_CODEC,
     PLAIN_SLOT_BYTES,
-    PLAIN_SLOT_TAIL,
     AnySlot,
     PlainSlot,
     check_group,
@@ -184,14 +184,19 @@ class Producer:
         before any is pushed. An item may be an ``Outgoing`` carrying options of its own (key, delay or at,
         headers, group, priority); ``delay``, ``headers`` and ``priority`` apply to the items that set none (a
         grouped item takes no delay, and no priority: level 0)."""
+        items = payloads if type(payloads) is list else list(payloads)
+        # a call with no option: each payload with a plain slot skips _prepare (whose checks the call has passed)
+        plain_call = delay is None and headers is None and priority.__class__ is int and not priority \
+            and not self._closed
+        if plain_call and (batch := self._plain_slots(items)) is not None:  # the common call, in passes over it
+            many = _Many(len(items))
+            await self._push_run(many, *batch, 0, len(items))
+            return await many.future
         slots: list[AnySlot] = []
         sizes: list[int] = []
         dues: list[dt.datetime | None] = []
         routes: list[tuple[str | None, int]] = []  # each item's group and level
-        # a call with no option: each payload with a plain slot skips _prepare (whose checks the call has passed)
-        plain_call = delay is None and headers is None and priority.__class__ is int and not priority \
-            and not self._closed
-        for index, item in enumerate(payloads):
+        for index, item in enumerate(items):
             try:
                 if isinstance(item, Outgoing):
                     timed = item.delay is not None or item.at is not None
@@ -286,17 +291,37 @@ class Producer:
             return None
         try:
             stored = self._codec.dump(payload)
-            if type(stored) is str:
-                size = len(stored) if stored.isascii() else len(stored.encode())
-            elif type(stored) is bytes:
-                size = len(stored)
-            else:
-                return None
         except Exception:
             return None
-        if (size := size + PLAIN_SLOT_BYTES) <= self._acc.max_slot_bytes:
-            return (stored, *PLAIN_SLOT_TAIL), size
+        size = len(stored) if type(stored) is str and stored.isascii() else _stored_bytes(stored)
+        if size is not None and (size := size + PLAIN_SLOT_BYTES) <= self._acc.max_slot_bytes:
+            return stored, size
         return None
+
+    def _plain_slots(self, items: list[Any]) -> tuple[list[AnySlot], list[int]] | None:
+        """``_plain_slot`` of each of ``push_many``'s items, in passes over the list that run in C but for the
+        codec's calls, instead of a call and a loop's worth of Python an item. None, having stored nothing, when
+        any item is an ``Outgoing`` or has no plain slot, or when there are none: ``push_many`` then goes item by
+        item, which encodes them again (the cost of a call that fails or carries options) and raises for the
+        right one."""
+        if not self._plain_codec or not items or any(map(isinstance, items, repeat(Outgoing))):
+            return None
+        dump = self._codec.dump
+        try:
+            stored: list[Any] = [dump(item) for item in items]  # text or binary, checked below
+        except Exception:
+            return None
+        if set(map(type, stored)) == {str} and all(map(str.isascii, stored)):
+            lengths = list(map(len, stored))
+        else:
+            stored_bytes = list(map(_stored_bytes, stored))
+            if None in stored_bytes:
+                return None
+            lengths = cast(list[int], stored_bytes)
+        sizes = [length + PLAIN_SLOT_BYTES for length in lengths]
+        if max(sizes) > self._acc.max_slot_bytes:
+            return None
+        return stored, sizes
 
     def _push_plain(self, payload: Any) -> asyncio.Future[str] | None:
         """The common push (``push`` and ``push_nowait`` with no option, of a payload with a plain slot) into the open
@@ -466,3 +491,16 @@ class Producer:
             await self.flush()
         finally:
             self._stop_linger()
+
+
+def _stored_bytes(stored: Any) -> int | None:
+    """The bytes a codec's text (as UTF-8) or binary takes in a bucket; None for anything else (a document), and for
+    text that is no UTF-8 (a lone surrogate)."""
+    if type(stored) is bytes:
+        return len(stored)
+    if type(stored) is str:
+        try:
+            return len(stored.encode())
+        except UnicodeEncodeError:
+            return None
+    return None

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 from bson import Binary, ObjectId
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bucketq import Outgoing
 from bucketq.core.format import (
     FORMAT_VERSION,
     GROUP_FORMAT_VERSION,
-    PLAIN_SLOT_TAIL,
     Slot,
     as_utc,
     bucket_document,
@@ -381,12 +382,24 @@ def test_a_payload_is_stored_as_a_string_or_binary(stored):
             parse_bucket(doc)
 
 
-def test_a_plain_slot_is_the_slot_of_a_push_with_no_option():
-    """The producer's common push stores ``(stored, *PLAIN_SLOT_TAIL)``, a plain tuple: the same fields as its Slot,
-    so the same bucket document."""
-    stored = '{"a":1}'
-    plain = (stored, *PLAIN_SLOT_TAIL)
-    assert plain == Slot(stored)
+# A slot as a producer's open bucket holds it: a plain message's stored payload itself, or a Slot (with a key, a
+# try, or no field set at all); each is paired with the Slot that writes the same message.
+_STORED = st.one_of(st.text(max_size=8), st.binary(max_size=8))
+_SLOTS = st.lists(st.one_of(
+    _STORED.map(lambda stored: (stored, Slot(stored))),
+    st.tuples(_STORED, st.one_of(st.none(), st.text(min_size=1, max_size=4)), st.integers(0, 3)).map(
+        lambda fields: (Slot(fields[0], key=fields[1], tries=fields[2]),) * 2),
+), max_size=6)
+
+
+@given(slots=_SLOTS, group=st.sampled_from([None, "g"]))
+def test_a_plain_slot_writes_what_its_slot_would(slots, group):
+    """The producer's common push keeps its stored payload as the slot, no tuple: a bucket of such slots, alone or
+    mixed with Slots, is the document the same messages as Slots make (no per-slot array for plain messages; a
+    group bucket's ``t`` all the same)."""
     bucket_id = ObjectId()
-    assert bucket_document(bucket_id, [plain, plain], codec="json", created=NOW, due=NOW) == \
-        bucket_document(bucket_id, [Slot(stored), Slot(stored)], codec="json", created=NOW, due=NOW)
+    as_held = bucket_document(bucket_id, [held for held, _ in slots], codec="json", created=NOW, due=NOW, group=group)
+    assert as_held == bucket_document(bucket_id, [slot for _, slot in slots], codec="json", created=NOW, due=NOW,
+                                      group=group)
+    assert list(as_held) == list(bucket_document(bucket_id, [slot for _, slot in slots], codec="json", created=NOW,
+                                                 due=NOW, group=group))  # the fields in the same order too

@@ -268,12 +268,14 @@ async def test_each_push_encodes_its_payload_once(make_queue, monkeypatch, codec
 @pytest.mark.parametrize("codec, payload", [("json", {"name": "Zo\u00eb", "city": "\u6771\u4eac" * 50}),
                                             ("msgpack", {"b": b"\xff" * 10})])
 async def test_non_ascii_and_binary_payloads_fill_buckets_within_max_bytes(make_queue, sync_db, codec, payload):
-    """Text that is not ASCII and binary payloads take the producer's common path too: their slots are counted in
-    the bytes that BSON stores, so no bucket goes over ``bucket_max_bytes``."""
+    """Text that is not ASCII and binary payloads take the producer's common path too, one by one and in a
+    ``push_many`` (among ASCII ones): their slots are counted in the bytes that BSON stores, so no bucket goes over
+    ``bucket_max_bytes``."""
     q = make_queue(bucket_max_bytes=4096, max_buffered_bytes=1024 * 1024, codec=codec)
     await asyncio.gather(*(q.push_nowait(payload) for _ in range(300)))
+    await q.push_many([payload, {"a": 1}] * 150)
     docs = list(sync_db.events.find())
-    assert sum(d["n"] for d in docs) == 300
+    assert sum(d["n"] for d in docs) == 600
     assert max(len(bson.encode(d)) for d in docs) <= 4096
     message = await q.reserve(timeout=2)
     assert message is not None and message.payload == payload

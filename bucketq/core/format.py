@@ -76,14 +76,16 @@ class Slot(NamedTuple):
 # The fields of a Slot after ``key`` at their defaults: ``encode_slot`` builds its Slot with ``tuple.__new__``,
 # a third of the time the NamedTuple's Python-level ``__new__`` takes (one Slot is made per push).
 _SLOT_DEFAULTS_AFTER_KEY = tuple(Slot._field_defaults[name] for name in Slot._fields[Slot._fields.index("key") + 1:])
-# A plain message's Slot after its payload (no headers, no key, the rest at their defaults), and the bytes
-# ``slot_bytes`` adds to a payload without headers or key: for a producer's common push, built inline.
-PLAIN_SLOT_TAIL = (None, None, *_SLOT_DEFAULTS_AFTER_KEY)
+# A plain message (no headers, no key, the rest at their defaults) of text or binary: its slot in a producer's open
+# bucket is its stored payload itself, no tuple a push (nor one for the garbage collector to walk), and
+# ``slot_bytes`` adds PLAIN_SLOT_BYTES to it (the common push builds both inline). ``bucket_document`` tells the
+# two kinds of slot apart by type.
+PlainSlot = str | bytes
+PLAIN_SLOT_TYPES = frozenset({str, bytes})
 PLAIN_SLOT_BYTES = 24
-# That message's slot as a plain tuple, ``(stored, *PLAIN_SLOT_TAIL)``: a Slot's fields in order, which is all
-# ``bucket_document`` reads (columns, by position), made at a fifth of what a NamedTuple instance costs.
-PlainSlot = tuple[str | bytes, None, None, int, None, None, None]
 AnySlot = Slot | PlainSlot  # what a producer's open bucket holds
+# A plain slot's Slot fields after its payload, for a bucket that mixes both kinds
+_PLAIN_SLOT_TAIL = (None, None, *_SLOT_DEFAULTS_AFTER_KEY)
 
 
 def payload_size(payload: str | bytes | Mapping[str, Any]) -> int:
@@ -216,10 +218,15 @@ def bucket_document(
     can add a try to one slot, and gets ``s`` when it is written. ``priority`` is written as ``pr`` only above 0:
     a bucket of the default level is the same document as before priorities."""
     n = len(slots)
-    # The slots' fields as columns, transposed in C: each optional array is then tested by a C loop instead of
-    # a generator (a producer builds one bucket of up to 65,536 slots per write).
-    columns = zip(*slots, strict=True) if slots else ((),) * len(Slot._fields)
-    column = dict(zip(Slot._fields, columns, strict=True))
+    column: dict[str, tuple[Any, ...]] | None = None
+    if set(map(type, slots)) <= PLAIN_SLOT_TYPES:  # plain messages only (the common bucket): no per-slot array
+        payloads = list(slots)
+    else:
+        # The slots' fields as columns, transposed in C: each optional array is then tested by a C loop instead of
+        # a generator (a producer builds one bucket of up to 65,536 slots per write).
+        full = [(slot, *_PLAIN_SLOT_TAIL) if type(slot) in PLAIN_SLOT_TYPES else slot for slot in slots]
+        column = dict(zip(Slot._fields, zip(*full, strict=True), strict=True))
+        payloads = list(column["payload"])
     doc: dict[str, Any] = {
         "_id": bucket_id,
         "v": FORMAT_VERSION,
@@ -227,11 +234,28 @@ def bucket_document(
         "created": created,
         "due": due,
         "n": n,
-        "p": list(column["payload"]),
+        "p": payloads,
         "done": [],
         "c": 0,
         "lease": None,
     }
+    if column is None:
+        if group is not None:
+            doc["t"] = [0] * n
+    else:
+        _add_slot_arrays(doc, column, n, created, group)
+    if group is not None:
+        doc["v"], doc["g"] = GROUP_FORMAT_VERSION, group
+    if partition is not None:
+        doc["pt"] = partition
+    if priority:
+        doc[PRIORITY] = priority
+    return doc
+
+
+def _add_slot_arrays(doc: dict[str, Any], column: dict[str, tuple[Any, ...]], n: int, created: dt.datetime,
+                     group: str | None) -> None:
+    """A bucket's optional per-slot arrays (docs/FORMAT.md), each written when some slot has its field."""
     if any(column["headers"]):
         doc["h"] = [h or None for h in column["headers"]]
     if column["key"].count(None) != n:
@@ -244,13 +268,6 @@ def bucket_document(
         doc["e"] = [e or created for e in column["enqueued_at"]]
     if column["unique"].count(None) != n:
         doc["u"] = list(column["unique"])
-    if group is not None:
-        doc["v"], doc["g"] = GROUP_FORMAT_VERSION, group
-    if partition is not None:
-        doc["pt"] = partition
-    if priority:
-        doc[PRIORITY] = priority
-    return doc
 
 
 @dataclass(frozen=True)
