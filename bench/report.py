@@ -39,8 +39,8 @@ def _cell(row: dict) -> str:
 def cpu_ratio(mine: dict, other: dict) -> tuple[float, str]:
     """``mine``'s client CPU per message over ``other``'s, and how it was taken. Rounds of one cell run in turn
     (bucketq's first round, the floor's first, ...): there, the median of each round's ratio to the round beside
-    it, so that a slow minute of the machine falls on both sides of a ratio. Rows of different cells (push_many
-    beside the floor's push) ran minutes apart: the ratio of their median rounds' CPU."""
+    it, so that a slow minute of the machine falls on both sides of a ratio. Rows of different cells (the Spark
+    read's, or a cell the floor did not run in) ran minutes apart: the ratio of their median rounds' CPU."""
     ours, theirs = mine.get("cpu_rounds") or [], other.get("cpu_rounds") or []
     if len(ours) > 1 and _key(mine) == _key(other) and len(ours) == len(theirs) and None not in ours + theirs:
         ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
@@ -181,14 +181,16 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
 
     def cpu(scenario: str, factor: float | None, floor_scenario: str = "push", against: str = "floor",
             payload: int | None = 1024) -> None:
-        """Issue 25: bucketq's client CPU per message over the floor's (``against``'s ``floor_scenario`` row, same
-        cell), at ``payload`` bytes (None: any), judged in the worst cell; without a ``factor``, reported only
-        ("info")."""
+        """Issue 25: bucketq's client CPU per message over the floor's (``against``'s ``floor_scenario`` role, at the
+        same payload and processes: its row of bucketq's own cell when it ran there, in turn with bucketq's rounds,
+        else its ``floor_scenario`` row), at ``payload`` bytes (None: any), judged in the worst cell; without a
+        ``factor``, reported only ("info")."""
         text = (f"bucketq {scenario} client CPU/msg" + (f" <= {factor:g}x" if factor else " vs")
                 + f" {against} {floor_scenario}" + (f" ({human_bytes(payload)})" if payload else ""))
         pairs = [(*cpu_ratio(b, f), b) for b in mine
                  if b["scenario"] == scenario and payload in (None, b["payload_bytes"]) and b.get("cpu_s_per_1000")
-                 and (f := index.get((against, floor_scenario, *_key(b)[1:]))) and f.get("cpu_s_per_1000")]
+                 and (f := index.get((against, *_key(b))) or index.get((against, floor_scenario, *_key(b)[1:])))
+                 and f.get("cpu_s_per_1000")]
         if not pairs:
             out.append(("n/a", text, "nothing to compare"))
             return

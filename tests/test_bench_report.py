@@ -160,6 +160,25 @@ def test_cpu_goals_pair_each_round_with_the_floors_round_beside_it() -> None:
         "MISS", "worst 2.08x at 1 KiB x1 (median rounds, 5.00 vs 2.40 us)")
 
 
+
+def test_push_many_and_consume_batch_pair_with_the_floors_rounds_of_their_own_cell_when_it_ran_there() -> None:
+    # The floor's push and consume, run again in the push_many and consume_batch cells in turn with bucketq's
+    # rounds, are what those goals pair with. Its push and consume cells ran in a slower minute: against them
+    # both goals would PASS (1.20x and 1.67x).
+    floor = _row("floor", 300_000, client=0.0030)
+    rows = [{**floor, "cpu_rounds": [0.0030] * 3}, {**floor, "scenario": "consume", "cpu_rounds": [0.0030] * 3},
+            {**floor, "scenario": "push_many", "cpu_rounds": [0.0016, 0.0016, 0.0024]},
+            {**floor, "scenario": "consume_batch", "cpu_rounds": [0.0020, 0.0020, 0.0024]},
+            {**_row("bucketq", 90_000, client=0.0036), "scenario": "push_many", "cpu_rounds": [0.0036, 0.0036, 0.0060]},
+            {**_row("bucketq", 90_000, client=0.0050), "scenario": "consume_batch",
+             "cpu_rounds": [0.0036, 0.0050, 0.0054]}]
+    verdicts = {goal: (status, detail) for status, goal, detail in goals(rows)}
+    assert verdicts["bucketq push_many client CPU/msg <= 2x floor push (1 KiB)"] == (
+        "MISS", "worst 2.25x at 1 KiB x1 (median of 3 paired rounds: 2.25x, 2.25x, 2.50x; 3.60 vs 1.60 us)")
+    assert verdicts["bucketq consume_batch client CPU/msg <= 2x floor consume (1 KiB)"] == (
+        "MISS", "worst 2.25x at 1 KiB x1 (median of 3 paired rounds: 1.80x, 2.50x, 2.25x; 5.00 vs 2.00 us)")
+
+
 def test_the_median_round_keeps_each_rounds_client_cpu_in_the_order_they_ran() -> None:
     rounds = [{**_row("bucketq", rate, client=cpu)} for rate, cpu in ((90_000, 0.005), (60_000, 0.007),
                                                                        (120_000, 0.004))]

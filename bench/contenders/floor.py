@@ -113,4 +113,5 @@ def decode(ctx: Ctx) -> None:
 
 
 if __name__ == "__main__":
-    main({"fill": push, "push": push, "consume": consume, "latency": latency, "encode": encode, "decode": decode})
+    main({"fill": push, "push": push, "push_many": push, "consume": consume, "consume_batch": consume,
+          "latency": latency, "encode": encode, "decode": decode})
