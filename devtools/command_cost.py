@@ -1,5 +1,5 @@
 """Client CPU a command costs through PyMongo's ``AsyncMongoClient`` (what bucketq's claims and flushes use) and
-through ``MongoClient`` (what the bench's floor uses), against the test server (issue 25): ``os.times`` over
+through ``MongoClient`` (what the bench's floor uses), against the test server (issue 25): ``getrusage`` over
 ``--calls`` commands after 200 to warm up, each an ``update_one`` of one small document, and, async only, a
 ``ping``. Uses ``BUCKETQ_MONGODB_URI`` when set, else starts the embedded test server.
 
@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pymongo import AsyncMongoClient, MongoClient
 
+from bench.worker import _cpu_s  # the process's user and system CPU seconds, as the bench reads them
+
 DB = "bucketq_bench"  # the bench's database, dropped by bench.server around its runs
 WARM_UP = 200
-
-
-def _cpu_s() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 async def _async_us(calls: int, command: Callable[[], Awaitable[Any]]) -> float:

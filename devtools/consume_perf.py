@@ -96,11 +96,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{mode}: {sum(figures[mode].values()):.2f} µs a message", flush=True)
         srv.drop_bench_db()
     floor = figures["floor"]
-    libraries = sorted(by_library(floor).keys() | by_library(figures["reserve + ack"]).keys())
+    libraries = {mode: by_library(mode_figures) for mode, mode_figures in figures.items()}
     print(f"\nµs a message by library ({large_n:,} minus {small_n:,} messages; libraries under 0.05 µs left out):")
     print(f"  {'library':45s}" + "".join(f"{mode:>30s}" for mode in figures))
-    for library in libraries:
-        row = [by_library(figures[mode]).get(library, 0.0) for mode in figures]
+    for library in sorted(set().union(*libraries.values())):
+        row = [libraries[mode].get(library, 0.0) for mode in figures]
         if max(abs(us) for us in row) >= 0.05:
             print(f"  {library[:45]:45s}" + "".join(f"{us:30.2f}" for us in row))
     for mode in list(figures)[1:]:

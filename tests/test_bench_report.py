@@ -160,7 +160,6 @@ def test_cpu_goals_pair_each_round_with_the_floors_round_beside_it() -> None:
         "MISS", "worst 2.08x at 1 KiB x1 (median rounds, 5.00 vs 2.40 us)")
 
 
-
 def test_push_many_and_consume_batch_pair_with_the_floors_rounds_of_their_own_cell_when_it_ran_there() -> None:
     # The floor's push and consume, run again in the push_many and consume_batch cells in turn with bucketq's
     # rounds, are what those goals pair with. Its push and consume cells ran in a slower minute: against them
