@@ -94,6 +94,16 @@ def race_processes(module: str, args: list[str], barrier: Any, *, processes: int
     return outputs
 
 
+async def drained(q: Any) -> list[Any]:
+    """Every message of queue ``q``, each acked (and the ack written) once; fails on a message delivered twice."""
+    seen: list[Any] = []
+    while (m := await q.reserve(timeout=0.3)) is not None:
+        assert m.id not in {s.id for s in seen}, f"{m.id} delivered twice"
+        seen.append(m)
+        await m.ack(wait=True)
+    return seen
+
+
 def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name: str = "events",
                 **options: Any) -> tuple[Any, Callable[[str, str], Any]]:
     """A queue and ``lose_reply(command, collection)``, which makes its next ``command`` ("insert", "update",

@@ -17,7 +17,7 @@ import pytest
 from pymongo import AsyncMongoClient
 
 import bucketq
-from tests.helpers import eventually
+from tests.helpers import drained, eventually, lossy_queue
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -173,6 +173,27 @@ async def test_push_many_gives_each_message_the_id_of_its_own_slot(make_queue, s
     assert [stored(i) for i in a_ids] == big[0] and [stored(i) for i in b_ids] == big[1]
     assert stored(other) == "other"
     assert len(set(ids + a_ids + b_ids + [other])) == 141
+
+
+async def test_a_push_many_whose_insert_lost_its_reply_stores_each_message_once(backend, make_queue, request,
+                                                                                 monkeypatch, sync_db):
+    """A ``push_many`` of plain payloads (its passes over the whole list, ``Producer._plain_slots``) whose bucket
+    insert is applied but its reply lost: the retry stores nothing twice, and every id names its own message."""
+    q, lose_reply = lossy_queue(backend, make_queue, request, bucket_max_size=100, bucket_max_wait=30)
+    await q.stats()  # set up first: the fault is for a bucket's insert
+    lost = lose_reply("insert", "events")
+    passes = []
+    plain_slots = q._producer._plain_slots
+    monkeypatch.setattr(q._producer, "_plain_slots", lambda items: passes.append(plain_slots(items)) or passes[-1])
+    payloads = [{"i": i, "pad": "x" * 50} for i in range(250)]
+    ids = await q.push_many(payloads)
+    assert lost.hits == 1
+    assert len(passes) == 1 and passes[0] is not None, "the call did not take the passes"
+    stored = {str(d["_id"]): d["p"] for d in sync_db.events.find()}
+    assert sum(map(len, stored.values())) == 250, "a message was stored twice, or not at all"
+    by_id = {i: json.loads(stored[i.rsplit(":", 1)[0]][int(i.rsplit(":", 1)[1])]) for i in ids}
+    assert list(by_id.values()) == payloads and len(by_id) == 250
+    assert {m.id: m.payload for m in await drained(q)} == by_id
 
 
 async def test_buckets_split_by_bytes_below_the_limit(make_queue, sync_db):

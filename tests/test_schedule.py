@@ -18,7 +18,7 @@ import bucketq
 from bucketq.core import schedule_ticks
 from bucketq.core.schedule_ticks import tick_bucket_id
 from bucketq.schedule import Schedule
-from tests.helpers import eventually, lossy_queue, race_processes
+from tests.helpers import drained, eventually, lossy_queue, race_processes
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -41,16 +41,6 @@ def every_minute(first: int, last: int) -> list[dt.datetime]:
     """The minute ticks after ``T0 + first`` minutes up to ``T0 + last`` minutes."""
     start = T0.replace(second=0)
     return [start + minutes(i) for i in range(first + 1, last + 1)]
-
-
-async def drained(q: bucketq.Queue) -> list[bucketq.Message]:
-    """Every message of the queue, each acked once; fails on a message delivered twice."""
-    seen: list[bucketq.Message] = []
-    while (m := await q.reserve(timeout=0.3)) is not None:
-        assert m.id not in {s.id for s in seen}, f"{m.id} delivered twice"
-        seen.append(m)
-        await m.ack()
-    return seen
 
 
 async def test_two_schedulers_racing_over_many_ticks_enqueue_each_tick_exactly_once(make_queue):

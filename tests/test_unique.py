@@ -15,23 +15,13 @@ from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq import Outgoing
-from tests.helpers import lossy_queue, race_processes
+from tests.helpers import drained, lossy_queue, race_processes
 from tests.test_format import check, check_bucket
 
 pytestmark = pytest.mark.backends("memory", "server")
 
 QUICK = {"poll_interval": 0.01, "state_flush_period": 0.02}
 HOUR = 3600
-
-
-async def drained(q: bucketq.Queue) -> list[bucketq.Message]:
-    """Every message of the queue, each acked (and the ack written) once; fails on a message delivered twice."""
-    seen: list[bucketq.Message] = []
-    while (m := await q.reserve(timeout=0.3)) is not None:
-        assert m.id not in {s.id for s in seen}, f"{m.id} delivered twice"
-        seen.append(m)
-        await m.ack(wait=True)
-    return seen
 
 
 def later(q: bucketq.Queue, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
