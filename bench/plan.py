@@ -183,7 +183,8 @@ def warmup_jobs(cfg: Settings) -> list[Job]:
     ]
 
 
-def skip_row(job: Job, note: str) -> dict:
+def row_of(job: Job) -> dict:
+    """A result row's first fields: which job, and no figures yet."""
     return {
         "contender": job.contender,
         "scenario": job.scenario,
@@ -192,5 +193,8 @@ def skip_row(job: Job, note: str) -> dict:
         "write_concern": job.write_concern,
         "msgs_per_s": None,
         "commands_per_1000": None,
-        "notes": note,
     }
+
+
+def skip_row(job: Job, note: str) -> dict:
+    return {**row_of(job), "notes": note}

@@ -17,7 +17,7 @@ from pathlib import Path
 from pymongo.errors import PyMongoError
 
 from bench import contenders
-from bench.plan import IDLE_SCENARIOS, Job, Settings, pad_len
+from bench.plan import IDLE_SCENARIOS, Job, Settings, pad_len, row_of
 from bench.server import DB, Server
 from bench.worker import interpolate, split
 
@@ -184,16 +184,7 @@ def aggregate(job: Job, results: list[dict], concurrency: int,
               server_cpu: list[tuple[float, float]] | None = None) -> dict:
     """One row from the workers' results; ``server_cpu`` samples (from ``_run_workers``) give the server's CPU
     over the timed span."""
-    row: dict = {
-        "contender": job.contender,
-        "scenario": job.scenario,
-        "payload_bytes": job.payload_bytes,
-        "processes": job.processes,
-        "write_concern": job.write_concern,
-        "msgs_per_s": None,
-        "commands_per_1000": None,
-        "concurrency": concurrency,
-    }
+    row: dict = {**row_of(job), "concurrency": concurrency}
     errors = [r["error"] for r in results if r.get("error")]
     if errors:
         row["notes"] = "error: " + "; ".join(sorted(set(errors)))
