@@ -38,6 +38,10 @@ class QueueOptions:
     Consumer:
         lease: seconds a claimed bucket stays reserved without being extended.
         state_flush_period: seconds between flushes of ack/nack state (also extends leases).
+        finish_linger: the longest a bucket's finish (its replacement by a tombstone, once every message is
+            resolved) waits for other buckets' finishes while the queue has a backlog, to go with them in one
+            bulk write; capped at ``state_flush_period``. 0 writes each finish at once. A consumer that dies
+            meanwhile gives back the bucket's acks since its last flush (they are delivered again).
         max_attempts: deliveries of a message before it goes to the dead-letter collection.
         retry_base: the first retry's delay in seconds. A message nacked after ``tries`` deliveries waits
             ``min(retry_max, retry_base * retry_factor**tries)`` scaled by ``1 ± retry_jitter`` (the backoff).
@@ -79,6 +83,7 @@ class QueueOptions:
     write_concern: int | str | None = None
     lease: float = 30.0
     state_flush_period: float = 0.5
+    finish_linger: float = 0.05
     max_attempts: int = 5
     retry_base: float = 1.0
     retry_factor: float = 2.0
@@ -119,6 +124,7 @@ class QueueOptions:
         _check(1 <= self.lease <= 86400, "lease", "between 1 and 86400 seconds")
         _check(0.01 <= self.state_flush_period <= self.lease / 3, "state_flush_period",
                f"between 0.01 s and a third of the lease ({self.lease / 3:g} s)")
+        _check(0 <= self.finish_linger <= 1, "finish_linger", "between 0 and 1 second")
         _check(self.max_attempts >= 1, "max_attempts", "at least 1")
         _check(0 <= self.retry_base <= self.retry_max <= MAX_DELAY_S and self.retry_factor >= 1,
                "retry_base/retry_factor/retry_max",
@@ -145,7 +151,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "max_attempts": _INT, "partitions": _INT, "priority_fairness": _INT, "bucket_max_wait": _NUM,
     "bucket_min_wait": _NUM, "due_granularity": _NUM,
     "write_timeout": _NUM, "lease": _NUM,
-    "state_flush_period": _NUM, "retry_base": _NUM, "retry_factor": _NUM, "retry_max": _NUM, "retry_jitter": _NUM,
+    "state_flush_period": _NUM, "finish_linger": _NUM, "retry_base": _NUM, "retry_factor": _NUM, "retry_max": _NUM,
+    "retry_jitter": _NUM,
     "quarantine_retention": _NUM, "inbox_retention": _NUM, "tombstone_retention": _NUM, "poll_interval": _NUM,
     "drain_timeout": _NUM, "dedupe": (bool,), "change_streams": (bool,), "rate_limit": (RateLimit,),
 }

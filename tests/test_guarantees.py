@@ -103,6 +103,45 @@ async def test_a_retried_finish_that_did_apply_is_recognised_by_its_token(make_q
     assert [d["fin"]["token"] for d in sync_db.events.find()] == [message._holding.held.token]
 
 
+async def test_a_gathered_finish_whose_reply_was_lost_is_recognised_by_its_token(make_queue, sync_db, memory_db):
+    """Finishes written together (``consumer.finishing``: acks nobody waits for, a backlog of buckets of 64), their
+    bulk write's reply lost: the retry finds each bucket's tombstone by its own token, so none counts as a lost
+    lease, and none comes back."""
+    q = make_queue(**QUICK, bucket_max_size=64)
+    await q.push_many(list(range(3 * 64)))  # three buckets
+    lost = memory_db.faults.lose_reply("bulk_write", collection="events")
+    messages = []
+    for _ in range(3 * 64):  # each acked as it comes: the next bucket is claimed ahead while one is served
+        messages.append(message := await q.reserve(timeout=5))
+        await message.ack()
+    held = list({id(m._holding): m._holding.held for m in messages}.values())
+    await eventually(lambda: all(h.ended for h in held), what="every bucket finished")
+    assert lost.hits == 1
+    assert not any(h.lost for h in held), "a finish that applied was taken for a lost lease"
+    assert sorted(d["fin"]["token"] for d in sync_db.events.find()) == sorted(h.token for h in held)
+    assert await make_queue(**QUICK).reserve(timeout=0.5) is None
+
+
+async def test_a_stale_consumers_gathered_finish_is_refused_where_another_finished_the_bucket(make_queue, sync_db):
+    """A serves a bucket of 64 (the next one claimed ahead: a backlog, so its finish is gathered), then hangs past
+    its lease; B takes the bucket over and finishes it. A's acks then finish it too, in a gathered write fenced by
+    A's token: refused, and B's tombstone stays."""
+    options = {**QUICK, "lease": 1.0, "state_flush_period": 0.2, "bucket_max_size": 64}
+    a, b = make_queue(**options), make_queue(**options)
+    await a.push_many(list(range(2 * 64)))
+    mine = [await a.reserve(timeout=5) for _ in range(64)]
+    a._consumer._flusher.cancel()  # A hangs: its leases are not extended
+    a._consumer._flusher = None
+    theirs = [await b.reserve(timeout=5) for _ in range(64)]
+    first = mine[0]._holding.held
+    assert all(m._holding.held.bucket.id == first.bucket.id and m.tries == 1 for m in theirs), "B took another bucket"
+    await b.ack_many(theirs, wait=True)  # B finishes the bucket: its tombstone carries B's token
+    await a.ack_many(mine)
+    await eventually(lambda: first.ended, what="A's finish written")
+    assert first.lost, "A's finish counted as applied"
+    assert sync_db.events.find_one({"_id": first.bucket.id})["fin"]["token"] == theirs[0]._holding.held.token
+
+
 async def test_a_retried_release_that_did_apply_is_recognised_by_its_token(make_queue, sync_db, memory_db):
     q = make_queue(**QUICK)
     await q.push_many(["served", "unserved"])

@@ -312,8 +312,29 @@ async def test_every_operation_is_recorded_and_state_is_written_per_bucket():
     writes = database.operations.of("findAndModify", "update", "delete", collection="events")
     assert len(writes) <= 10 * 3 + 5, f"{len(writes)} writes: state is written per message, not per bucket"
     assert database.operations[0].command == "isMaster" and database.operations[0].collection is None
-    finish = database.operations.of("replace_one")[0]
-    assert finish.command == "update" and "lease.token" in finish.filter and finish.update["fin"]
+    # the finishes, each a fenced replacement by a tombstone: gathered into bulk writes while the queue had a backlog
+    # (consumer.finishing), the last one alone
+    bulk = database.operations.of("bulk_write", collection="events")
+    gathered = [request for op in bulk for request in op.update]
+    lone = database.operations.of("replace_one", collection="events")
+    assert len(gathered) + len(lone) == 10 and len(bulk) < len(gathered) and lone
+    assert all(op.command == "update" for op in bulk + lone)
+    assert all("lease.token" in r._filter and r._doc["fin"] for r in gathered)
+    assert all("lease.token" in op.filter and op.update["fin"] for op in lone)
+
+
+async def test_finish_linger_0_writes_each_finish_at_once():
+    database = MemoryDatabase("shop")
+    producer = bucketq.Queue(database, name="events", bucket_max_size=100, **QUICK)
+    await producer.push_many(range(1000))
+    await producer.close()
+    database.operations.clear()
+    q = bucketq.Queue(database, name="events", change_streams=False, finish_linger=0)
+    while (message := await q.reserve(timeout=0.2)) is not None:
+        await message.ack()
+    await q.close()
+    assert not database.operations.of("bulk_write", collection="events")
+    assert len(database.operations.of("replace_one", collection="events")) == 10
 
 
 async def test_a_lost_reply_is_applied_and_raises_auto_reconnect():

@@ -321,6 +321,8 @@ async def test_push_after_drain_or_close_is_refused(make_queue):
     ({"bucket_max_wait": -1}, "bucket_max_wait"),
     ({"max_buffered_bytes": 10}, "max_buffered_bytes"),
     ({"lease": 3, "state_flush_period": 2}, "state_flush_period"),
+    ({"finish_linger": -0.1}, "finish_linger"),
+    ({"finish_linger": "1"}, "finish_linger"),
     ({"malformed": "drop"}, "malformed"),
     ({"colour": "blue"}, "unknown option"),
     ({"codec": "xml"}, "unknown codec"),

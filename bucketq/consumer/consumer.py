@@ -27,6 +27,7 @@ from bucketq.consumer.claiming import Claiming
 from bucketq.consumer.decoding import Decoding
 from bucketq.consumer.dedupe_keys import KeyRecorder
 from bucketq.consumer.draining import Draining
+from bucketq.consumer.finishing import Finishes
 from bucketq.consumer.flushing import Flushing
 from bucketq.consumer.group_turns import OrderedGroupTurns
 from bucketq.consumer.holding import Holding
@@ -71,6 +72,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
         self._ahead_unsent = False  # it is spawned and its claim's request is not sent yet (see reserve)
         self._keys = KeyRecorder(store, clock)
+        self._finishes = Finishes(store, min(options.finish_linger, options.state_flush_period), self._spawn)
         self._metrics = metrics.for_queue(store.name, store.database.name)
         self._rotation = Rotation()
         self._permits = Permits(store, clock, options.rate_limit) if options.rate_limit is not None else None

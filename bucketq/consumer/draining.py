@@ -19,6 +19,7 @@ class Draining(ConsumerState):
         unreachable)."""
         self._draining = True
         self._wakeup.notify()
+        self._finishes.write_now()  # the finishes waiting for others: written before the releases
         started = time.monotonic()
         stop_by = started + self._options.drain_timeout + self._options.write_timeout
         try:

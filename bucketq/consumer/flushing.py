@@ -73,7 +73,15 @@ class Flushing(ConsumerState):
         held = holding.held
         refused: WriteFailed | None = None
         try:
-            applied = await self._execute(plan)  # raises: the plan stays pending, to be retried as it is
+            # raises: the plan stays pending, to be retried as it is. A lone finish that nobody waits for, while the
+            # queue has a backlog (more buckets, so more finishes, follow soon), goes with the others that come
+            # within a linger (``Finishes``). Else, and in a drain, it is written at once: a consumer that dies
+            # meanwhile gives back its bucket's acks since the last flush, which gathering only pays for when busy.
+            if (plan.lone_finish and not holding.waiters and not self._draining and self._options.finish_linger
+                    and self._backlog(holding.held)):
+                applied = await self._finishes.finish(plan)
+            else:
+                applied = await self._execute(plan)
         except Exception as exc:
             if not is_too_large(exc):
                 raise

@@ -12,11 +12,12 @@ from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.consumer.dedupe_keys import KeyRecorder
+from bucketq.consumer.finishing import Finishes
 from bucketq.consumer.holding import Holding
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import StoredBucket
 from bucketq.core.group_turn import GroupStep
-from bucketq.core.held import Policy
+from bucketq.core.held import ClaimedBucket, Policy
 from bucketq.core.priorities import Turns
 from bucketq.core.sharding import Rotation
 from bucketq.message import Message
@@ -46,6 +47,7 @@ class ConsumerState:
     _ahead: asyncio.Task[None] | None
     _ahead_unsent: bool
     _keys: KeyRecorder
+    _finishes: Finishes
     _metrics: metrics.Metrics
     _rotation: Rotation
     _turns: Turns
@@ -53,6 +55,8 @@ class ConsumerState:
 
     if TYPE_CHECKING:  # what the parts call of each other
         def _next_message(self) -> Message | None: ...
+
+        def _backlog(self, newest: ClaimedBucket) -> bool: ...
 
         async def _claim(self, only: dict | None = None) -> bool: ...
 

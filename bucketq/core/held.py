@@ -111,6 +111,13 @@ class FlushPlan:
     def ends(self) -> bool:
         return self.kind != "extend"
 
+    @property
+    def lone_finish(self) -> bool:
+        """A finish that is its fenced replacement alone (no copies, no guard, no ordered group's lock or turn to
+        end): the finishes of several buckets can go in one bulk write."""
+        return (self.kind == "finish" and self.guard is None and self.group is None
+                and not (self.retry_docs or self.dead_docs or self.quarantine_docs))
+
 
 class ClaimedBucket:
     """A bucket this consumer holds under ``token`` until ``lease_until``."""

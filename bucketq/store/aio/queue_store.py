@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pymongo import ReturnDocument
+from pymongo import ReplaceOne, ReturnDocument  # async-only
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from bucketq.core import groups, unique_keys
@@ -37,6 +37,8 @@ from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.pause_gate import PauseGate  # async-only
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
+
+# sync: from pymongo import ReturnDocument
 
 
 async def _read_before(doc: dict) -> bool:
@@ -196,6 +198,14 @@ class AsyncQueueStore:
             return [i for i in writes if i in marked]
 
         return await retrying(op, timeout_s=self.op_timeout_s)
+    # async-only: begin
+
+    async def finish_many(self, finishes: dict[Any, tuple[dict, dict, dict]]) -> list[Any]:
+        """``finish_fenced`` of several buckets (bucket id -> its query, tombstone and ``mine``) in one bulk write
+        (``fenced_many``): the ids of the buckets this write finished."""
+        writes = {i: ReplaceOne(query, tombstone) for i, (query, tombstone, _) in finishes.items()}
+        return await self.fenced_many(writes, {i: mine for i, (_, _, mine) in finishes.items()})
+    # async-only: end
 
     async def _matches(self, query: dict) -> bool:
         return await self.buckets.find_one(query, {"_id": 1}) is not None
