@@ -84,7 +84,8 @@ class Message:
 
     async def ack(self, *, wait: bool = False) -> None:
         """Mark the message done. It is written at the next state flush (``state_flush_period``) or when its
-        bucket is finished; ``wait=True`` waits for that write. Raises ``LeaseLost`` if this consumer no
+        bucket is finished (within ``finish_linger`` while the queue has a backlog); ``wait=True`` waits for that
+        write, and has it made at once. Raises ``LeaseLost`` if this consumer no
         longer holds the bucket (another consumer will deliver the message again)."""
         # Most acks only record the state (no write waited for, no dedupe key to store first): no coroutine
         if wait or not self._consumer.ack_at_once(self._holding, self._slot):
