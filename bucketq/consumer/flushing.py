@@ -78,7 +78,7 @@ class Flushing(ConsumerState):
             # within a linger (``Finishes``). Else, and in a drain, it is written at once: a consumer that dies
             # meanwhile gives back its bucket's acks since the last flush, which gathering only pays for when busy.
             if (plan.lone_finish and not holding.waiters and not self._draining and self._options.finish_linger
-                    and self._backlog(holding.held)):
+                    and self._backlog(self._holdings[-1].held)):
                 applied = await self._finishes.finish(plan)
             else:
                 applied = await self._execute(plan)
