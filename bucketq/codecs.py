@@ -4,6 +4,10 @@ A codec is any object with ``name``, ``dump(payload)`` and ``load(stored)``. ``d
 (stored as a BSON string) or ``bytes`` (stored as BSON binary); only the built-in ``bson`` codec stores
 documents (``p`` entries of BSON type object, docs/FORMAT.md). The codec name is written into each bucket
 (``enc``) so readers in other languages know how to decode it.
+
+A codec whose ``dump`` refuses what its ``load`` would not give back may say so with ``checks_on_dump = True``, as
+the built-in ones do: a queue's buckets of its payloads are then marked as checked (``pc``), and consumers decode
+each payload as they serve it instead of the whole bucket when they claim it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class JsonCodec:
     datetimes, UUIDs, enums and dataclasses as strings or dicts, and NaN/Infinity as null: those are refused."""
 
     name = "json"
+    checks_on_dump = True
 
     def dump(self, payload: Any) -> str:
         encoded = orjson.dumps(payload, option=_JSON_OPTIONS)
@@ -70,6 +75,7 @@ class MsgpackCodec:
     (tuple dict keys come back as lists, which cannot be keys), so that only that push fails."""
 
     name = "msgpack"
+    checks_on_dump = True
 
     def __init__(self) -> None:
         try:
@@ -100,6 +106,7 @@ class BsonCodec:
     ``bytes`` as ``bytes``; a consumer gets its own copy, so changing it changes nothing a retry stores."""
 
     name = DOCUMENT_CODEC
+    checks_on_dump = True
 
     def dump(self, payload: Any) -> RawBSONDocument:
         if not isinstance(payload, Mapping):

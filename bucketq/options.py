@@ -49,7 +49,9 @@ class QueueOptions:
         retry_max: the longest retry delay, in seconds.
         retry_jitter: the random spread of each retry delay, a fraction in [0, 1).
         malformed: "quarantine" moves a bucket with any undecodable message to quarantine whole;
-            "skip" quarantines only the bad messages and serves the rest.
+            "skip" quarantines only the bad messages and serves the rest. Either way, a bucket whose writer
+            marked it checked (``pc``: this library's queue producers do, docs/FORMAT.md) is decoded a message
+            at a time as served, and one of its messages that fails anyway is quarantined alone.
         quarantine_retention: seconds before quarantine entries are purged; None keeps them forever.
         inbox_retention: seconds before the dedupe keys of acknowledged messages (the inbox collection that
             ``dedupe`` reads) are purged; None keeps them forever.

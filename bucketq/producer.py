@@ -116,7 +116,9 @@ class _Run:
 class Producer:
     def __init__(self, store: AsyncQueueStore | AsyncStreamStore, codec: Codec, options: QueueOptions,
                  clock: ServerClock, on_written: Callable[[], None] | None = None,
-                 before_write: Callable[[], Awaitable[None]] | None = None) -> None:
+                 before_write: Callable[[], Awaitable[None]] | None = None, mark_checked: bool = False) -> None:
+        """``mark_checked``: mark the buckets written as checked (``format.CHECKED``) when the codec checks what it
+        dumps (``checks_on_dump``): a queue's producer; a stream's buckets have no such field."""
         self._store = store
         self._codec = codec
         self._plain_codec = codec.name != DOCUMENT_CODEC  # its payloads are text or binary: plain slots (_plain_slot)
@@ -126,7 +128,8 @@ class Producer:
         self._before_write = before_write
         self._acc = Accumulator(max_size=options.bucket_max_size, max_bytes=options.bucket_max_bytes,
                                 max_wait=options.bucket_max_wait, granularity=options.due_granularity,
-                                codec=codec.name, min_wait=options.bucket_min_wait)
+                                codec=codec.name, min_wait=options.bucket_min_wait,
+                                checked=mark_checked and getattr(codec, "checks_on_dump", False) is True)
         self._sealed: deque[SealedBucket] = deque()
         self._writers: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -75,7 +75,7 @@ class Queue:
         self._clock = ServerClock()
         self._wakeup = Wakeup(self.options.poll_interval)
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
-                                  on_written=self._wakeup.notify, before_write=self._ready)
+                                  on_written=self._wakeup.notify, before_write=self._ready, mark_checked=True)
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup,
                                   before_claim=self._before_claim)
         # the change streams a consumer keeps open (``_before_claim``): made once, not at every claim

@@ -204,6 +204,72 @@ async def test_skip_mode_quarantines_only_the_bad_message(make_queue, sync_db):
     assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["reserve", "reserve_many"])
+@pytest.mark.parametrize("malformed", ["quarantine", "skip"])
+async def test_a_checked_buckets_undecodable_message_goes_to_quarantine_alone_as_it_is_served(make_queue, sync_db,
+                                                                                             malformed, many):
+    """A bucket marked ``pc: true`` is decoded a payload at a time as served, not whole at its claim: one that fails
+    anyway (its writer marked it wrongly) goes to quarantine alone, whatever ``malformed`` says, and the rest of the
+    bucket is served (docs/FORMAT.md, "Payloads checked by the writer"). The last one fails too, so that its
+    quarantine is what finishes the bucket."""
+    q = make_queue(malformed=malformed)
+    bad_id = _insert_raw(sync_db, {"p": ['{"ok":1}', "{broken", '{"ok":3}', "[1,"], "n": 4, "pc": True})
+    if many:
+        got = await q.reserve_many(10, timeout=PATIENCE_S)
+        await q.ack_many(got, wait=True)
+        assert await q.reserve(timeout=0.1) is None
+    else:
+        got = await consume_all(q, want=2)
+    assert [m.payload for m in got] == [{"ok": 1}, {"ok": 3}]
+    await q.drain()
+    entries = await q.quarantined()
+    assert sorted((e["kind"], e["_id"]) for e in entries) == [("message", f"{bad_id}:1"), ("message", f"{bad_id}:3")]
+    assert all(e["reason"].startswith("undecodable: ") for e in entries)
+    assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0, "the bucket must be finished"
+
+
+@pytest.mark.parametrize("codec", ["json", "msgpack", "bson"])
+async def test_pushed_buckets_are_marked_checked_and_their_retries_keep_the_mark(make_queue, sync_db, codec):
+    q = make_queue(codec=codec, bucket_max_wait=0.01)
+    await q.push_many([{"i": 1}, {"i": 2}])
+    assert [doc.get("pc") for doc in sync_db.events.find()] == [True]
+    message = await q.reserve(timeout=PATIENCE_S)
+    assert message is not None and message.payload == {"i": 1}
+    await message.nack(delay=0, wait=True)
+    assert sync_db.events.find_one({"o": message.id})["pc"] is True
+
+
+class _UncheckedCodec:
+    """A user's codec that does not say it checks what it dumps."""
+
+    name = "unchecked"
+
+    def dump(self, payload: Any) -> str:
+        return str(payload)
+
+    def load(self, stored: Any) -> Any:
+        return stored
+
+
+async def test_buckets_not_checked_by_their_writer_are_not_marked_nor_are_their_retries(make_queue, sync_db):
+    q = make_queue(codec=_UncheckedCodec(), bucket_max_wait=0.01)
+    await q.push_many(["a", "b"])
+    assert [doc.get("pc") for doc in sync_db.events.find()] == [None]
+    raw_id = _insert_raw(sync_db, {})  # a bucket of another writer's, unmarked
+    retried = set()
+    for _ in range(3):  # one of each bucket's messages retried
+        message = await q.reserve(timeout=PATIENCE_S)
+        assert message is not None
+        if message._holding.held.bucket.id not in retried:
+            retried.add(message._holding.held.bucket.id)
+            await message.nack(delay=60, wait=True)
+        else:
+            await message.ack()
+    assert raw_id in retried and len(retried) == 2
+    copies = list(sync_db.events.find({"o": {"$exists": True}}))
+    assert len(copies) == 2 and all("pc" not in doc for doc in copies)
+
+
 async def test_requeue_quarantined_bucket(make_queue, sync_db):
     q = make_queue()
     _insert_raw(sync_db, {"v": 99})

@@ -114,7 +114,9 @@ class Claiming(ConsumerState):
         except (MalformedBucket, ValueError) as exc:
             await self._quarantine_bucket(doc, token, str(exc))
             return True
-        payloads, bad = self._decode(bucket, codec)
+        # A bucket its writer checked is decoded a payload at a time as it is served (``_next_message``): decoding
+        # it whole here would keep a thousand new objects alive, which sets off the collector once a bucket.
+        payloads, bad = (bucket.payloads, {}) if bucket.checked else self._decode(bucket, codec)
         if bad and self._options.malformed == "quarantine":
             first = ", ".join(f"slot {s}: {reason}" for s, reason in list(bad.items())[:3])
             await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
@@ -127,7 +129,7 @@ class Claiming(ConsumerState):
                     await self._claim(only=turn.claim_instead)  # the ordered group was free: serve its first
                 return True
         held = ClaimedBucket(bucket, token, self._policy.lease_from(now), self._policy)
-        holding = Holding(held, payloads)
+        holding = Holding(held, payloads, codec.load if bucket.checked else None)
         for slot, reason in bad.items():
             held.quarantine(slot, f"undecodable: {reason}")
         if self._options.dedupe:

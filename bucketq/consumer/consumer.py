@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -213,19 +214,25 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         now = self._clock.latest()  # serve only while no reading of the clock could put the lease past its end
         for holding in self._holdings:
             held = holding.held
-            if not held.unserved:  # every slot handed out: the bucket waits for its acks and its final flush
-                continue
-            slot = held.serve(now)
-            if slot is None:
-                if held.finished:  # the last slots were dead-lettered unserved
-                    self._schedule_flush(holding)
-                continue
-            self._metrics.consumed(1)
-            if (holding is self._holdings[-1] and (self._ahead is None or self._ahead.done())
-                    and not self._claim_lock.locked() and self._backlog(held)):
-                self._ahead = self._spawn(self._claim_ahead(holding))
-                self._ahead_unsent = True
-            return Message(holding.payloads[slot], self, holding, slot)
+            while held.unserved:  # else every slot is handed out: the bucket waits for its acks and final flush
+                slot = held.serve(now)
+                if slot is None:
+                    if held.finished:  # the last slots were dead-lettered unserved
+                        self._schedule_flush(holding)
+                    break
+                payload = holding.payloads[slot]
+                if holding.load is not None:  # a bucket its writer checked: each payload decoded as it is served
+                    try:
+                        payload = holding.load(payload)
+                    except Exception as exc:
+                        self._undecodable(holding, slot, exc)
+                        continue
+                self._metrics.consumed(1)
+                if (holding is self._holdings[-1] and (self._ahead is None or self._ahead.done())
+                        and not self._claim_lock.locked() and self._backlog(held)):
+                    self._ahead = self._spawn(self._claim_ahead(holding))
+                    self._ahead_unsent = True
+                return Message(payload, self, holding, slot)
         return None
 
     def _next_messages(self, batch: list[Message], n: int) -> bool:
@@ -241,14 +248,36 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                 if held.finished:
                     self._schedule_flush(holding)
                 continue
-            payloads = holding.payloads
-            batch += [Message(payloads[slot], self, holding, slot) for slot in slots]
+            stored = holding.payloads
+            if holding.load is None:
+                payloads = list(map(stored.__getitem__, slots))
+            else:  # a bucket its writer checked: each payload decoded as it is served
+                try:
+                    payloads = list(map(holding.load, map(stored.__getitem__, slots)))
+                except Exception:  # one at a time, to quarantine each that fails
+                    slots, payloads = self._decoded(holding, slots)
+            batch += map(Message, payloads, repeat(self), repeat(holding), slots)
             if len(batch) >= n:
                 break
         if len(batch) == before:
             return False
         self._metrics.consumed(len(batch) - before)
         return True
+
+    def _decoded(self, holding: Holding, slots: list[int]) -> tuple[list[int], list[Any]]:
+        """``slots`` whose payload decodes, with the payloads decoded; each that fails goes to quarantine."""
+        load = holding.load
+        assert load is not None
+        kept_slots: list[int] = []
+        decoded: list[Any] = []
+        for slot in slots:
+            try:
+                decoded.append(load(holding.payloads[slot]))
+            except Exception as exc:
+                self._undecodable(holding, slot, exc)
+            else:
+                kept_slots.append(slot)
+        return kept_slots, decoded
 
     # -- resolving -----------------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from bucketq.codecs import Codec
+from bucketq.consumer.holding import Holding
 from bucketq.consumer.state import ConsumerState
 from bucketq.core import claims
 from bucketq.core.format import StoredBucket, quarantined_bucket
@@ -18,6 +19,17 @@ log = logging.getLogger("bucketq")
 
 
 class Decoding(ConsumerState):
+    def _undecodable(self, holding: Holding, slot: int, exc: Exception) -> None:
+        """A payload of a bucket its writer checked failed to decode as it was served: that message alone goes to
+        quarantine, as with ``malformed="skip"``; the rest of the bucket is served."""
+        held = holding.held
+        reason = f"{type(exc).__name__}: {exc}"
+        log.warning("message %s of bucket %s (marked checked) could not be decoded, quarantined: %s",
+                    held.bucket.message_id(slot), held.bucket.id, reason)
+        held.quarantine(slot, f"undecodable: {reason}")
+        if held.finished:
+            self._schedule_flush(holding)
+
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         """Each payload not done decoded (None for a done one), and the reason each undecodable one failed."""
         load, done = codec.load, bucket.done

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,10 +12,13 @@ from bucketq.core.held import ClaimedBucket
 
 @dataclass
 class Holding:
-    """A claimed bucket's state machine with its decoded payloads and the tasks and futures around it."""
+    """A claimed bucket's state machine with its payloads and the tasks and futures around it. ``payloads`` are
+    decoded, or with ``load`` (a bucket its writer checked, ``StoredBucket.checked``) as stored, decoded by ``load``
+    as each is served."""
 
     held: ClaimedBucket
-    payloads: list[Any]
+    payloads: Sequence[Any]
+    load: Callable[[Any], Any] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiters: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     flushing: asyncio.Task[None] | None = None  # the periodic flush under way, if any

@@ -127,7 +127,7 @@ class Accumulator:
     """
 
     def __init__(self, *, max_size: int, max_bytes: int, max_wait: float, granularity: float, codec: str,
-                 min_wait: float = 0.0) -> None:
+                 min_wait: float = 0.0, checked: bool = False) -> None:
         self.max_size = max_size
         self.max_bytes = max_bytes
         self.max_slot_bytes = max_bytes - BUCKET_OVERHEAD  # the largest message an empty bucket takes
@@ -135,6 +135,7 @@ class Accumulator:
         self.min_wait = min_wait
         self.granularity = granularity
         self.codec = codec
+        self.checked = checked  # every payload added decodes with the codec: its buckets say so (format.CHECKED)
         self._open: dict[Key, _OpenBucket] = {}
         self.buffered_bytes = 0
         self.in_flight = 0  # buckets handed out to write and not yet reported ``written``
@@ -273,7 +274,7 @@ class Accumulator:
         due = now_wall if immediate else bucket.latest_due
         assert due is not None  # every add to a delayed bucket sets latest_due
         document = bucket_document(bucket.id, bucket.slots, codec=self.codec, created=bucket.created, due=due,
-                                   group=group, priority=bucket.priority)
+                                   group=group, priority=bucket.priority, checked=self.checked)
         sealed = SealedBucket(document, bucket.waiters, bucket.size_bytes, immediate=immediate, group=group,
                               runs=bucket.runs)
         if group is not None:

@@ -27,6 +27,11 @@ MAX_GROUP_BYTES = 1000
 # The codec whose payloads are BSON documents (``bucketq.codecs.BsonCodec``); every other codec's are strings or
 # binary (docs/FORMAT.md, Payloads).
 DOCUMENT_CODEC = "bson"
+# ``pc: true``: the writer checked that every payload decodes with the codec ``enc`` names (bucketq's producers with
+# its own codecs, whose ``dump`` refuses what ``load`` would not give back, and the retries of such buckets). A
+# consumer then decodes each payload when it serves it, not the whole bucket when it claims it (docs/FORMAT.md,
+# Payloads checked by the writer).
+CHECKED = "pc"
 MAX_BUCKET_SIZE = 65536
 BSON_LIMIT = 16 * 1024 * 1024
 # Room kept free below the BSON limit for what consumers add later: `done` (at most ~14 bytes a slot),
@@ -173,13 +178,13 @@ def copy_bytes(slot: Slot) -> int:
 def bucket_documents(slots: Sequence[Slot], *, codec: str, created: dt.datetime, due: dt.datetime,
                      max_size: int = MAX_BUCKET_SIZE, max_bytes: int = MAX_BUCKET_BYTES,
                      group: str | None = None, partition: int | None = None,
-                     priority: int = 0) -> list[dict[str, Any]]:
+                     priority: int = 0, checked: bool = False) -> list[dict[str, Any]]:
     """New buckets holding ``slots`` in order, as many as it takes to keep each within ``max_size`` slots
     and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds. Buckets of a
     ``group`` get their place in it (``s``) when written, in list order (``Store.number_groups``). Without a
     ``partition`` the store gives them one when it writes them (``sharding.Spread``)."""
     return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due, group=group,
-                            partition=partition, priority=priority)
+                            partition=partition, priority=priority, checked=checked)
             for chunk in _chunks(slots, max_size, max_bytes)]
 
 
@@ -212,11 +217,13 @@ def bucket_document(
     group: str | None = None,
     partition: int | None = None,
     priority: int = 0,
+    checked: bool = False,
 ) -> dict[str, Any]:
     """A new bucket document (``partition``: its ``pt``, else the store's choice when it writes it). Optional
     per-slot arrays are written only when some slot has the field; a group bucket always has ``t``, so that a nack
     can add a try to one slot, and gets ``s`` when it is written. ``priority`` is written as ``pr`` only above 0:
-    a bucket of the default level is the same document as before priorities."""
+    a bucket of the default level is the same document as before priorities. ``checked``: the caller vouches that
+    every payload decodes with ``codec`` (written as ``pc: true``, see ``CHECKED``)."""
     n = len(slots)
     column: dict[str, tuple[Any, ...]] | None = None
     if set(map(type, slots)) <= PLAIN_SLOT_TYPES:  # plain messages only (the common bucket): no per-slot array
@@ -250,6 +257,8 @@ def bucket_document(
         doc["pt"] = partition
     if priority:
         doc[PRIORITY] = priority
+    if checked:
+        doc[CHECKED] = True
     return doc
 
 
@@ -291,6 +300,7 @@ class StoredBucket:
     unique: list[dt.datetime | None] | None = None  # ``u``: the slots that hold their key in ``Q.unique``, if any
     priority: int = 0  # ``pr``: its level, which its copies keep
     cancels: frozenset[int] = frozenset()  # ``x``: slots whose cancellation was requested (``core.cancellation``)
+    checked: bool = False  # ``pc``: its writer checked that every payload decodes (``CHECKED``)
 
     @property
     def ref(self) -> dict[str, Any]:
@@ -376,6 +386,9 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         raise MalformedBucket(f"pr must be an integer from 0 to {MAX_PRIORITY} (the bucket's priority)")
     if priority and group is not None:
         raise MalformedBucket("a group bucket (field g) has no priority (field pr)")
+    checked = doc.get(CHECKED, False)
+    if type(checked) is not bool:
+        raise MalformedBucket(f"{CHECKED} must be a bool (whether the writer checked every payload decodes)")
     return StoredBucket(
         id=bucket_id,
         codec=codec,
@@ -394,6 +407,7 @@ def parse_bucket(doc: Mapping[str, Any]) -> StoredBucket:
         unique=_optional_array(doc, "u", n, dt.datetime) if "u" in doc else None,
         priority=priority,
         cancels=frozenset(cancels),
+        checked=checked,
     )
 
 

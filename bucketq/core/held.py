@@ -413,7 +413,8 @@ class ClaimedBucket:
             copies = [self.bucket.slot(s, tries=self.tries(s) + 1) for s in sorted(slots)]
             docs += bucket_documents(copies, codec=self.bucket.codec, created=now, due=due,
                                      partition=self.bucket.partition or 0,  # in its bucket's partition
-                                     priority=self.bucket.priority)
+                                     priority=self.bucket.priority,
+                                     checked=self.bucket.checked)  # copies of payloads its writer checked
         return docs
 
 
