@@ -287,7 +287,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         held = holding.held
         if self._options.dedupe and held.bucket.keys[slot] is not None:
             return False
-        if held.ack_each((slot,)):  # what held.ack calls (one call fewer an ack); True: a flush is due
+        if held.ack(slot):  # True: a flush is due
             self._schedule_flush(holding)
         return True
 

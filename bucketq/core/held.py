@@ -174,7 +174,7 @@ class ClaimedBucket:
         """The next slot to hand out, marked SERVED; None when nothing is left or the lease is ending.
         Slots whose tries are used up (leases that kept expiring) are dead-lettered on the way, unserved."""
         unserved, state, group = self.unserved, self.state, self.bucket.group
-        if not unserved or self.lease_ending(now):
+        if not unserved or self.lost or self.ended or now >= self._serve_until:  # lease_ending, written out
             return None
         if group is not None and (self._serving is not None or self.held_back is not None):
             return None
@@ -245,16 +245,24 @@ class ClaimedBucket:
             raise LeaseLost(f"bucket {self.bucket.id} is no longer held by this consumer; message "
                             f"{self.bucket.message_id(slot)} will be delivered again")
 
-    def ack(self, slot: int) -> None:
-        self.ack_each((slot,))
+    def ack(self, slot: int) -> bool:
+        """Returns whether the bucket is due a flush now: finished, or held back by a group's nack."""
+        if (self.state[slot] is not _SERVED or self.bucket.group is not None or self.lost or self.ended
+                or self.giving_back or self.cancels):
+            # a group's serving slot, LeaseLost, a cancelled message's end, acked unserved (dedupe), AlreadyResolved
+            self._resolve(slot, _ACK, allowed=_RESOLVABLE)
+        else:  # what _resolve does for a served slot of a bucket served alike, written out (an ack a message)
+            self.state[slot] = _ACKED
+            self._unflushed[slot] = _ACK
+            self._unresolved -= 1
+        return self._unresolved == 0 or self.held_back is not None  # finished, written out: no property call
 
     def ack_each(self, slots: Iterable[int]) -> bool:
         """``ack`` of each slot in turn (the first that raises stops it), in one pass over slots served alike.
-        Returns whether the bucket is due a flush now: finished, or held back by a group's nack."""
+        Returns what ``ack`` returns."""
         if self.bucket.group is not None or self.lost or self.ended or self.giving_back or self.cancels:
-            # one at a time: a group's serving slot, the LeaseLost of the first, or a cancelled message's end
             for slot in slots:
-                self._resolve(slot, _ACK, allowed=_RESOLVABLE)
+                self._resolve(slot, _ACK, allowed=_RESOLVABLE)  # see ack
         else:
             state, unflushed = self.state, self._unflushed
             for slot in slots:
@@ -264,7 +272,7 @@ class ClaimedBucket:
                 state[slot] = _ACKED
                 unflushed[slot] = _ACK
                 self._unresolved -= 1
-        return self._unresolved == 0 or self.held_back is not None  # finished, written out: no property call
+        return self._unresolved == 0 or self.held_back is not None
 
     def nack(self, slot: int, retry_at: dt.datetime, error: str = "") -> SlotState:
         """Retry the message at ``retry_at``, or dead-letter it when this was its last attempt (or its
