@@ -264,21 +264,6 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         self._metrics.consumed(len(batch) - before)
         return True
 
-    def _decoded(self, holding: Holding, slots: list[int]) -> tuple[list[int], list[Any]]:
-        """``slots`` whose payload decodes, with the payloads decoded; each that fails goes to quarantine."""
-        load = holding.load
-        assert load is not None
-        kept_slots: list[int] = []
-        decoded: list[Any] = []
-        for slot in slots:
-            try:
-                decoded.append(load(holding.payloads[slot]))
-            except Exception as exc:
-                self._undecodable(holding, slot, exc)
-            else:
-                kept_slots.append(slot)
-        return kept_slots, decoded
-
     # -- resolving -----------------------------------------------------------------------------------------
 
     def ack_at_once(self, holding: Holding, slot: int) -> bool:

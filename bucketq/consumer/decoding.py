@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from bucketq.codecs import Codec
@@ -23,12 +24,21 @@ class Decoding(ConsumerState):
         """A payload of a bucket its writer checked failed to decode as it was served: that message alone goes to
         quarantine, as with ``malformed="skip"``; the rest of the bucket is served."""
         held = holding.held
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = _failure(exc)
         log.warning("message %s of bucket %s (marked checked) could not be decoded, quarantined: %s",
                     held.bucket.message_id(slot), held.bucket.id, reason)
         held.quarantine(slot, f"undecodable: {reason}")
         if held.finished:
             self._schedule_flush(holding)
+
+    def _decoded(self, holding: Holding, slots: list[int]) -> tuple[list[int], list[Any]]:
+        """A served batch of a bucket its writer checked, decoded one at a time (one failed): the slots whose payload
+        decodes, with their payloads; each that fails goes to quarantine (``_undecodable``)."""
+        assert holding.load is not None
+        decoded, failed = _decode_each(holding.load, holding.payloads, slots)
+        for slot, exc in failed.items():
+            self._undecodable(holding, slot, exc)
+        return list(decoded), list(decoded.values())
 
     def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         """Each payload not done decoded (None for a done one), and the reason each undecodable one failed."""
@@ -36,16 +46,8 @@ class Decoding(ConsumerState):
         if not done:  # a bucket's first claim: all of it at C speed, unless a payload fails
             with contextlib.suppress(Exception):  # else one at a time below, to name each that fails
                 return list(map(load, bucket.payloads)), {}
-        payloads: list[Any] = [None] * bucket.size
-        bad: dict[int, str] = {}
-        for slot, stored in enumerate(bucket.payloads):
-            if done and slot in done:
-                continue
-            try:
-                payloads[slot] = load(stored)
-            except Exception as exc:
-                bad[slot] = f"{type(exc).__name__}: {exc}"
-        return payloads, bad
+        decoded, failed = _decode_each(load, bucket.payloads, (s for s in range(bucket.size) if s not in done))
+        return [decoded.get(slot) for slot in range(bucket.size)], {s: _failure(e) for s, e in failed.items()}
 
     async def _quarantine_bucket(self, doc: dict, token: str, reason: str) -> None:
         now = self._clock.now()
@@ -58,3 +60,21 @@ class Decoding(ConsumerState):
                     f" without its fields {', '.join(entry['omitted'])} (over 16 MiB)" if "omitted" in entry else "",
                     reason)
         self._metrics.quarantined(1)
+
+
+def _decode_each(load: Callable[[Any], Any], stored: Sequence[Any],
+                 slots: Iterable[int]) -> tuple[dict[int, Any], dict[int, Exception]]:
+    """The payload of each of ``slots`` decoded, one at a time, and what each that failed raised."""
+    decoded: dict[int, Any] = {}
+    failed: dict[int, Exception] = {}
+    for slot in slots:
+        try:
+            decoded[slot] = load(stored[slot])
+        except Exception as exc:
+            failed[slot] = exc
+    return decoded, failed
+
+
+def _failure(exc: Exception) -> str:
+    """A payload's failure to decode, as its quarantine entry names it."""
+    return f"{type(exc).__name__}: {exc}"
