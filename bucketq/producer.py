@@ -2,8 +2,8 @@
 
 Runs the sans-I/O ``Accumulator`` and carries out its group-commit decisions on the event loop: it asks which
 buckets to write once each burst of pushes is buffered, whenever a write ends, and at the ``bucket_max_wait``
-deadline (a timer); it runs up to ``max_in_flight_writes`` concurrent writers, and applies backpressure on
-``max_buffered_bytes``.
+deadline (a timer); it shares the buckets to write among up to ``max_in_flight_writes`` concurrent writers, an
+insert each, and applies backpressure on ``max_buffered_bytes``.
 """
 
 from __future__ import annotations
@@ -368,11 +368,10 @@ class Producer:
         if due is not None or group is not None or priority or not self._acc.append(slot, size, waiter):
             sealed = self._acc.add(slot, size, waiter, due=due, now_wall=self._clock.now(), now_mono=time.monotonic(),
                                    group=group, priority=priority)
+        if sealed:  # written by the commit after this burst, with the buckets the rest of it fills: one insert
+            self._sealed.extend(sealed)
         if not self._commit_soon:
             self._add_done()
-        if sealed:
-            self._sealed.extend(sealed)
-            self._kick_writers()
 
     def _add_done(self) -> None:
         """Ask the accumulator what to write, not now: after the pushes already queued on the loop, so that a
@@ -405,9 +404,8 @@ class Producer:
     def _commit(self) -> None:
         """Write what the accumulator says is due now, and keep the linger timer on its next deadline."""
         self._commit_soon = False
-        sealed = self._acc.ready(self._clock.now(), time.monotonic())
-        if sealed:
-            self._sealed.extend(sealed)
+        self._sealed.extend(self._acc.ready(self._clock.now(), time.monotonic()))
+        if self._sealed:
             self._kick_writers()
         deadline = self._acc.next_deadline()
         if deadline != self._linger_at:
@@ -427,8 +425,11 @@ class Producer:
         self._linger = self._linger_at = None
 
     def _kick_writers(self) -> None:
-        while self._sealed and len(self._writers) < self._options.max_in_flight_writes:
-            batch = [self._sealed.popleft() for _ in range(min(BUCKETS_PER_WRITE, len(self._sealed)))]
+        # The sealed buckets shared out evenly among the free writers: an insert a writer (each command costs the
+        # client a few hundred microseconds), and the writes still stored side by side.
+        while self._sealed and (free := self._options.max_in_flight_writes - len(self._writers)) > 0:
+            share = min(BUCKETS_PER_WRITE, -(-len(self._sealed) // free))
+            batch = [self._sealed.popleft() for _ in range(share)]
             task = asyncio.get_running_loop().create_task(self._write(batch), name="bucketq-write")
             self._writers.add(task)
             task.add_done_callback(self._writer_done)
