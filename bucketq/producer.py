@@ -402,7 +402,8 @@ class Producer:
         self._new_future = asyncio.Future if plain else loop.create_future
 
     def _commit(self) -> None:
-        """Write what the accumulator says is due now, and keep the linger timer on its next deadline."""
+        """Write what the accumulator says is due now, with the buckets sealed before it that wait for a writer, and
+        keep the linger timer on its next deadline."""
         self._commit_soon = False
         self._sealed.extend(self._acc.ready(self._clock.now(), time.monotonic()))
         if self._sealed:
@@ -436,8 +437,7 @@ class Producer:
 
     def _writer_done(self, task: asyncio.Task[None]) -> None:
         self._writers.discard(task)
-        self._commit()  # what filled up while this write was in flight goes now
-        self._kick_writers()
+        self._commit()  # what filled up while this write was in flight goes now, with what waited for a writer
 
     async def _write(self, batch: list[SealedBucket]) -> None:
         """Insert the buckets, retrying transient errors; resolve or fail every push they hold."""
@@ -467,8 +467,7 @@ class Producer:
         # Start the next writes before settling these pushes: a settled push's caller runs only after the new
         # writers' first steps, which send their inserts, so the server stores them while the callers push more.
         self._writers.discard(asyncio.current_task())
-        self._commit()
-        self._kick_writers()
+        self._commit()  # which kicks the writers for every sealed bucket
         for bucket in batch:
             bucket.resolve(failed.get(bucket.id))
         self._metrics.written(batch, failed, self._clock)
