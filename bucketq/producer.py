@@ -148,7 +148,7 @@ class Producer:
 
     # -- pushing -------------------------------------------------------------------------------------------
 
-    def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
+    def push_nowait(self, payload: Any, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                     headers: Mapping[str, Any] | None = None, key: str | None = None,
                     group: str | None = None, priority: int = 0,
                     unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
@@ -166,7 +166,7 @@ class Producer:
         self._add(slot, size, due, future, group, priority)
         return future
 
-    async def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
+    async def push(self, payload: Any, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                    headers: Mapping[str, Any] | None = None, key: str | None = None, group: str | None = None,
                    priority: int = 0, unique_for: float | dt.timedelta | None = None) -> str:
         if delay is None and at is None and headers is None and key is None and group is None \

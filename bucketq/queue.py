@@ -120,16 +120,15 @@ class Queue:
                                              now=self._clock.now(), due=due, priority=priority)
         if self._life.closed or self._life.pending():
             await self._ready()
-        return await self._producer.push(payload, delay=delay, at=at, headers=headers, key=key, group=group,
-                                         priority=priority, unique_for=unique_for)
+        return await self._producer.push(payload, delay, at, headers, key, group, priority, unique_for)
 
     def push_nowait(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
                     headers: Mapping[str, Any] | None = None, key: str | None = None,
                     group: str | None = None, priority: int = 0,
                     unique_for: float | dt.timedelta | None = None) -> asyncio.Future[str]:
         """Buffer a message and return a future of its id, for callers who pipeline."""
-        return self._producer.push_nowait(payload, delay=delay, at=at, headers=headers, key=key, group=group,
-                                          priority=priority, unique_for=unique_for)
+        # positionally, in the producer's order: eight keywords to match cost a push about 500 instructions
+        return self._producer.push_nowait(payload, delay, at, headers, key, group, priority, unique_for)
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None, priority: int = 0) -> list[str]:

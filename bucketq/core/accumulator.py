@@ -82,6 +82,11 @@ class SealedBucket:
         prefix = str(self.id)  # message ids are "<bucket id>:<slot>" (format.message_id), built in one pass
         if error is None:
             merged, runs = self.merged, self.runs
+            if not merged and not runs:  # most buckets: a future a slot, in order
+                for slot, waiter in enumerate(waiters):
+                    if not waiter.done():
+                        waiter.set_result(f"{prefix}:{slot}")
+                return
             slot = 0
             for index, waiter in enumerate(waiters):
                 count = runs.get(index, 1) if runs else 1
