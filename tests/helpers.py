@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hypothesis import settings
+from pymongo import monitoring
 
 from tests.proxy import TcpProxy
 
@@ -124,3 +125,21 @@ def server_proxy(request: Any, make_queue: Callable[..., Any]) -> TcpProxy:
     proxy = TcpProxy.to(request.getfixturevalue("mongo_uri")).start()
     make_queue.after_close(proxy.stop)
     return proxy
+
+
+class StartedCommands(monitoring.CommandListener):
+    """Every command a client starts, in order (``event_listeners=[...]``): each test picks what it counts."""
+
+    def __init__(self) -> None:
+        self.events: list[monitoring.CommandStartedEvent] = []
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        """The commands started of that name (``insert``, ``findAndModify``...), as sent."""
+        return [event.command for event in self.events if event.command_name == name]
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.events.append(event)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None: ...
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None: ...

@@ -20,7 +20,7 @@ import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.wakeup import Wakeup
-from tests.helpers import PATIENCE_S, eventually, seconds_ago, utc_now
+from tests.helpers import PATIENCE_S, StartedCommands, eventually, seconds_ago, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -549,30 +549,20 @@ async def test_dedupe_skips_a_known_key(make_queue):
 
 
 async def test_state_flushes_are_periodic_not_per_message(make_queue, mongo_uri, db_name):
-    from pymongo import AsyncMongoClient, monitoring
-
-    class Counter_(monitoring.CommandListener):
-        def __init__(self) -> None:
-            self.counts: Counter[str] = Counter()
-
-        def started(self, event) -> None:
-            self.counts[event.command_name] += 1
-
-        def succeeded(self, event) -> None: ...
-
-        def failed(self, event) -> None: ...
+    from pymongo import AsyncMongoClient
 
     producer = make_queue(bucket_max_size=1000)
     await producer.push_many(range(10_000))
-    listener = Counter_()
+    listener = StartedCommands()
     client = AsyncMongoClient(mongo_uri, event_listeners=[listener], tz_aware=True)
     q = bucketq.Queue(client, name="events", db=db_name, change_streams=False)
     got = await consume_all(q, timeout=0.2)
     await q.close()
     await client.close()
     assert len(got) == 10_000
-    writes = listener.counts["findAndModify"] + listener.counts["update"] + listener.counts["delete"]
-    assert writes <= 10 * 3 + 5, f"{dict(listener.counts)}: state is written per message, not per bucket"
+    counts = Counter(event.command_name for event in listener.events)
+    writes = counts["findAndModify"] + counts["update"] + counts["delete"]
+    assert writes <= 10 * 3 + 5, f"{dict(counts)}: state is written per message, not per bucket"
 
 
 def _run_consumer(mongo_uri, db_name, *args):

@@ -16,7 +16,7 @@ from pymongo import AsyncMongoClient, monitoring
 from bucketq.core.claims import claim
 from bucketq.core.sharding import partition_of
 from bucketq.wakeup import Wakeup
-from tests.helpers import eventually, utc_now
+from tests.helpers import StartedCommands, eventually, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -31,28 +31,13 @@ def soon(backend: str) -> float:
     return 0.5 if backend == "memory" else 2.0
 
 
-class NonStreamCommands(monitoring.CommandListener):
-    """The commands started as (name, collection, filter), change streams' (getMore, the aggregate that opens
-    one) left out."""
-
-    def __init__(self) -> None:
-        self.commands: list[tuple[str, Any, Any]] = []
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        pipeline = event.command.get("pipeline") or [{}]
-        if event.command_name != "getMore" and "$changeStream" not in pipeline[0]:
-            command = event.command
-            self.commands.append((event.command_name, command.get(event.command_name),
-                                  command.get("query", command.get("filter"))))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        pass
-
-
 Sent = Callable[[], list[tuple[str, Any, Any]]]  # the commands sent so far: (name, collection, filter)
+
+
+def _is_change_stream(event: monitoring.CommandStartedEvent) -> bool:
+    """A change stream's command: a getMore, or the aggregate that opens one."""
+    pipeline = event.command.get("pipeline") or [{}]
+    return event.command_name == "getMore" or "$changeStream" in pipeline[0]
 
 
 @pytest.fixture
@@ -65,9 +50,11 @@ async def counted(backend: str, request: pytest.FixtureRequest) -> AsyncIterator
         yield database, lambda: [(op.command, op.collection, op.filter) for op in database.operations
                                  if op.method != "watch"]
         return
-    listener = NonStreamCommands()
+    listener = StartedCommands()
     client: AsyncMongoClient = AsyncMongoClient(request.getfixturevalue("mongo_uri"), event_listeners=[listener])
-    yield client, lambda: list(listener.commands)
+    yield client, lambda: [(event.command_name, event.command.get(event.command_name),
+                            event.command.get("query", event.command.get("filter")))
+                           for event in listener.events if not _is_change_stream(event)]
     await client.close()
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import bson
 import pytest
-from pymongo import AsyncMongoClient, monitoring
+from pymongo import AsyncMongoClient
 
 import bucketq
-from tests.helpers import drained, eventually, lossy_queue
+from tests.helpers import StartedCommands, drained, eventually, lossy_queue
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -151,21 +151,6 @@ async def test_full_bucket_is_written_at_once(make_queue, sync_db):
     assert sync_db.events.count_documents({}) == 1
 
 
-class _Inserts(monitoring.CommandListener):
-    """The documents each ``insert`` command sent carried (a command's ``documents`` are its OP_MSG payload)."""
-
-    def __init__(self) -> None:
-        self.sizes: list[int] = []
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command_name == "insert":
-            self.sizes.append(len(event.command["documents"]))
-
-    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None: ...
-
-    def failed(self, event: monitoring.CommandFailedEvent) -> None: ...
-
-
 @pytest.mark.backends("server")
 @pytest.mark.parametrize(("writers", "inserts_of"), [(1, [4]), (2, [2, 2]), (4, [1, 1, 1, 1])])
 @pytest.mark.parametrize("push", ["push_many", "push_nowait"])
@@ -174,20 +159,21 @@ async def test_the_buckets_one_burst_of_pushes_fills_are_shared_out_among_the_wr
     """Each command costs the client a few hundred microseconds in the async driver (issue 25): the buckets a
     burst fills (a ``push_many``, or ``push_nowait``s with no await between them) go out together, shared evenly
     among the free writers (``max_in_flight_writes``), not an insert as each one fills."""
-    inserts = _Inserts()
-    client = AsyncMongoClient(mongo_uri, event_listeners=[inserts], tz_aware=True)
+    commands = StartedCommands()
+    client = AsyncMongoClient(mongo_uri, event_listeners=[commands], tz_aware=True)
     q = bucketq.Queue(client, name="events", db=db_name, bucket_max_size=100, bucket_max_wait=30,
                       max_in_flight_writes=writers)
     try:
         await q.push("warm")  # sets the queue up, and fills no bucket of the burst
         await q.flush()
-        inserts.sizes.clear()
+        commands.events.clear()
         if push == "push_many":
             ids = await q.push_many(range(400))
         else:
             ids = await asyncio.gather(*[q.push_nowait(i) for i in range(400)])
         assert len(set(ids)) == 400
-        assert inserts.sizes == inserts_of, f"buckets an insert: {inserts.sizes}"
+        sizes = [len(insert["documents"]) for insert in commands.named("insert")]  # an insert's OP_MSG payload
+        assert sizes == inserts_of, f"buckets an insert: {sizes}"
         assert sync_db.events.count_documents({}) == 5
     finally:
         await q.close()
