@@ -368,7 +368,8 @@ class Producer:
         if due is not None or group is not None or priority or not self._acc.append(slot, size, waiter):
             sealed = self._acc.add(slot, size, waiter, due=due, now_wall=self._clock.now(), now_mono=time.monotonic(),
                                    group=group, priority=priority)
-        if sealed:  # written by the commit after this burst, with the buckets the rest of it fills: one insert
+        if sealed:  # written by the commit after this burst with the buckets the rest of it fills, shared out among
+            # the free writers (_kick_writers): not an insert as each one fills
             self._sealed.extend(sealed)
         if not self._commit_soon:
             self._add_done()
