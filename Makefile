@@ -15,7 +15,7 @@ help:
 	@echo "make test          install everything, lint, then run the test suite"
 	@echo "make browser       install Debian's chromium and chromium-driver (the dashboard's browser test), as root"
 	@echo "make lint          ruff (bucketq spark tests bench devtools examples), mypy (bucketq), the generated sync store"
-	@echo "make test-pythons  the tests that need no server on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
+	@echo "make test-pythons  all but the Spark and browser tests on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
 	@echo "make unit          the tests that need no server (-m unit), in parallel: no JVM, no jars"
 	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"
 	@echo "make devserver-stop"
@@ -49,11 +49,11 @@ lint: venv
 	$(PY) -m mypy
 	$(PY) -m devtools.unasync --check
 
-# The whole suite on the venv's Python (3.11); before it, the tests that need no server on 3.12 and 3.13.
+# The whole suite on the venv's Python (3.11); before it, all but the Spark and browser tests on 3.12 and 3.13.
 test: venv jars browser lint test-pythons
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-pythons: venv
+test-pythons: venv jars
 	$(PY) -m devtools.pythons
 
 # Every test that needs no server, no JVM and is not slow: tests/conftest.py marks them "unit", the selection

@@ -1,10 +1,13 @@
-"""Run the tests that need no server on the other supported Pythons (3.12, 3.13): ``make test-pythons``.
+"""Run the tests on the other supported Pythons (3.12, 3.13): ``make test-pythons``.
 
 The full suite runs on the main venv's Python (3.11). Each other version gets a venv of its own under
-``.cache/venvs/<version>`` with the package and its test extra (no Spark, no JVM), rebuilt when pyproject.toml
-or constraints.txt change, and runs ``pytest -m unit`` (as ``make unit`` does): the in-memory queue tests, the
-property tests, the CLI and the codecs. An interpreter is looked up as ``pythonX.Y`` on the PATH, then in
-pyenv's versions; a missing one fails the target, since the package claims to support it.
+``.cache/venvs/<version>`` with the package and its test extra (no Spark), rebuilt when pyproject.toml or
+constraints.txt change, and runs every test but the Spark and browser ones, in two passes: ``pytest -m unit`` on
+two workers (as ``make unit`` does: the in-memory queue tests, the property tests, the CLI and the codecs), then
+the tests over a real connection, one at a time as on 3.11 (the test server, or ``BUCKETQ_MONGODB_URI``): the
+async driver, change streams, cancellation and subprocesses run on each interpreter's own asyncio. An interpreter
+is looked up as ``pythonX.Y`` on the PATH, then in pyenv's versions; a missing one fails the target, since the
+package claims to support it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("3.12", "3.13")
-MARKS = "unit"  # tests/conftest.py marks the tests that need no server, no JVM and are not slow
+# (marks, whether on the xdist workers): tests/conftest.py marks "unit" the tests that need no server, no JVM and
+# are not slow; the venvs here have no pyspark, and the browser test runs once, on 3.11
+PASSES = (("unit", True), ("not unit and not spark and not browser", False))
 
 
 def find_interpreter(version: str) -> str | None:
@@ -71,16 +76,19 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(version)
             continue
         python = ensure_venv(version, interpreter)
-        started = time.monotonic()
-        print(f"python {version}: pytest -m {MARKS!r} ({interpreter})", file=sys.stderr, flush=True)
         # The venv's own bytecode cache: another interpreter's .pyc files would be rewritten on every switch.
         env = {**os.environ, "PYTHONPYCACHEPREFIX": str(ROOT / ".cache" / "pycache" / version)}
-        run = subprocess.run([str(python), "-m", "pytest", "-m", MARKS, "-q", "-n", str(args.workers),
-                              "-p", "no:cacheprovider"], cwd=ROOT, env=env)
-        print(f"python {version}: pytest exited {run.returncode} after {time.monotonic() - started:.0f} s",
-              file=sys.stderr, flush=True)
-        if run.returncode != 0:
-            failed.append(version)
+        for marks, on_workers in PASSES:
+            started = time.monotonic()
+            print(f"python {version}: pytest -m {marks!r} ({interpreter})", file=sys.stderr, flush=True)
+            workers = ["-n", str(args.workers)] if on_workers else []
+            run = subprocess.run([str(python), "-m", "pytest", "-p", "no:anyio", "-m", marks, "-q", *workers,
+                                  "-p", "no:cacheprovider"], cwd=ROOT, env=env)
+            print(f"python {version}: pytest -m {marks!r} exited {run.returncode} after "
+                  f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            if run.returncode != 0:
+                failed.append(version)
+                break
     if failed:
         print(f"failed on python {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -10,8 +10,9 @@ on both: on the in-memory database of ``bucketq.memory`` (no JVM) and on the ser
 ``mongo_uri`` (directly or through ``adb``, ``async_client``, ``features``), or is marked ``needs``, runs on
 the server only; one that asks for ``memory_db`` (to inject faults, read the operation log) on memory only.
 Every test that needs the server is marked ``server``, every one on the in-memory database ``memory``, and
-every one that needs no server (nor a JVM) and is not ``slow`` is marked ``unit``: ``make unit`` and
-``make test-pythons`` run ``-m unit``, which starts no JVM. A test that starts a server of its own (in a
+every one that needs no server (nor a JVM) and is not ``slow`` is marked ``unit``: ``make unit`` runs ``-m unit``,
+which starts no JVM (``make test-pythons`` runs it first on the other Pythons, then the rest but Spark's and the
+browser's). A test that starts a server of its own (in a
 subprocess) carries ``pytest.mark.server`` itself.
 """
 
