@@ -50,8 +50,11 @@ lint: venv
 	$(PY) -m devtools.unasync --check
 
 # The whole suite on the venv's Python (3.11); before it, all but the Spark and browser tests on 3.12 and 3.13.
+# Bytecode (the suite's own modules, and what its subprocesses import) is cached under .cache/pycache even where
+# PYTHONDONTWRITEBYTECODE is set: each of the tests' CLI, worker and stress processes otherwise compiles bucketq.
+BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
 test: venv jars browser lint test-pythons
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(BYTECODE_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-pythons: venv jars
 	$(PY) -m devtools.pythons
@@ -65,8 +68,7 @@ test-pythons: venv jars
 # pytest's rewritten test modules) is cached under .cache/pycache even where PYTHONDONTWRITEBYTECODE is set: each
 # worker otherwise recompiles every module, which took a third of the tier's time. The first run fills the cache
 # once, in one process, before the workers start.
-UNIT_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache BUCKETQ_HYPOTHESIS_PROFILE=unit \
-	HYPOTHESIS_NO_PLUGINS=1
+UNIT_ENV := $(BYTECODE_ENV) BUCKETQ_HYPOTHESIS_PROFILE=unit HYPOTHESIS_NO_PLUGINS=1
 UNIT_MARKS := unit
 unit: venv
 	@test -d .cache/pycache || $(UNIT_ENV) $(PY) -m pytest -m "$(UNIT_MARKS)" -q --collect-only > /dev/null
