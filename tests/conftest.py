@@ -12,8 +12,7 @@ the server only; one that asks for ``memory_db`` (to inject faults, read the ope
 Every test that needs the server is marked ``server``, every one on the in-memory database ``memory``, and
 every one that needs no server (nor a JVM) and is not ``slow`` is marked ``unit``: ``make unit`` runs ``-m unit``,
 which starts no JVM (``make test-pythons`` runs it first on the other Pythons, then the rest but Spark's and the
-browser's). A test that starts a server of its own (in a
-subprocess) carries ``pytest.mark.server`` itself.
+browser's). A test that starts a server of its own (in a subprocess) carries ``pytest.mark.server`` itself.
 """
 
 from __future__ import annotations
