@@ -329,6 +329,36 @@ def test_reader_flags_exactly_the_payloads_that_do_not_parse(spark, mongo_uri, d
     assert rows[0].payload.asDict() == {"account": "a", "amount": 1.5, "seq": 1, "ts": 2.0}
 
 
+@pytest.mark.parametrize("codec", ["json", "bson"])
+async def test_reader_columns_are_what_the_asyncio_consumer_hands_out(spark, make_queue, mongo_uri, db_name,
+                                                                       codec) -> None:
+    """Each message's id, tries, enqueued time, key and headers as Spark reads them from the buckets the asyncio
+    consumer holds, and as its messages give them: first deliveries, and retries (their bucket has each message's
+    origin id, tries and enqueued time: o, t and e)."""
+    from pyspark.sql import functions as F
+
+    from bucketq import Outgoing
+    from bucketq_spark.reader import read_messages
+
+    events = _events(0, 20)
+    q = make_queue(bucket_max_size=8, bucket_max_wait=0.02, codec=codec)
+    await q.push_many([Outgoing(e, key=f"k{e['seq']}", headers={"n": e["seq"], "who": "test"}) if e["seq"] % 3 else e
+                       for e in events])
+    for message in await q.reserve_many(5, timeout=5):
+        await message.nack(0, wait=True)  # into a retry bucket
+    handed_out = {}
+    while len(handed_out) < len(events):
+        for m in await q.reserve_many(len(events), timeout=5):
+            handed_out[m.id] = (m.tries, round(m.enqueued_at.timestamp() * 1000), m.key, m.headers, m.payload["seq"])
+    assert sorted(tries for tries, *_ in handed_out.values()) == [0] * 15 + [1] * 5
+
+    rows = read_messages(spark, mongo_uri, db_name, "events", SCHEMA, codec=codec).select(
+        "message_id", "tries", F.unix_millis("enqueued_at").alias("ms"), "key", "headers", "payload.seq",
+    ).collect()
+    assert {r.message_id: (r.tries, r.ms, r.key, json.loads(r.headers) if r.headers else {}, r.seq)
+            for r in rows} == handed_out
+
+
 def test_reader_decodes_each_payload_once_even_under_a_filter_on_malformed(spark, mongo_uri, db_name) -> None:
     from pyspark.sql import functions as F
 
