@@ -348,7 +348,9 @@ async def test_reader_columns_are_what_the_asyncio_consumer_hands_out(spark, mak
         await message.nack(0, wait=True)  # into a retry bucket
     handed_out = {}
     while len(handed_out) < len(events):
-        for m in await q.reserve_many(len(events), timeout=5):
+        batch = await q.reserve_many(len(events), timeout=5)
+        assert batch, f"{len(handed_out)} of {len(events)} messages handed out, then none within 5 s"
+        for m in batch:
             handed_out[m.id] = (m.tries, round(m.enqueued_at.timestamp() * 1000), m.key, m.headers, m.payload["seq"])
     assert sorted(tries for tries, *_ in handed_out.values()) == [0] * 15 + [1] * 5
 
