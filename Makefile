@@ -7,13 +7,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars browser lint test test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars browser lint docs test test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
 	@echo "make demo-cluster  the same, with the Spark job under spark-submit on a standalone Spark cluster"
 	@echo "make test          install everything, lint, then run the test suite"
 	@echo "make browser       install Debian's chromium and chromium-driver (the dashboard's browser test), as root"
+	@echo "make docs          the documentation site (mkdocs.yml), strict: a broken link, anchor or API name fails it"
 	@echo "make lint          ruff (bucketq spark tests bench devtools examples), mypy (bucketq), the generated sync store"
 	@echo "make test-pythons  all but the Spark and browser tests on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
 	@echo "make unit          the tests that need no server (-m unit), in parallel: no JVM, no jars"
@@ -25,7 +26,7 @@ help:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,spark,bench]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,spark,bench,docs]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -49,11 +50,17 @@ lint: venv
 	$(PY) -m mypy
 	$(PY) -m devtools.unasync --check
 
+# The documentation site, built strict into .cache/site (git-ignored): mkdocs.yml turns a link to a missing page, a
+# missing anchor and a page left out of the nav into warnings, and strict mode fails on any warning; an API
+# reference name that does not resolve fails it too. NO_MKDOCS_2_WARNING silences mkdocs-material's notice.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # The whole suite on the venv's Python (3.11); before it, all but the Spark and browser tests on 3.12 and 3.13.
 # Bytecode (the suite's own modules, and what its subprocesses import) is cached under .cache/pycache even where
 # PYTHONDONTWRITEBYTECODE is set: each of the tests' CLI, worker and stress processes otherwise compiles bucketq.
 BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
-test: venv jars browser lint test-pythons
+test: venv jars browser lint docs test-pythons
 	$(BYTECODE_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-pythons: venv jars
