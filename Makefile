@@ -15,7 +15,7 @@ help:
 	@echo "make test          install everything, lint, then run the test suite"
 	@echo "make browser       install Debian's chromium and chromium-driver (the dashboard's browser test), as root"
 	@echo "make docs          the documentation site (mkdocs.yml), strict: a broken link, anchor or API name fails it"
-	@echo "make lint          ruff (bucketq spark tests bench devtools examples), mypy (bucketq), the generated sync store"
+	@echo "make lint          ruff, mypy (bucketq), the generated sync store, no tracker numbers in what users read"
 	@echo "make test-pythons  all but the Spark and browser tests on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
 	@echo "make unit          the tests that need no server (-m unit), in parallel: no JVM, no jars"
 	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"
@@ -49,6 +49,7 @@ lint: venv
 	$(PY) -m ruff check bucketq spark tests bench devtools examples
 	$(PY) -m mypy
 	$(PY) -m devtools.unasync --check
+	$(PY) -m devtools.tracker_refs
 
 # The documentation site, built strict into .cache/site (git-ignored): mkdocs.yml turns a link to a missing page, a
 # missing anchor and a page left out of the nav into warnings, and strict mode fails on any warning; an API

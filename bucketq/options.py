@@ -60,7 +60,7 @@ class QueueOptions:
         change_streams: use change streams for wake-ups; None detects support at run time.
         priority_fairness: claims take the due bucket of the highest ``push(priority=...)`` level first, except
             every ``priority_fairness``-th bucket a consumer takes, which is the oldest due one whatever its level,
-            so that lower levels are never starved (README, Priorities). 0: strict priorities (lower levels wait
+            so that lower levels are never starved (docs/guide/priorities.md). 0: strict priorities (lower levels wait
             while higher ones are due); 1: due order only.
         drain_timeout: seconds ``drain()`` waits for in-flight handlers.
         tombstone_retention: seconds a finished bucket's tombstone is kept, so that an insert of it retried

@@ -100,12 +100,12 @@ class Queue:
                    unique_for: float | dt.timedelta | None = None) -> str:
         """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
         ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key; ``group`` makes it
-        part of an ordered group (delivered in push order, one at a time: README, Ordered groups); ``priority``
-        (0, the default, to 9) puts it before the due messages of lower levels (README, Priorities). With
+        part of an ordered group (delivered in push order, one at a time: docs/guide/ordered-groups.md); ``priority``
+        (0, the default, to 9) puts it before the due messages of lower levels (docs/guide/priorities.md). With
         ``unique_for`` (seconds), a push of ``key`` while a job of that key is pending or in flight, for at most
-        ``unique_for`` seconds, is merged into it: it returns that job's id (README, Unique jobs). With ``session``
-        (a session of this queue's client, in a transaction) the message is written at once in that transaction,
-        unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
+        ``unique_for`` seconds, is merged into it: it returns that job's id (docs/guide/unique-jobs.md). With
+        ``session`` (a session of this queue's client, in a transaction) the message is written at once in that
+        transaction, unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
         if session is not None:
             if group is not None:
                 raise InvalidOption("group cannot be combined with session (a transaction's bucket is not ordered)")

@@ -3,7 +3,7 @@ counts and charts, dead letters and quarantine, reader groups, and, when allowed
 
 ``app`` (the Starlette app and its pages), ``dashboard`` (reads, sampling, actions: through ``Queue`` and
 ``Stream``), ``security`` (token, sessions, CSRF, the loopback rule), ``history`` (the charts' last hour, in
-memory), ``charts`` (inline SVG). README, Dashboard.
+memory), ``charts`` (inline SVG). docs/operations/dashboard.md.
 """
 
 from typing import Any

@@ -39,7 +39,7 @@ def create_app(target: Any, *, db: str | None = None, token: str | None = None, 
     ``target`` and ``db`` are what ``Queue`` takes (a URI, a client, a database). Read-only unless
     ``allow_actions`` is set, which needs ``token`` too. With a token every page asks for it. The charts are
     sampled every ``interval_s`` seconds while the app's lifespan runs (mounted, run it from your app's
-    lifespan: README, Dashboard) and kept in memory for an hour."""
+    lifespan: docs/operations/dashboard.md) and kept in memory for an hour."""
     guard = Guard(token, allow_actions)  # first: a refused option opens no client
     dashboard = Dashboard(target, db=db, interval_s=interval_s)
 
