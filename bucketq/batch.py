@@ -66,6 +66,7 @@ class Batch:
 
     @property
     def ids(self) -> list[Any]:
+        """The claimed buckets' ``_id``s."""
         return [doc["_id"] for doc in self.buckets]
 
     @property
@@ -75,6 +76,7 @@ class Batch:
 
     @property
     def messages(self) -> int:
+        """How many messages the claimed buckets hold that are not done yet."""
         return sum(len(doc["p"]) - len(doc.get("done") or []) for doc in self.buckets)
 
     def __len__(self) -> int:
@@ -145,6 +147,7 @@ class BatchQueue:
             yield
 
     def now(self) -> dt.datetime:
+        """The server's time, as this queue's clock reads it (the clock leases are measured on)."""
         return self._synced().now()
 
     def _synced(self) -> ServerClock:
@@ -325,6 +328,7 @@ class BatchQueue:
                                           {i: proof(ref, token) for i, ref in refs.items()})
 
     def close(self) -> None:
+        """Close the client this queue opened from a URI (a client or database passed in is left open)."""
         if self._owned is not None:
             self._owned.close()
 

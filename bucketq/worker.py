@@ -91,6 +91,13 @@ TimingHook = Callable[[BatchTiming], Any]
 
 
 class Worker:
+    """Runs ``handler`` on a queue's messages, ``concurrency`` calls at once, until stopped (SIGTERM, SIGINT or
+    ``stop()``). A per-message handler takes a ``Message``; with ``batch_size`` it takes a list of them. A return
+    acks (a batch handler may return the messages that failed), ``Retry`` picks the retry delay, ``Reject``
+    dead-letters at once, any other exception nacks. ``handler_timeout`` cuts off a hung call, ``cancel_grace``
+    one that ignores a cancel request; ``on_error`` and ``after_batch`` are hooks. Stopping gives running
+    handlers ``drain_timeout``, cancels the rest and waits for them before the queue drains."""
+
     def __init__(self, queue: Queue, handler: Callable[..., Awaitable[Any]], *, concurrency: int = DEFAULT_CONCURRENCY,
                  batch_size: int | None = None, on_error: ErrorHook | None = None,
                  after_batch: TimingHook | None = None, handle_signals: bool = True,
