@@ -50,6 +50,7 @@ lint: venv
 	$(PY) -m mypy
 	$(PY) -m devtools.unasync --check
 	$(PY) -m devtools.tracker_refs
+	$(PY) -m bench.pages --check
 
 # The documentation site, built strict into .cache/site (git-ignored): mkdocs.yml turns a link to a missing page, a
 # missing anchor and a page left out of the nav into warnings, and strict mode fails on any warning; an API
@@ -94,11 +95,15 @@ devserver: venv
 devserver-stop: venv
 	@$(PY) -m devtools.testserver stop
 
+# Each run rewrites bench/results/latest.json, then the docs' figures from it (docs/benchmarks.md's results,
+# docs/SCALING.md's capacity model, the chart): make lint fails while they differ from what the file gives.
 bench: venv jars
 	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench.pages
 
 bench-quick: venv jars
 	$(PY) -m bench --quick $(BENCH_ARGS)
+	$(PY) -m bench.pages
 
 stress: venv jars
 	$(PY) -m tests.stress $(STRESS_ARGS)
