@@ -120,6 +120,11 @@ def test_blocks_are_found(document: Path, count: int) -> None:
     assert count == len(OPENING.findall(document.read_text()))
 
 
+def test_the_readme_stays_short() -> None:
+    """A user's first page: what bucketq is, one example, links; the rest is on the docs site."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
 def test_indented_fences_are_read_without_their_indentation(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("- an item:\n\n    ```python\n    x = 1\n    if x:\n        print(x)\n    ```\n")
