@@ -43,7 +43,7 @@ from bucketq.core.priorities import DEFAULT_FAIRNESS, Turns
 from bucketq.core.sharding import MAX_PARTITIONS, Rotation, check_partitions, key
 from bucketq.errors import InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
-from bucketq.options import check_database, check_delay, check_names, check_write_concern
+from bucketq.options import check_database, check_delay, check_names, check_write_concern, tombstone_default
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
 
@@ -91,11 +91,13 @@ class BatchQueue:
                  name: str, db: str | None = None, lease: float = 300.0, max_attempts: int = 5,
                  backoff: Backoff | None = None, codecs: Iterable[str] = ("json",),
                  write_concern: int | str | None = None, op_timeout_s: float = 30.0,
-                 tombstone_retention: float = 600.0, partitions: int | None = None,
+                 tombstone_retention: float | None = None, partitions: int | None = None,
                  priority_fairness: int = DEFAULT_FAIRNESS) -> None:
         check_names(name, db)
         self._turns = Turns(priority_fairness)  # claims by priority, every ``priority_fairness``-th by age
         check_write_concern(write_concern)
+        if tombstone_retention is None:  # follows op_timeout_s, as the queue's follows its write_timeout
+            tombstone_retention = tombstone_default(check_delay(op_timeout_s))
         if check_delay(tombstone_retention) <= op_timeout_s:
             raise InvalidOption("tombstone_retention must exceed op_timeout_s (see QueueOptions.tombstone_retention)")
         if not 1 <= lease <= 86400:
