@@ -24,6 +24,7 @@ from bucketq import metrics
 from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
 from bucketq.connection import reaching
+from bucketq.core import unique_keys
 from bucketq.core.accumulator import Accumulator, SealedBucket
 from bucketq.core.format import DOCUMENT_CODEC
 from bucketq.errors import InvalidOption, QueueClosed
@@ -32,6 +33,7 @@ from bucketq.producer import PushEncoder
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
 from bucketq.sync_database import SyncTarget, sync_database
+from bucketq.unique import merge_held
 
 
 class SyncProducer(PushEncoder):
@@ -42,8 +44,7 @@ class SyncProducer(PushEncoder):
     ``target`` is a MongoDB URI, a ``MongoClient`` or a ``Database`` (for tests also a ``bucketq.memory``
     database); ``codec`` and the options are the async ``Queue``'s (``QueueOptions``, validated here; the
     producer's are the ones used). Close it (``close``, or a ``with`` block) to write what is buffered and stop
-    its threads. Unique jobs (``unique_for``) and pushes in a transaction (``session``) are the async
-    ``Queue``'s."""
+    its threads. Pushes in a transaction (``session``) are the async ``Queue``'s."""
 
     def __init__(self, target: SyncTarget, *, name: str, db: str | None = None, codec: str | Codec = "json",
                  **options: Any) -> None:
@@ -79,10 +80,10 @@ class SyncProducer(PushEncoder):
 
     def push(self, payload: Any, *, delay: float | dt.timedelta | None = None, at: dt.datetime | None = None,
              headers: Mapping[str, Any] | None = None, key: str | None = None, group: str | None = None,
-             priority: int = 0) -> str:
+             priority: int = 0, unique_for: float | dt.timedelta | None = None) -> str:
         """Push a message; return its id once the bucket holding it is acknowledged. The arguments are the async
         ``Queue.push``'s."""
-        slot, size, due = self._prepare(payload, delay, at, headers, key, group, priority)
+        slot, size, due = self._prepare(payload, delay, at, headers, key, group, priority, unique_for)
         self._ready()
         waiter: concurrent.futures.Future[str] = concurrent.futures.Future()
         with self._changed:
@@ -195,7 +196,13 @@ class SyncProducer(PushEncoder):
                 if bucket.immediate:
                     bucket.document["due"] = due
             docs = [bucket.document for bucket in batch]
-            failed = retrying(lambda _: self._store.write_buckets(docs), timeout_s=self.options.write_timeout)
+            holds = list(unique_keys.holds(docs))
+            if holds:  # unique jobs: their keys first (``bucketq.unique``)
+                now = self._clock.now()
+                merged = retrying(lambda _: self._store.hold_keys(holds, now), timeout_s=self.options.write_timeout)
+                docs = merge_held(batch, merged)
+            if docs:
+                failed = retrying(lambda _: self._store.write_buckets(docs), timeout_s=self.options.write_timeout)
         except Exception as exc:
             failed = {bucket.id: exc for bucket in batch}
         for bucket in batch:

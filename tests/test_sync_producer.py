@@ -179,3 +179,15 @@ def test_bad_target_fails_at_construction():
         bucketq.SyncProducer("http://nowhere", name="events")
     with pytest.raises(bucketq.InvalidOption, match="SyncProducer needs a URI"):
         bucketq.SyncProducer(42, name="events")  # type: ignore[arg-type]
+
+
+def test_a_unique_job_pushed_again_is_merged_into_the_pending_one(make_producer, sync_db):
+    producer = make_producer()
+    first = producer.push({"report": 1}, key="report-1", unique_for=60)
+    again = producer.push({"report": 1, "again": True}, key="report-1", unique_for=60)
+    other = producer.push({"report": 2}, key="report-2", unique_for=60)
+    assert again == first and other != first
+    assert _stored(sync_db) == [{"report": 1}, {"report": 2}], "the bucket of the merged push is not written"
+    assert {doc["_id"] for doc in sync_db["events.unique"].find()} == {"report-1", "report-2"}
+    with pytest.raises(bucketq.InvalidOption, match="unique_for needs a key"):
+        producer.push(1, unique_for=60)

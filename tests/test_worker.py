@@ -450,3 +450,31 @@ def test_bad_threads_are_invalid_option(make_queue, kwargs, fragment):
         bucketq.Worker(make_queue(), async_handler, threads=2)
     with pytest.raises(bucketq.InvalidOption, match="handler must be a function"):
         bucketq.Worker(make_queue(), "tasks:handle")
+
+
+@pytest.mark.backends("memory", "server")
+@pytest.mark.real_time
+async def test_a_sync_handler_running_past_the_lease_keeps_its_message_held(make_queue):
+    """While its thread runs, the message's lease is extended as for an async handler (every state flush): no
+    other consumer gets it, even past the lease."""
+    options = {**QUICK, "lease": 1.0}  # state_flush_period follows: a third of a second
+    q, other = make_queue(**options), make_queue(**options)
+    await q.push("long")
+    started, release = threading.Event(), threading.Event()
+
+    def handler(message: bucketq.Message) -> None:
+        started.set()
+        release.wait(30)
+
+    worker = bucketq.Worker(q, handler, handle_signals=False)
+    task = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 15)
+        assert await other.reserve(timeout=2.5) is None, "delivered elsewhere while its handler ran"
+        release.set()
+        await eventually(lambda: worker.handled == 1)
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert await other.reserve(timeout=1.5) is None and (await q.stats())["ready"] == 0
