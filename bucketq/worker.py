@@ -137,7 +137,7 @@ class Worker:
         self.handle_signals = handle_signals
         self.handler_timeout = handler_timeout
         self.cancel_grace = cancel_grace
-        self.threads = None if is_async else HandlerThreads(threads or concurrency)
+        self.handler_threads = None if is_async else HandlerThreads(threads or concurrency)
         self._stopping = asyncio.Event()
         self.handled = 0
         self.failed = 0
@@ -163,8 +163,8 @@ class Worker:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             self._log_suppressed(force=True)
-            if self.threads is not None:
-                self.threads.close()
+            if self.handler_threads is not None:
+                self.handler_threads.close()
             await self.queue.drain()
 
     async def _serve(self) -> None:
@@ -196,7 +196,7 @@ class Worker:
                 raise task.exception()  # type: ignore[misc]
 
     async def _loop(self) -> None:
-        threads = self.threads
+        threads = self.handler_threads
         while not self._stopping.is_set():
             self._log_suppressed()
             # a sync handler's thread first, so that no message is reserved to wait for one
@@ -220,8 +220,8 @@ class Worker:
         """The handler's result. A call past ``handler_timeout`` is cancelled but not waited for (a hung one
         may never end); one cancelled on stop (``_serve``) was waited for. Both raise ``HandlerTimeout``."""
         argument = batch if self.batch_size else batch[0]
-        call = asyncio.ensure_future(self.handler(argument)) if self.threads is None else \
-            self.threads.run(self.handler, argument)
+        call = asyncio.ensure_future(self.handler(argument)) if self.handler_threads is None else \
+            self.handler_threads.run(self.handler, argument)
         self._calls.add(call)
         if self._cut_off:  # a batch reserved after the cut-off
             call.cancel()

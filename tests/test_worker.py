@@ -353,12 +353,12 @@ async def test_a_sync_handler_past_its_timeout_fails_its_message_and_keeps_its_t
             release.wait(30)  # cannot be cancelled: it runs on past handler_timeout
 
     worker = bucketq.Worker(q, handler, handle_signals=False, handler_timeout=0.2)
-    assert worker.threads is not None and worker.threads.size == 1  # as many as concurrency
+    assert worker.handler_threads is not None and worker.handler_threads.size == 1  # as many as concurrency
     task = asyncio.ensure_future(worker.run())
     try:
         await eventually(lambda: worker.failed == 1)  # timed out and nacked, while its thread still runs
         await asyncio.sleep(0.5)  # the retry is due after 50 ms: it waits for the one thread
-        assert calls == [(0, "bucketq-handler-0")] and worker.threads.taken == 1
+        assert calls == [(0, "bucketq-handler-0")] and worker.handler_threads.taken == 1
         release.set()  # the thread returns: its slot goes to the retry
         await eventually(lambda: worker.handled == 1)
     finally:
@@ -428,7 +428,7 @@ async def test_stopping_waits_for_a_running_sync_handler_up_to_drain_timeout(mak
         if not run.done():
             release_stuck.set()
     assert waited >= 2.0, "the thread got drain_timeout to return"
-    assert worker.failed == 1 and worker.threads is not None and worker.threads.taken == 1  # it runs on
+    assert worker.failed == 1 and worker.handler_threads is not None and worker.handler_threads.taken == 1  # it runs on
     release_stuck.set()
     again = await make_queue(**options).reserve(timeout=10)  # nacked when the worker stopped: delivered again
     assert again is not None and (again.payload, again.tries) == ("stuck", 1)

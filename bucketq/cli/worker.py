@@ -93,7 +93,7 @@ async def _work(target: Target, function: Any, spec: str, name: str, queue_optio
         with stop_on_signals(work.stop):
             log.info("worker started: %s on queue %r (concurrency %d%s); stop with SIGTERM or Ctrl-C", spec, name,
                      work.concurrency, (f", batches of {work.batch_size}" if work.batch_size else "")
-                     + (f", a sync handler on {work.threads.size} threads" if work.threads else ""))
+                     + (f", a sync handler on {work.handler_threads.size} threads" if work.handler_threads else ""))
             await work.run()
         log.info("worker stopped after %.1fs: %s handled, %s failed", time.monotonic() - started, work.handled,
                  work.failed)
