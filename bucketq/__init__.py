@@ -34,6 +34,7 @@ from bucketq.queue import Queue
 from bucketq.schedule import Schedule
 from bucketq.stream import Stream
 from bucketq.stream_reader import StreamMessage, StreamReader
+from bucketq.sync_producer import SyncProducer
 from bucketq.worker import BatchTiming, Reject, Retry, Worker
 
 __all__ = [
@@ -42,5 +43,5 @@ __all__ = [
     "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
     "Position", "RateLimit", "Reject", "Retry", "Schedule", "ServerUnreachable", "Stream", "StreamMessage",
-    "StreamOptions", "StreamReader", "Worker", "WriteFailed", "list_queues",
+    "StreamOptions", "StreamReader", "SyncProducer", "Worker", "WriteFailed", "list_queues",
 ]
