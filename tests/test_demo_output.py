@@ -1,6 +1,6 @@
 """What ``make demo`` prints reads as plain text in a log file: ``StatusLine`` (the demo's and the example jobs'
 progress) rewrites one line in place on a terminal only, elsewhere each update it prints is a line of its own (at
-most one a second); and Maven, fetching the jars, writes no escape codes."""
+most one every 5 s); and Maven, fetching the jars, writes no escape codes."""
 
 from __future__ import annotations
 

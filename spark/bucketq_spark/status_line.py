@@ -16,7 +16,7 @@ class StatusLine:
     one every ``every`` seconds (the last update held back is printed by ``end()``). ``end()`` closes the line;
     the same object may show another run of updates after it."""
 
-    def __init__(self, stream: TextIO | None = None, *, every: float = 1.0) -> None:
+    def __init__(self, stream: TextIO | None = None, *, every: float = 5.0) -> None:
         self.stream = sys.stderr if stream is None else stream
         self.on_terminal = self.stream.isatty()
         self.every = every
