@@ -23,10 +23,13 @@ help:
 	@echo "make bench | bench-quick    throughput: bucketq vs keuss vs naive vs floor"
 	@echo "make stress | stress-quick  crash and fault harness"
 
+# The editable install of two package roots (bucketq, spark/bucketq_spark) makes setuptools print a boxed notice
+# about same-named folders, as a Python warning that pip -q still shows: that one warning is ignored.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,spark,bench,docs]"
+	$(EDITABLE_QUIET) $(PY) -m pip install -q -c constraints.txt -e ".[test,spark,bench,docs]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -6,6 +6,9 @@
     await msg.ack()
 """
 
+# The one place the version is written: pyproject.toml reads it ([tool.setuptools.dynamic]).
+__version__ = "0.1.0"
+
 from bucketq.codecs import BsonCodec, Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.connection import ServerUnreachable
 from bucketq.core.format import FORMAT_VERSION

@@ -366,7 +366,17 @@ WORK = ["worker", "tests.cli_hooks:fail_marked", "-q", "tasks"]
     (["remove", "events", "notanid"], "malformed message id(s) 'notanid'"),
 ], ids=["click", "lease", "max-attempts", "batch-size", "threads-async", "handler-spec", "message-id"])
 def test_bad_usage_exits_with_2_whichever_check_finds_it(bq: Run, args: list[str], fragment: str) -> None:
-    result = bq(*args)
+    exits_as_bad_usage(bq(*args), fragment)
+
+
+def test_no_uri_and_invalid_json_are_bad_usage(bq: Run, sync_db) -> None:
+    exits_as_bad_usage(bq("stats", uri=None), "no MongoDB URI: pass --uri or set BUCKETQ_MONGODB_URI")
+    exits_as_bad_usage(bq("push", "events", "{nope"), "argument 1, column 2: invalid JSON")
+    exits_as_bad_usage(bq("push", "events", input='{"ok": 1}\n{nope\n'), "line 2, column 2: invalid JSON")
+    assert sync_db["events"].count_documents({}) == 1  # the line before the bad one was pushed, as it says
+
+
+def exits_as_bad_usage(result: subprocess.CompletedProcess, fragment: str) -> None:
     assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tokenize
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -147,18 +148,25 @@ def test_the_block_runs_as_written(block: Block, request: pytest.FixtureRequest,
         run_in_spark(block, block.on(request.getfixturevalue("mongo_uri")), tmp_path)
     elif block.needs_server:
         uri = request.getfixturevalue("mongo_uri")
-        with MongoClient(uri) as client:
-            before = set(client.list_database_names())
-            try:
-                for _ in range(2):
-                    run_as_script(block, block.on(uri))
-            finally:
-                for name in set(client.list_database_names()) - before:
-                    client.drop_database(name)
+        with new_databases_dropped(uri):
+            for _ in range(2):
+                run_as_script(block, block.on(uri))
     else:
         for _ in range(2):
             run_as_script(block, block.source)
     print(capsys.readouterr().out)  # what the snippet printed, shown when the test fails
+
+
+@contextmanager
+def new_databases_dropped(uri: str) -> Iterator[None]:
+    """The databases a snippet made on the server of ``uri`` (the README's name theirs) are dropped afterwards."""
+    with MongoClient(uri) as client:
+        before = set(client.list_database_names())
+        try:
+            yield
+        finally:
+            for name in set(client.list_database_names()) - before:
+                client.drop_database(name)
 
 
 def run_as_script(block: Block, source: str) -> None:
