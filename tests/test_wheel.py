@@ -120,7 +120,7 @@ def test_the_readme_example_runs_on_the_installed_wheel(venv: Path, mongo_uri: s
     site = venv.parent.parent
     assert Path(found["bucketq"]).is_relative_to(site) and Path(found["bucketq_spark"]).is_relative_to(site), found
     assert not any(Path(entry).is_relative_to(ROOT) for entry in found["path"] if entry), found["path"]
-    assert "handling 1" in result.stdout  # the example did its work (a message handled)
+    assert "handling {'order': 1}" in result.stdout  # the example did its work (a message handled)
     assert found["version"] == found["metadata_version"] and found["license"] == "MIT"
     assert "bucketq/py.typed" in found["files"]
 
