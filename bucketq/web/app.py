@@ -31,7 +31,8 @@ from bucketq.web.security import SESSION_COOKIE, Guard
 
 MIN_SPAN_S = 60.0
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
-templates.env.filters.update(age=age, preview=preview, pretty=pretty_json)
+templates.env.filters.update(age=age, preview=preview, pretty=pretty_json,
+                             utc=lambda at: f"{at:%Y-%m-%d %H:%M:%S} UTC" if isinstance(at, dt.datetime) else "-")
 templates.env.globals.update(colors=SERIES_COLORS)
 
 

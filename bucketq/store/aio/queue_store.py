@@ -321,10 +321,13 @@ class AsyncQueueStore:
         return await self.groups.find_one({"_id": group})
 
     async def held(self, now: dt.datetime) -> tuple[list[dict], list[dict]]:
-        """What consumers hold at ``now`` (``core.holdings``): the buckets under a live lease (their lease,
-        group and slot counts only) and the groups' locks that have not expired. A scan: for operators."""
-        buckets = await self.buckets.find({"lease": {"$ne": None}, "due": {"$gt": now, "$lt": TOMBSTONE_DUE}},
-                                          {"lease": 1, "due": 1, "g": 1, "n": 1, "done": 1}, **SCAN).to_list(None)
+        """What consumers hold at ``now`` (``core.holdings``): the buckets under a live lease (their lease and
+        slot counts only), read through the ``pt, due`` index (a held bucket's ``due`` is its lease expiry: what
+        is due later is held or scheduled), and the groups' locks that have not expired (a scan of ``Q.groups``,
+        which holds one counter per partition and one lock per group being served)."""
+        query = every_partition({"due": {"$gt": now, "$lt": TOMBSTONE_DUE}, "lease": {"$ne": None}},
+                                await self.partition_count())
+        buckets = await self.buckets.find(query, {"lease": 1, "due": 1, "n": 1, "done": 1}).to_list(None)
         locks = await self.groups.find({"token": {"$exists": True}, "until": {"$gt": now}}, **SCAN).to_list(None)
         return buckets, locks
 
