@@ -487,6 +487,7 @@ def test_one_message_is_retried_or_deleted_through_its_confirmation(open_app, me
     question = html.unescape(client.get(f"/queues/orders/message-retry/{declined}").text)
     assert f"Retry message '{declined}' of queue 'orders', a dead letter?" in question
     assert client.post(f"/queues/orders/message-retry/{declined}", data={"csrf": csrf}).status_code == 400
+    assert client.post(f"/queues/orders/message-retry/{declined}", data={"confirm": "yes"}).status_code == 403
     assert call(client, dead_letter_ids, memory_db) == [declined, unknown, timeout]  # not confirmed: nothing done
     done = client.post(f"/queues/orders/message-retry/{declined}", data={"csrf": csrf, "confirm": "yes"})
     assert done.status_code == 200 and f"retried message '{declined}'" in html.unescape(done.text)

@@ -209,14 +209,15 @@ class Pages:
         if action is None:
             raise HTTPException(404, f"no action {verb!r} on a queue")
         source = request.query_params if request.method == "GET" else await self.checked_form(request)
-        error = source.get("error", "").strip() or None
+        # the error filter of the dead letters or quarantine an action takes; the queue's own actions take none
+        error = (source.get("error", "").strip() or None) if action.entries else None
         covers = which(action.entries, error) if action.entries else ""
         if request.method == "GET":
             self.offer_actions()
             matching = await count_matching(queue, action.entries, error_contains=error) if action.entries else 0
             question = action.question.format(name=name, matching=matching, which=covers, **await queue.stats())
             return self.render(request, "confirm.html", title=action.label, question=question,
-                               back=request.url_for("queue", name=name), fields={"error": error} if error else {})
+                               back=request.url_for("queue", name=name), fields={"error": error} if error else None)
         self.confirmed(dict(source))
         n = await action.run(queue, error)
         return self.render(request, "message.html", title=action.label, back=request.url_for("queue", name=name),
