@@ -122,19 +122,28 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         shutil.rmtree(tmp_path / "profile", ignore_errors=True)
 
 
+def wait_for(driver: Any, condition: Any, what: str) -> Any:
+    """``condition(driver)`` once true. The live pages replace their parts every second: an element replaced
+    between its finding and its use is found again."""
+    return WebDriverWait(driver, PATIENCE_S, poll_frequency=0.2,
+                         ignored_exceptions=[StaleElementReferenceException]).until(condition, what)
+
+
 def click(driver: Any, how: str, what: str) -> None:
-    element = WebDriverWait(driver, PATIENCE_S).until(lambda d: d.find_element(how, what))
-    element.click()
+    def clicked(d: Any) -> bool:
+        d.find_element(how, what).click()
+        return True
+    wait_for(driver, clicked, f"{what} to be clicked")
 
 
 def text_of(driver: Any, element_id: str) -> str:
-    return WebDriverWait(driver, PATIENCE_S).until(lambda d: d.find_element(By.ID, element_id)).text
+    return wait_for(driver, lambda d: d.find_element(By.ID, element_id).text, element_id)
 
 
-def wait_for(driver: Any, condition: Any, what: str) -> Any:
-    """``condition(driver)`` once true; an element the page's refresh replaced while it was read is read again."""
-    return WebDriverWait(driver, PATIENCE_S, poll_frequency=0.2,
-                         ignored_exceptions=[StaleElementReferenceException]).until(condition, what)
+def texts(driver: Any, css: str) -> list[str]:
+    """The text of every element ``css`` selects, read at once (in the page's script: no refresh in between)."""
+    return driver.execute_script("return [...document.querySelectorAll(arguments[0])].map(e => e.textContent.trim())",
+                                 css)
 
 
 def rgb(hex_colour: str) -> str:
@@ -145,8 +154,9 @@ def rgb(hex_colour: str) -> str:
 def legend_colours(driver: Any) -> dict[str, set[str]]:
     """Each chart legend's series name -> the colours the browser draws it in (after the stylesheet)."""
     found: dict[str, set[str]] = {}
-    for text in driver.find_elements(By.CSS_SELECTOR, "svg.chart text.legend"):
-        found.setdefault(text.text, set()).add(text.value_of_css_property("fill"))
+    for name, colour in driver.execute_script("return [...document.querySelectorAll('svg.chart text.legend')]"
+                                              ".map(e => [e.textContent, getComputedStyle(e).fill])"):
+        found.setdefault(name, set()).add(colour)
     return found
 
 
@@ -159,17 +169,15 @@ def save_page(driver: Any, path: Path) -> None:
 
 
 def counts(driver: Any) -> list[str]:
-    """The queue page's counts (pending, ready, ...) and the time of its last refresh, as the page shows them now,
-    without reloading it."""
-    return wait_for(driver, lambda d: [cell.text for cell in d.find_elements(By.CSS_SELECTOR, "#counts td, #updated")],
-                    "the counts")
+    """The queue page's counts (pending, ready, ...) as the page shows them now, without reloading it."""
+    return texts(driver, "#counts td")
 
 
 def drawn_samples(driver: Any) -> int:
     """How many samples the queue page's first chart draws (the points of its first line), after a reload."""
     driver.refresh()
-    lines = driver.find_elements(By.CSS_SELECTOR, "svg.chart polyline")
-    return len(lines[0].get_attribute("points").split()) if lines else 0
+    return driver.execute_script("const line = document.querySelector('svg.chart polyline');"
+                                 "return line ? line.getAttribute('points').split(' ').length : 0")
 
 
 async def work_while_sampled(driver: Any, db: Any, rounds: int) -> None:
@@ -195,8 +203,7 @@ async def test_a_browser_drives_every_page_and_action(mongo_uri: str, db_name: s
         browser.find_element(By.ID, "token").send_keys(TOKEN)
         click(browser, By.ID, "login")
         wait_for(browser, lambda d: d.find_elements(By.ID, "queues"), "the overview")
-        assert "orders" in browser.find_element(By.ID, "queues").text
-        assert "events" in browser.find_element(By.ID, "streams").text
+        assert "orders" in text_of(browser, "queues") and "events" in text_of(browser, "streams")
 
         click(browser, By.LINK_TEXT, "orders")
         wait_for(browser, lambda d: drawn_samples(d) >= 2, "two samples drawn")
@@ -205,8 +212,7 @@ async def test_a_browser_drives_every_page_and_action(mongo_uri: str, db_name: s
         assert (before["dead"], before["quarantined"]) == (3, 1)
         browser.refresh()
         assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart polyline")) == 5  # pending, ready, dead, in, out
-        assert "card declined" in browser.find_element(By.ID, "dead").text
-        assert "undecodable" in browser.find_element(By.ID, "quarantine").text
+        assert "card declined" in text_of(browser, "dead") and "undecodable" in text_of(browser, "quarantine")
         # one colour per series, drawn in its legend, the same on every page
         on_queue = legend_colours(browser)
         browser.get(dashboard + "/")
@@ -225,24 +231,23 @@ async def test_a_browser_drives_every_page_and_action(mongo_uri: str, db_name: s
         assert browser.find_element(By.ID, "dead-error").get_attribute("value") == "warehouse"
         click(browser, By.ID, "refresh-toggle")
         assert browser.find_element(By.ID, "refresh-toggle").text == "Resume auto-refresh"
-        await asyncio.sleep(1)  # a refresh already under way may still land
-        shown = counts(browser)
+        shown, stamp = counts(browser), text_of(browser, "updated")
         await queue.push_many([{"later": i} for i in range(5)])
         await asyncio.sleep(2.5)  # over two refresh intervals (the dashboard samples every second)
-        assert counts(browser) == shown
+        assert (counts(browser), text_of(browser, "updated")) == (shown, stamp)
         click(browser, By.ID, "refresh-toggle")
         wait_for(browser, lambda d: counts(d) != shown, "the counts to refresh once resumed")
 
         # who holds what: a bucket of orders, by the holder its lease records (groups: tests/test_web.py)
         held = await queue.reserve(timeout=5)
         assert held is not None
-        wait_for(browser, lambda d: owner_name() in d.find_element(By.ID, "held").text, "the holder shown")
+        wait_for(browser, lambda d: owner_name() in text_of(d, "held"), "the holder shown")
         save_page(browser, screenshots / "dashboard-queue.png")
         await held.nack(0)
 
         # requeue the dead letters the filter selects, not all of them
         click(browser, By.ID, "dead-filter-apply")
-        wait_for(browser, lambda d: "1 of 3" in d.find_element(By.ID, "dead-title").text, "the filter applied")
+        wait_for(browser, lambda d: "1 of 3" in text_of(d, "dead-title"), "the filter applied")
         click(browser, By.ID, "action-requeue-dead")
         assert "Put the 1 dead letter(s) whose error contains 'warehouse'" in text_of(browser, "question")
         save_page(browser, screenshots / "dashboard-confirm.png")
@@ -253,9 +258,10 @@ async def test_a_browser_drives_every_page_and_action(mongo_uri: str, db_name: s
 
         # one message: its page, and a retry of it alone
         click(browser, By.ID, "back")
-        row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#dead tr") if "card declined" in r.text)
-        message_id = row.find_element(By.TAG_NAME, "a").text
-        row.find_element(By.TAG_NAME, "a").click()
+        message_id = browser.execute_script("return [...document.querySelectorAll('#dead tr')].find(row => row"
+                                            ".textContent.includes(arguments[0])).querySelector('a').textContent",
+                                            "card declined")
+        click(browser, By.LINK_TEXT, message_id)
         assert text_of(browser, "error") == "card declined"
         assert '"order"' in text_of(browser, "payload") and text_of(browser, "tries") == "1"
         save_page(browser, screenshots / "dashboard-message.png")
@@ -276,8 +282,8 @@ async def test_a_browser_drives_every_page_and_action(mongo_uri: str, db_name: s
         browser.get(dashboard + "/queues/orders")
         assert "rows 1–50 of 61" in text_of(browser, "dead-pager")
         click(browser, By.ID, "dead-next")
-        wait_for(browser, lambda d: "rows 51–61 of 61" in d.find_element(By.ID, "dead-pager").text, "page 2")
-        ids = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#dead td a")]
+        wait_for(browser, lambda d: "rows 51–61 of 61" in text_of(d, "dead-pager"), "page 2")
+        ids = texts(browser, "#dead td a")
         # oldest first: the last ten of the hour-old ones, then the newest, the dead letter fill made
         assert ids[:10] == [f"old:{i}" for i in range(50, 60)] and len(ids) == 11 and not ids[10].startswith("old:")
 
@@ -288,7 +294,7 @@ async def test_a_browser_drives_every_page_and_action(mongo_uri: str, db_name: s
         assert text_of(browser, "message") == "paused queue 'orders'"
         assert await queue.paused()  # read from the server
         click(browser, By.ID, "back")
-        assert "(paused)" in browser.find_element(By.TAG_NAME, "h2").text
+        assert "(paused)" in text_of(browser, "title")
 
         browser.get(dashboard + "/streams/events")
         assert "audit" in text_of(browser, "groups")
