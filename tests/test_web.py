@@ -29,6 +29,7 @@ from starlette.testclient import TestClient
 import bucketq
 from bucketq.cli import cli
 from bucketq.core.claims import owner_name
+from bucketq.core.holdings import UNKNOWN_HOLDER, by_holder
 from bucketq.errors import InvalidOption
 from bucketq.web import check_bind, create_app
 from bucketq.web.charts import SERIES_COLORS, line_chart
@@ -595,3 +596,15 @@ def test_the_holders_of_leases_and_groups_are_shown_by_the_owner_their_lease_rec
                     re.DOTALL)
     assert row is not None and (row.group(1), row.group(2)) == ("1", "3")
     assert "cart-7 (lock in" in row.group()
+
+
+def test_a_group_lock_whose_bucket_is_no_longer_held_is_shown_without_a_holder() -> None:
+    """A lock names its bucket's lease token, not a holder: a lock outliving its lease (a consumer that crashed: the
+    lock lasts up to one lease longer) has no lease to name its holder."""
+    until = utc_now() + dt.timedelta(seconds=30)
+    held = [{"lease": {"token": "t1", "owner": "web-1:42"}, "due": until, "n": 5, "done": [0, 1]},
+            {"lease": {"token": "t2", "owner": "web-1:42"}, "due": until - dt.timedelta(seconds=5), "n": 2, "done": []}]
+    locks = [{"_id": "cart-7", "token": "t1", "until": until}, {"_id": "cart-9", "token": "gone", "until": until}]
+    assert by_holder(held, locks) == {
+        UNKNOWN_HOLDER: {"buckets": 0, "messages": 0, "until": None, "groups": [{"group": "cart-9", "until": until}]},
+        "web-1:42": {"buckets": 2, "messages": 5, "until": until, "groups": [{"group": "cart-7", "until": until}]}}
