@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import psutil
 import pytest
 
 import bucketq
-from tests.helpers import eventually
+from tests.helpers import answers, eventually, free_port
 from tests.test_web import TOKEN, fill
 
 pytestmark = [pytest.mark.browser]
@@ -43,17 +42,6 @@ from selenium import webdriver  # noqa: E402  (after the skip: the module is of 
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.selenium_manager import SeleniumManager  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def answers(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture
