@@ -589,6 +589,9 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
         await asyncio.gather(*(q.push({"i": i}, key=f"k{i}") for i in range(total)))
     flags = ["--dedupe"] if dedupe else []
     victim = _run_consumer(mongo_uri, db_name, "--die-after", "150", *flags)
+    # the survivor starts once the victim serves, so that a slow start-up cannot leave the victim nothing to die over
+    await eventually(lambda: sync_db.processed.find_one({"pid": victim.pid}) is not None or victim.poll() is not None,
+                     what="the victim to serve a message")
     survivor = _run_consumer(mongo_uri, db_name, *flags)
     assert await asyncio.to_thread(victim.wait, 60) == -9
     late = _run_consumer(mongo_uri, db_name, *flags)  # claims what the victim held once its lease expires
