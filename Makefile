@@ -50,8 +50,9 @@ lint: venv
 	$(PY) -m mypy
 	$(PY) -m devtools.unasync --check
 
-# The tiers (devtools/tiers.py): lint; the whole suite on the venv's Python (3.11); on 3.12 and 3.13 the unit tests,
-# then all but the Spark and browser tests. They run side by side, each with a test server of its own; every tier
+# The tiers (devtools/tiers.py): lint; the whole suite on the venv's Python (3.11), as unit, Spark and server tiers;
+# on 3.12 and 3.13 the unit tests, and all the rest but the Spark and browser tests. They run side by side (the
+# CPU-bound lint and unit tiers in turn), each pytest with a test server of its own; every tier
 # runs whatever another's outcome, its output goes to .cache/tiers/<tier>.log and is printed when it ends, and the
 # last lines give each tier's result, then the sums. PYTEST_ARGS go to every pytest tier.
 # Bytecode (the suite's own modules, and what its subprocesses import) is cached under .cache/pycache even where

@@ -1,18 +1,19 @@
 """``make test``'s tiers, run side by side, each reporting on its own: ``python -m devtools.tiers [NAME ...]``.
 
-A tier is lint, or one pytest run on one Python: the whole suite on the main venv's 3.11 (Spark and the browser
-test included), and on 3.12 and 3.13 (devtools/pythons.py: their venvs) the tests that need no server on two
-xdist workers, then the rest but Spark's and the browser's on one process. Every tier runs, whatever another's
+A tier is lint, or one pytest run on one Python: on each, the tests that need no server (``-m unit``) on two xdist
+workers; on the main venv's 3.11 the Spark tests, and the rest (the browser test too), each on one process; on
+3.12 and 3.13 (devtools/pythons.py: their venvs) all the rest but Spark's and the browser's, on one process. So 3.11
+runs the whole suite, in three parts. Every tier runs, whatever another's
 outcome; at the end one line each gives its result (pytest's closing line), then a last plain line the sum, and the
 command fails if any tier failed. Names given on the command line pick the tiers whose name starts with one of them
 (``3.12 3.13``: make test-pythons).
 
-Lanes run at once, each its tiers in turn: the tiers that mostly wait for the test server and subprocesses (3.12's
-and 3.13's server tiers, a load near one each) beside 3.11's suite, while one lane runs the CPU-bound ones (lint,
-the unit tiers). Each pytest session starts a test server of its own (tests/conftest.py, on a free port; its log is
-named by the port), unless ``BUCKETQ_MONGODB_URI`` is set; each version caches its bytecode under a folder of its
-own. A tier's output goes to ``.cache/tiers/<name>.log`` and is printed whole when it ends, so that lanes never
-interleave; a progress line comes every minute meanwhile.
+Lanes run at once, each its tiers in turn: the tiers that mostly wait for the test server, Spark and subprocesses
+(the server and Spark tiers, a load near one or below each) side by side, while one lane runs the CPU-bound ones
+(lint, the unit tiers) in turn. Each pytest session starts a test server of its own (tests/conftest.py, on a free
+port; its log is named by the port), unless ``BUCKETQ_MONGODB_URI`` is set; each version caches its bytecode under
+a folder of its own. A tier's output goes to ``.cache/tiers/<name>.log`` and is printed whole when it ends, so that
+lanes never interleave; a progress line comes every minute meanwhile.
 """
 
 from __future__ import annotations
@@ -56,13 +57,16 @@ class Tier:
         return LOGS / f"{self.name.replace(' ', '-')}.log"
 
 
+CPU_LANE = 0
 TIERS = (
-    Tier("lint", None, lane=0),
-    Tier("3.12 unit", "3.12", "unit", workers=2, lane=0),
-    Tier("3.13 unit", "3.13", "unit", workers=2, lane=0),
-    Tier("3.11", MAIN_VERSION, lane=1),
-    Tier("3.12 server", "3.12", SERVER_MARKS, lane=2),
-    Tier("3.13 server", "3.13", SERVER_MARKS, lane=3),
+    Tier("lint", None, lane=CPU_LANE),
+    Tier("3.11 unit", MAIN_VERSION, "unit", workers=2, lane=CPU_LANE),
+    Tier("3.12 unit", "3.12", "unit", workers=2, lane=CPU_LANE),
+    Tier("3.13 unit", "3.13", "unit", workers=2, lane=CPU_LANE),
+    Tier("3.11 spark", MAIN_VERSION, "spark", lane=1),
+    Tier("3.11 server", MAIN_VERSION, "not unit and not spark", lane=2),  # the browser test too
+    Tier("3.12 server", "3.12", SERVER_MARKS, lane=3),
+    Tier("3.13 server", "3.13", SERVER_MARKS, lane=4),
 )
 
 
