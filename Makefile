@@ -7,12 +7,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars browser lint docs test test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars browser lint docs test test-loaded test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
 	@echo "make demo-cluster  the same, with the Spark job under spark-submit on a standalone Spark cluster"
-	@echo "make test          install everything, lint, then run the test suite"
+	@echo "make test          install everything, then every tier side by side (lint and docs, 3.11, 3.12, 3.13); all report"
+	@echo "make test-loaded   make test with two CPU-bound processes beside it: no test may depend on an idle machine"
 	@echo "make browser       install Debian's chromium and chromium-driver (the dashboard's browser test), as root"
 	@echo "make docs          the documentation site (mkdocs.yml), strict: a broken link, anchor or API name fails it"
 	@echo "make lint          ruff, mypy (bucketq), the generated sync store, no tracker numbers in what users read"
@@ -61,15 +62,26 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-# The whole suite on the venv's Python (3.11); before it, all but the Spark and browser tests on 3.12 and 3.13.
+# The tiers (devtools/tiers.py): lint; the whole suite on the venv's Python (3.11), as unit, Spark and server tiers;
+# on 3.12 and 3.13 the unit tests, and all the rest but the Spark and browser tests. They run side by side (the
+# CPU-bound lint and unit tiers in turn), each pytest with a test server of its own; every tier
+# runs whatever another's outcome, its output goes to .cache/tiers/<tier>.log and is printed when it ends, and the
+# last lines give each tier's result, then the sums. PYTEST_ARGS go to every pytest tier.
 # Bytecode (the suite's own modules, and what its subprocesses import) is cached under .cache/pycache even where
 # PYTHONDONTWRITEBYTECODE is set: each of the tests' CLI, worker and stress processes otherwise compiles bucketq.
 BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
-test: venv jars browser lint docs test-pythons
-	$(BYTECODE_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+test: venv jars browser
+	$(PY) -m devtools.tiers --pytest-args "$(PYTEST_ARGS)"
 
 test-pythons: venv jars
-	$(PY) -m devtools.pythons
+	$(PY) -m devtools.tiers --pytest-args "$(PYTEST_ARGS)" 3.12 3.13
+
+# make test beside two busy loops (one per core), stopped by their PIDs however make test ends (failed, Ctrl-C).
+test-loaded:
+	@python3 -c "while True: pass" & one=$$!; python3 -c "while True: pass" & two=$$!; \
+	trap 'kill $$one $$two 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	echo "make test-loaded: two CPU-bound processes beside make test (PIDs $$one $$two)"; \
+	$(MAKE) --no-print-directory test
 
 # Every test that needs no server, no JVM and is not slow: tests/conftest.py marks them "unit", the selection
 # make test-pythons runs too. The tests on the in-memory database skip their idle waits (leases, delays, timeouts:

@@ -1,32 +1,26 @@
-"""Run the tests on the other supported Pythons (3.12, 3.13): ``make test-pythons``.
+"""The other supported Pythons (3.12, 3.13) and a venv of each, for the tiers of ``make test`` (devtools/tiers.py).
 
-The full suite runs on the main venv's Python (3.11). Each other version gets a venv of its own under
-``.cache/venvs/<version>`` with the package and its test extra (no Spark), rebuilt when pyproject.toml or
-constraints.txt change, and runs every test but the Spark and browser ones, in two passes: ``pytest -m unit`` on
-two workers (as ``make unit`` does: the in-memory queue tests, the property tests, the CLI and the codecs), then
-the tests over a real connection, one at a time as on 3.11 (the test server, or ``BUCKETQ_MONGODB_URI``): the
-async driver, change streams, cancellation and subprocesses run on each interpreter's own asyncio. An interpreter
-is looked up as ``pythonX.Y`` on the PATH, then in pyenv's versions; a missing one fails the target, since the
-package claims to support it.
+The main venv (``.venv``, Python 3.11) runs the whole suite. Each other version gets a venv of its own under
+``.cache/venvs/<version>`` with the package and its test extra (no Spark), rebuilt when pyproject.toml,
+constraints.txt or the version's extra pin change. An interpreter is looked up as ``pythonX.Y`` on the PATH, then
+in pyenv's versions; a missing one fails its tiers, since the package claims to support it.
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("3.12", "3.13")
-# (marks, whether on the xdist workers): tests/conftest.py marks "unit" the tests that need no server, no JVM and
-# are not slow; the venvs here have no pyspark, and the browser test runs once, on 3.11
-PASSES = (("unit", True), ("not unit and not spark and not browser", False))
+# One more requirement for a version's venv, installed after the constrained install so that it overrides
+# constraints.txt there: e.g. {"3.12": "pymongo==4.13.0"} runs 3.12's tiers on another pymongo than the others.
+EXTRA_PINS: dict[str, str] = {}
 
 
 def find_interpreter(version: str) -> str | None:
@@ -47,56 +41,23 @@ def _reports(interpreter: str, version: str) -> bool:
 
 
 def ensure_venv(version: str, interpreter: str) -> Path:
-    """A venv for ``version`` with ``.[test]`` installed, reinstalled when the package's pins change."""
+    """A venv for ``version`` with ``.[test]`` installed (then ``EXTRA_PINS[version]``, if any), reinstalled when
+    the package's pins change."""
     venv = ROOT / ".cache" / "venvs" / version
     python = venv / "bin" / "python"
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes())
+    pin = EXTRA_PINS.get(version)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes()
+                            + (pin or "").encode())
     stamp = venv / ".installed"
     if stamp.exists() and python.exists() and stamp.read_text() == digest.hexdigest():
         return python
-    print(f"python {version}: installing the package and its test extra into {venv.relative_to(ROOT)} ...",
-          file=sys.stderr, flush=True)
+    print(f"python {version}: installing the package and its test extra{f' and {pin}' if pin else ''} into "
+          f"{venv.relative_to(ROOT)} ...", file=sys.stderr, flush=True)
     subprocess.run([interpreter, "-m", "venv", "--clear", str(venv)], check=True)
     # without setuptools' boxed notice on editable installs (the Makefile's EDITABLE_QUIET says why)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", "constraints.txt", "-e", ".[test]"],
                    cwd=ROOT, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore:Editable installation"})
+    if pin:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", pin], cwd=ROOT, check=True)
     stamp.write_text(digest.hexdigest())
     return python
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.pythons", description=__doc__)
-    parser.add_argument("versions", nargs="*", default=list(VERSIONS))
-    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per version")
-    args = parser.parse_args(argv)
-    failed = []
-    for version in args.versions:
-        interpreter = find_interpreter(version)
-        if interpreter is None:
-            print(f"python {version}: no interpreter found (python{version} on PATH or in pyenv)", file=sys.stderr)
-            failed.append(version)
-            continue
-        python = ensure_venv(version, interpreter)
-        # A bytecode cache of the version's own, written even where PYTHONDONTWRITEBYTECODE is set (as make unit's):
-        # under a prefix, Python reads no __pycache__ beside the sources, the stdlib's and site-packages' included,
-        # so without it every process (a test's subprocesses too) compiled all it imported, a third of the time.
-        env = {**os.environ, "PYTHONPYCACHEPREFIX": str(ROOT / ".cache" / "pycache" / version)}
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        for marks, on_workers in PASSES:
-            started = time.monotonic()
-            print(f"python {version}: pytest -m {marks!r} ({interpreter})", file=sys.stderr, flush=True)
-            workers = ["-n", str(args.workers)] if on_workers else []
-            run = subprocess.run([str(python), "-m", "pytest", "-p", "no:anyio", "-m", marks, "-q", *workers,
-                                  "-p", "no:cacheprovider"], cwd=ROOT, env=env)
-            print(f"python {version}: pytest -m {marks!r} exited {run.returncode} after "
-                  f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-            if run.returncode != 0:
-                failed.append(version)
-                break
-    if failed:
-        print(f"failed on python {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import inspect
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,20 @@ async def eventually(condition: Callable[[], bool | Awaitable[bool]], timeout: f
             return
         assert time.monotonic() < deadline, f"{what} did not hold within {timeout:g} s"
         await asyncio.sleep(0.01)
+
+
+def free_port() -> int:
+    """A loopback port free now (bound, read, closed), for a server a test starts to listen on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    """Whether something accepts connections on the loopback ``port``: how a test knows a server it started
+    serves (a log line such as uvicorn's "Application startup complete" comes before the port is bound)."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 async def read_all(reader: Any, *, ack: bool = True, timeout: float = 0.3, n: int = 100,

@@ -348,16 +348,26 @@ async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(mak
     q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
     await q.push_many(range(300))
     for _ in range(100):  # the first bucket
-        await (await q.reserve(timeout=2)).ack()
+        await (await q.reserve(timeout=PATIENCE_S)).ack()
     if pause_read_due:  # as after an event on the control document: the claim ahead reads the pause state first
         q._store.pause.changed()
     seen = []
 
+    def claimed_ahead_within(seconds: float) -> bool:
+        """Whether the server applies the claim ahead (no bucket left unclaimed) within ``seconds``; blocking, as
+        handlers that compute are: the event loop does not run meanwhile."""
+        deadline = time.monotonic() + seconds
+        while sync_db.events.count_documents({"c": 0}) != 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     async def handler_that_never_awaits_io() -> None:
         for _ in range(40):
-            message = await q.reserve(timeout=2)
-            time.sleep(0.01)  # blocking, as handlers that compute are: time for a loaded server to apply a claim
-            seen.append(sync_db.events.count_documents({"c": 0}) == 0)  # all claimed; blocking: no yield
+            message = await q.reserve(timeout=PATIENCE_S)
+            # a share of the patience at each message: a loaded machine's server may take seconds to apply it
+            seen.append(claimed_ahead_within(PATIENCE_S / 80))
             await message.ack()
 
     await asyncio.gather(handler_that_never_awaits_io(), handler_that_never_awaits_io())
@@ -579,6 +589,9 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
         await asyncio.gather(*(q.push({"i": i}, key=f"k{i}") for i in range(total)))
     flags = ["--dedupe"] if dedupe else []
     victim = _run_consumer(mongo_uri, db_name, "--die-after", "150", *flags)
+    # the survivor starts once the victim serves, so that a slow start-up cannot leave the victim nothing to die over
+    await eventually(lambda: sync_db.processed.find_one({"pid": victim.pid}) is not None or victim.poll() is not None,
+                     what="the victim to serve a message")
     survivor = _run_consumer(mongo_uri, db_name, *flags)
     assert await asyncio.to_thread(victim.wait, 60) == -9
     late = _run_consumer(mongo_uri, db_name, *flags)  # claims what the victim held once its lease expires

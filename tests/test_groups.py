@@ -18,7 +18,7 @@ import bucketq
 from bucketq import Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core import groups
-from tests.helpers import utc_now
+from tests.helpers import eventually, utc_now
 from tests.test_consumer import consume_all  # every message until none comes, each acked
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -255,6 +255,10 @@ async def test_a_sigkilled_consumer_holding_groups_leaves_them_to_resume_in_orde
     await q.push_many([Outgoing({"i": i, "g": f"g{g}"}, group=f"g{g}") for i in range(per_group)
                        for g in range(groups)])
     victim = _run_consumer(mongo_uri, db_name, "--die-after", "45")
+    # The survivor starts once the victim serves: started together on a loaded machine, the survivor could take
+    # every group while the victim still starts up, and the victim, holding none, would never reach its 45th.
+    await eventually(lambda: sync_db.processed.find_one({"pid": victim.pid}) is not None or victim.poll() is not None,
+                     what="the victim to serve a message")
     survivor = _run_consumer(mongo_uri, db_name)
     assert await asyncio.to_thread(victim.wait, 60) == -9
     late = _run_consumer(mongo_uri, db_name)

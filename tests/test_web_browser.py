@@ -16,7 +16,6 @@ import datetime as dt
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from bson import ObjectId
 import bucketq
 from bucketq.core.claims import owner_name
 from bucketq.web.charts import SERIES_COLORS
-from tests.helpers import eventually, utc_now
+from tests.helpers import answers, eventually, free_port, utc_now
 from tests.test_web import TOKEN, fill
 
 pytestmark = [pytest.mark.browser]
@@ -52,17 +51,6 @@ from selenium.common.exceptions import StaleElementReferenceException  # noqa: E
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.selenium_manager import SeleniumManager  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def answers(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -16,15 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import bucketq
+from tests.helpers import answers, eventually, free_port
 
 pytestmark = pytest.mark.backends("memory", "server")
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def post_order(port: int, order: int) -> str | None:
@@ -54,19 +48,18 @@ async def test_a_web_service_stopped_by_sigterm_stores_every_acknowledged_push_o
         sys.executable, "-m", "uvicorn", "web_service:app", "--app-dir", "examples", "--host", "127.0.0.1",
         "--port", str(port), cwd=ROOT, env={**os.environ, "BUCKETQ_MONGODB_URI": uri},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    log: list[str] = []
     try:
         assert server.stderr is not None
-        while "Application startup complete" not in (line := (await server.stderr.readline()).decode()):
-            assert line, "uvicorn stopped before serving:\n" + "".join(log)
-            log.append(line)
+        # the port answering, not uvicorn's "Application startup complete": that line comes before it binds
+        await eventually(lambda: answers(port) or server.returncode is not None, what="uvicorn to listen")
+        assert server.returncode is None, "uvicorn stopped before serving:\n" + (await server.stderr.read()).decode()
         answered = await asyncio.gather(*(post_order(port, i) for i in range(100)))
         assert all(answered), "every request before the SIGTERM is answered"
         late = [asyncio.ensure_future(post_order(port, i)) for i in range(100, 200)]
         await asyncio.wait(late, return_when=asyncio.FIRST_COMPLETED)
         server.send_signal(signal.SIGTERM)  # with requests in flight
         answered += await asyncio.gather(*late)
-        log += [line.decode() async for line in server.stderr]
+        log = [line.decode() async for line in server.stderr]
         # uvicorn re-raises the signal once it has shut down, so that its exit status tells why it stopped
         assert await asyncio.wait_for(server.wait(), 30) == -signal.SIGTERM, "".join(log)
     finally:

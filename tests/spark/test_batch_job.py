@@ -341,7 +341,8 @@ async def test_reader_columns_are_what_the_asyncio_consumer_hands_out(spark, mak
     from bucketq_spark.reader import read_messages
 
     events = _events(0, 20)
-    q = make_queue(bucket_max_size=8, bucket_max_wait=0.02, codec=codec)
+    # drain_timeout=0: the messages stay served to the end, and the close at teardown need not wait 10 s for them
+    q = make_queue(bucket_max_size=8, bucket_max_wait=0.02, codec=codec, drain_timeout=0)
     await q.push_many([Outgoing(e, key=f"k{e['seq']}", headers={"n": e["seq"], "who": "test"}) if e["seq"] % 3 else e
                        for e in events])
     for message in await q.reserve_many(5, timeout=5):

@@ -17,7 +17,8 @@ from pymongo.errors import AutoReconnect
 from bucketq.batch import BatchQueue
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
-from tests.helpers import utc_now
+from bucketq.core.format import as_utc
+from tests.helpers import PATIENCE_S, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -25,10 +26,18 @@ PAST = dt.datetime(2020, 1, 1)
 NO_WAIT = Backoff(base=0.0, maximum=0.0, jitter=0.0)
 
 
-async def _fill(make_queue, n: int = 40, size: int = 10, **options) -> None:
+async def _fill(make_queue, bq: BatchQueue, sync_db, n: int = 40, size: int = 10, **options) -> None:
+    """Push ``n`` messages in buckets of ``size``; return once ``bq`` reads the server's clock past their ``due``.
+    The producer set it by its own reading, and two clients' readings differ by up to their round trips' error: on
+    a loaded machine a claim at once could find a bucket due a few milliseconds later, and take fewer."""
     q = make_queue(bucket_max_size=size, bucket_max_wait=0.02, **options)
     await q.push_many([{"i": i} for i in range(n)])
     await q.close()
+    latest = max(as_utc(doc["due"]) for doc in sync_db.events.find({}, {"due": 1}))
+    deadline = time.monotonic() + PATIENCE_S
+    while bq.now() < latest:
+        assert time.monotonic() < deadline, f"the batch queue's clock did not reach {latest} in {PATIENCE_S} s"
+        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -80,7 +89,7 @@ def _raw_bucket(**fields: Any) -> dict:
 
 
 async def test_claim_commit_and_fencing(make_queue, sync_db, bq) -> None:
-    await _fill(make_queue)
+    await _fill(make_queue, bq, sync_db)
     batch = bq.claim(3)
     assert len(batch) == 3 and batch.messages == 30
     held = list(sync_db.events.find({"lease.token": batch.token}))
@@ -103,7 +112,7 @@ async def test_claim_commit_and_fencing(make_queue, sync_db, bq) -> None:
 
 
 async def test_release_backoff_then_quarantine_after_max_attempts(make_queue, sync_db, bq) -> None:
-    await _fill(make_queue, n=20)
+    await _fill(make_queue, bq, sync_db, n=20)
     for attempt in (1, 2):
         batch = _claim_released(bq, 10)
         assert len(batch) == 2
@@ -155,8 +164,8 @@ async def test_a_batch_frees_the_keys_of_the_unique_jobs_it_commits_or_quarantin
 
 
 async def test_claim_quarantines_unreadable_and_expired_too_often(make_queue, sync_db, bq) -> None:
-    await _fill(make_queue, n=10)
-    await _fill(make_queue, n=10, codec="msgpack")
+    await _fill(make_queue, bq, sync_db, n=10)
+    await _fill(make_queue, bq, sync_db, n=10, codec="msgpack")
     sync_db.events.insert_one({"_id": ObjectId(), "v": 99, "due": PAST})
     sync_db.events.update_one({"enc": "json"}, {"$set": {"c": 3}})  # three claims whose leases ran out
 
@@ -172,7 +181,7 @@ async def test_claim_quarantines_unreadable_and_expired_too_often(make_queue, sy
 async def test_claim_quarantines_a_bucket_with_a_non_numeric_claim_count(make_queue, sync_db, bq) -> None:
     bad = _raw_bucket(c="x")  # hand-edited: the claim's $inc fails on it
     sync_db.events.insert_one(bad)
-    await _fill(make_queue, n=20)
+    await _fill(make_queue, bq, sync_db, n=20)
 
     batch = bq.claim(10)
 
@@ -185,7 +194,7 @@ async def test_claim_quarantines_a_bucket_with_a_non_numeric_claim_count(make_qu
 
 
 async def test_commit_retried_after_a_lost_reply_counts_its_own_tombstones(make_queue, sync_db, bq) -> None:
-    await _fill(make_queue, n=30)
+    await _fill(make_queue, bq, sync_db, n=30)
     batch = bq.claim(10)
     calls = _lose_first_reply(bq.store.buckets, "bulk_write")
 
@@ -195,7 +204,7 @@ async def test_commit_retried_after_a_lost_reply_counts_its_own_tombstones(make_
 
 
 async def test_release_retried_after_a_lost_reply(make_queue, sync_db, bq) -> None:
-    await _fill(make_queue, n=20)
+    await _fill(make_queue, bq, sync_db, n=20)
     batch = bq.claim(10)
     calls = _lose_first_reply(bq.store.buckets, "bulk_write")
 
@@ -212,7 +221,7 @@ async def test_release_retried_after_a_lost_reply(make_queue, sync_db, bq) -> No
 ])
 async def test_retry_after_a_lost_reply_does_not_count_someone_elses_write(make_queue, sync_db, bq, step,
                                                                            others_write) -> None:
-    await _fill(make_queue, n=10)
+    await _fill(make_queue, bq, sync_db, n=10)
     batch = bq.claim(10)
     (bucket_id,) = batch.ids
 
@@ -226,7 +235,7 @@ async def test_retry_after_a_lost_reply_does_not_count_someone_elses_write(make_
 
 
 async def test_extend_retried_after_a_lost_reply_counts_what_is_still_held(make_queue, sync_db, bq) -> None:
-    await _fill(make_queue, n=20)
+    await _fill(make_queue, bq, sync_db, n=20)
     batch = bq.claim(10)
     lost = batch.ids[0]
 

@@ -21,7 +21,9 @@ from devtools.jars import ROOT, ensure_jars
 from devtools.sparkcluster import SparkCluster, submit, submit_command
 from examples.demo import parse_job_output
 
-pytestmark = pytest.mark.spark
+# The tests' own deadlines (a job has 240 s to start reading, then 300 s to end) bound them, not pytest's 300 s
+# default: on a loaded machine a job on the cluster takes minutes, and a timeout there ends the whole session.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 JOB = ROOT / "spark" / "jobs" / "account_totals.py"
 STREAM_JOB = ROOT / "spark" / "jobs" / "stream_totals.py"
