@@ -46,12 +46,14 @@ OPENING = re.compile(r"^[ \t]*```python\b", re.MULTILINE)
 @dataclass(frozen=True)
 class Block:
     document: Path
+    index: int  # the document's first block is 1
     line: int  # of the block's first line of code in the document
     source: str
 
     @property
     def name(self) -> str:
-        return f"{self.document.relative_to(ROOT)}:{self.line}"
+        """The test id: the page and the block's rank in it, which an edit of the prose around it leaves alone."""
+        return f"{self.document.relative_to(ROOT)}#{self.index}"
 
     @property
     def needs_spark(self) -> bool:
@@ -94,7 +96,7 @@ def blocks_of(document: Path) -> list[Block]:
         if indent and any(line.strip() and not line.startswith(indent) for line in lines):
             raise ValueError(f"{document}: a block indented by {len(indent)} has a line indented less")
         source = "".join(line[len(indent):] if line.startswith(indent) else line.lstrip(" \t") for line in lines)
-        found.append(Block(document, text.count("\n", 0, match.start("body")) + 1, source))
+        found.append(Block(document, len(found) + 1, text.count("\n", 0, match.start("body")) + 1, source))
     return found
 
 
@@ -139,7 +141,8 @@ def test_the_block_runs_as_written(block: Block, request: pytest.FixtureRequest,
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F", "--no-cache",
                            "--output-format", "concise", "--stdin-filename", "snippet.py", "-"],
                           input=block.source, capture_output=True, text=True)
-    assert lint.returncode == 0, f"{block.name} (lines counted from the block's first):\n{lint.stdout}{lint.stderr}"
+    assert lint.returncode == 0, (f"{block.name}, line {block.line} (lines counted from the block's first):\n"
+                                  f"{lint.stdout}{lint.stderr}")
     if block.copy_of is not None:
         assert block.source == block.copy_of.read_text(), f"{block.name} differs from {block.copy_of}"
     elif block.is_test_module:
@@ -188,7 +191,7 @@ def run_in_spark(block: Block, source: str, directory: Path) -> None:
            "TMPDIR": str(directory)}
     result = subprocess.run([sys.executable, "-c", runner, str(script)], cwd=directory, env=env,
                             capture_output=True, text=True, timeout=280)
-    assert result.returncode == 0, f"{block.name}:\n{result.stdout}{result.stderr[-4000:]}"
+    assert result.returncode == 0, f"{block.name}, line {block.line}:\n{result.stdout}{result.stderr[-4000:]}"
 
 
 def run_as_tests(block: Block, directory: Path) -> None:
