@@ -1,9 +1,9 @@
 """``make test``'s tiers, run side by side, each reporting on its own: ``python -m devtools.tiers [NAME ...]``.
 
-A tier is lint (with the strict docs build), or one pytest run on one Python: on each, the tests that need no server (``-m unit``) on two xdist
-workers; on the main venv's 3.11 the Spark tests, and the rest (the browser test too), each on one process; on
-3.12 and 3.13 (devtools/pythons.py: their venvs) all the rest but Spark's and the browser's, on one process. So 3.11
-runs the whole suite, in three parts. Every tier runs, whatever another's
+A tier is lint (with the strict docs build), or one pytest run on one Python: on each, the tests that need no
+server (``-m unit``) on two xdist workers; on the main venv's 3.11 the Spark tests, and the rest (the browser test
+too), each on one process; on 3.12 and 3.13 (devtools/pythons.py: their venvs) all the rest but Spark's and the
+browser's, on one process. So 3.11 runs the whole suite, in three parts. Every tier runs, whatever another's
 outcome; at the end one line each gives its result (pytest's closing line), then a last plain line the sum, and the
 command fails if any tier failed. Names given on the command line pick the tiers whose name starts with one of them
 (``3.12 3.13``: make test-pythons).
