@@ -7,6 +7,7 @@
 """
 
 from bucketq.codecs import BsonCodec, Codec, CodecUnavailable, JsonCodec, MsgpackCodec
+from bucketq.compatibility import ServerRefused
 from bucketq.connection import ServerUnreachable
 from bucketq.core.format import FORMAT_VERSION
 from bucketq.core.rate_window import RateLimit
@@ -41,6 +42,6 @@ __all__ = [
     "CodecUnavailable", "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket",
     "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
-    "Position", "RateLimit", "Reject", "Retry", "Schedule", "ServerUnreachable", "Stream", "StreamMessage",
-    "StreamOptions", "StreamReader", "Worker", "WriteFailed", "list_queues",
+    "Position", "RateLimit", "Reject", "Retry", "Schedule", "ServerRefused", "ServerUnreachable", "Stream",
+    "StreamMessage", "StreamOptions", "StreamReader", "Worker", "WriteFailed", "list_queues",
 ]

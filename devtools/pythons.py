@@ -24,6 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("3.12", "3.13")
+# A version's pins that take the place of constraints.txt's for the same package: the suite runs on the oldest
+# pymongo the dependency range allows on 3.12, on the newest (constraints.txt) on 3.11 and 3.13
+EXTRA_PINS = {"3.12": "pymongo==4.13.2"}
 # (marks, whether on the xdist workers): tests/conftest.py marks "unit" the tests that need no server, no JVM and
 # are not slow; the venvs here have no pyspark, and the browser test runs once, on 3.11
 PASSES = (("unit", True), ("not unit and not spark and not browser", False))
@@ -50,17 +53,29 @@ def ensure_venv(version: str, interpreter: str) -> Path:
     """A venv for ``version`` with ``.[test]`` installed, reinstalled when the package's pins change."""
     venv = ROOT / ".cache" / "venvs" / version
     python = venv / "bin" / "python"
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes())
+    constraints = _constraints(version)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + constraints.encode())
     stamp = venv / ".installed"
     if stamp.exists() and python.exists() and stamp.read_text() == digest.hexdigest():
         return python
     print(f"python {version}: installing the package and its test extra into {venv.relative_to(ROOT)} ...",
           file=sys.stderr, flush=True)
     subprocess.run([interpreter, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", "constraints.txt", "-e", ".[test]"],
+    (venv / "constraints.txt").write_text(constraints)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(venv / "constraints.txt"), "-e", ".[test]"],
                    cwd=ROOT, check=True)
     stamp.write_text(digest.hexdigest())
     return python
+
+
+def _constraints(version: str) -> str:
+    """constraints.txt with ``version``'s ``EXTRA_PINS`` entry in place of the line that pins the same package."""
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    pin = EXTRA_PINS.get(version)
+    if pin is not None:
+        package = pin.split("==")[0]
+        lines = [line for line in lines if line.split("==")[0].strip() != package] + [pin]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
