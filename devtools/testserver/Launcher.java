@@ -31,8 +31,9 @@ import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
  *     8 already, and they are all bucketq uses. What 9 adds over 8 for a driver: pymongo 4.13 sends a
  *     command's "comment" field on getMore too, and bucketq sets no comment; pymongo 4.20
  *     turns nothing on at 9 (its first feature switches are snapshot reads at 13, replica-set election ids at
- *     17, Queryable Encryption at 21 and the bulkWrite command at 25); the Java driver of the Spark
- *     connector reads and writes with the same commands (the spark tests run it).</li>
+ *     17, Queryable Encryption at 21 and the bulkWrite command at 25). The Java driver of the Spark
+ *     connector (5.1) checks for 4.4 to send a getMore's comment, a createIndexes commitQuorum and a hint on an
+ *     unacknowledged write: the connector and bucketq set none of these (the spark tests run it).</li>
  * <li>What MongoDB 4.4 has and the server lacks is not claimed by the wire version, and the drivers ask
  *     for it by other fields the server leaves out: the "hello" command (only after a reply carries
  *     helloOk, so the drivers keep to isMaster), the streaming monitor (topologyVersion), sessions and

@@ -39,7 +39,8 @@ def main() -> None:
             state = {"pid": server.pid, "uri": server.uri}
             STATE.write_text(json.dumps(state))
             print(f"started test server, pid {server.pid}")
-        print(f"it reports MongoDB 4.4 (wire version 9): bucketq's {tested_range()} talk to it")
+        print(f"it reports MongoDB 4.4 (wire version 9): every pymongo that bucketq allows talks to it "
+              f"(tested with {tested_range()})")
         print(f"BUCKETQ_MONGODB_URI={state['uri']}")
     elif args.action == "stop":
         if state is None:
