@@ -7,14 +7,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars browser lint test test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars browser lint docs test test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
 	@echo "make demo-cluster  the same, with the Spark job under spark-submit on a standalone Spark cluster"
 	@echo "make test          install everything, lint, then run the test suite"
 	@echo "make browser       install Debian's chromium and chromium-driver (the dashboard's browser test), as root"
-	@echo "make lint          ruff (bucketq spark tests bench devtools examples), mypy (bucketq), the generated sync store"
+	@echo "make docs          the documentation site (mkdocs.yml), strict: a broken link, anchor or API name fails it"
+	@echo "make lint          ruff, mypy (bucketq), the generated sync store, no tracker numbers in what users read"
 	@echo "make test-pythons  all but the Spark and browser tests on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
 	@echo "make unit          the tests that need no server (-m unit), in parallel: no JVM, no jars"
 	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"
@@ -22,10 +23,13 @@ help:
 	@echo "make bench | bench-quick    throughput: bucketq vs keuss vs naive vs floor"
 	@echo "make stress | stress-quick  crash and fault harness"
 
+# The editable install of two package roots (bucketq, spark/bucketq_spark) makes setuptools print a boxed notice
+# about same-named folders, as a Python warning that pip -q still shows: that one warning is ignored.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,spark,bench]"
+	$(EDITABLE_QUIET) $(PY) -m pip install -q -c constraints.txt -e ".[test,spark,bench,docs]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -48,12 +52,20 @@ lint: venv
 	$(PY) -m ruff check bucketq spark tests bench devtools examples
 	$(PY) -m mypy
 	$(PY) -m devtools.unasync --check
+	$(PY) -m devtools.tracker_refs
+	$(PY) -m bench.pages --check
+
+# The documentation site, built strict into .cache/site (git-ignored): mkdocs.yml turns a link to a missing page, a
+# missing anchor and a page left out of the nav into warnings, and strict mode fails on any warning; an API
+# reference name that does not resolve fails it too. NO_MKDOCS_2_WARNING silences mkdocs-material's notice.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # The whole suite on the venv's Python (3.11); before it, all but the Spark and browser tests on 3.12 and 3.13.
 # Bytecode (the suite's own modules, and what its subprocesses import) is cached under .cache/pycache even where
 # PYTHONDONTWRITEBYTECODE is set: each of the tests' CLI, worker and stress processes otherwise compiles bucketq.
 BYTECODE_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/.cache/pycache
-test: venv jars browser lint test-pythons
+test: venv jars browser lint docs test-pythons
 	$(BYTECODE_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-pythons: venv jars
@@ -86,11 +98,15 @@ devserver: venv
 devserver-stop: venv
 	@$(PY) -m devtools.testserver stop
 
+# Each run rewrites bench/results/latest.json, then the docs' figures from it (docs/benchmarks.md's results,
+# docs/SCALING.md's capacity model, the chart): make lint fails while they differ from what the file gives.
 bench: venv jars
 	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench.pages
 
 bench-quick: venv jars
 	$(PY) -m bench --quick $(BENCH_ARGS)
+	$(PY) -m bench.pages
 
 stress: venv jars
 	$(PY) -m tests.stress $(STRESS_ARGS)

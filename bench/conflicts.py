@@ -1,4 +1,4 @@
-"""The many-consumers cell (issue 21, item 6): 8 consumer processes drain one backlog, on 1 partition and on 8,
+"""The many-consumers cell: 8 consumer processes drain one backlog, on 1 partition and on 8,
 in the same run and against the same server, and the claim conflicts per bucket of each are reported.
 
 ``python -m bench.conflicts [--consumers 8] [--partitions 1,8] [--buckets 2000] [--bucket-size 20]``

@@ -10,7 +10,7 @@ from bench.contenders import ALL, SCENARIOS
 MAIN_SCENARIOS = ("push", "push_many", "consume", "consume_batch", "end_to_end", "stream_push")
 ALL_SCENARIOS = (*MAIN_SCENARIOS, "latency", "idle", "codec", "majority", "spark")
 LATENCY_MESSAGES = 1000  # sequential awaited pushes of the latency scenario
-IDLE_BACKLOG = 20_000  # messages the idle consumers consume before their idle window (as in issue 21)
+IDLE_BACKLOG = 20_000  # messages the idle consumers consume before their idle window
 IDLE_SCENARIOS = ("idle", "stream_idle")  # the idle scenario's cells: queue consumers, stream readers
 JSON_OVERHEAD = 45  # bytes of {"ts":1763837000.123456,"i":123456,"pad":""} around the padding
 

@@ -15,7 +15,7 @@ from bucketq.wakeup import SAFETY_POLL_S
 RESULTS = Path(__file__).resolve().parent / "results"
 COLORS = {"bucketq": "tab:blue", "keuss": "tab:orange", "naive": "tab:green", "floor": "tab:red",
           "encode": "tab:gray", "decode": "tab:brown"}
-# Issue 21: 1,000 idle consumers send fewer than 100 queries a second besides their change streams.
+# The idle goal: 1,000 idle consumers send fewer than 100 queries a second besides their change streams.
 IDLE_COMMANDS_PER_MINUTE = 100 / 1000 * 60
 SAFETY_POLL_KINDS = ("claims", "pause_reads", "next_due")  # an idle consumer's safety poll: one of each
 # An idle stream reader's safety poll is a look at its group (1 partition): the group, the counters, the window
@@ -87,7 +87,7 @@ def _ceiling_note(row: dict, needed: float) -> str:
 
 
 def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
-    """(PASS | MISS | n/a | info, goal, detail) per goal of issues 5, 11 and 25, judged on the worst w:1 cell."""
+    """(PASS | MISS | n/a | info, goal, detail) per goal, judged on the worst w:1 cell."""
     mine = [r for r in rows if r["contender"] == "bucketq" and r.get("write_concern", "1") == "1"]
     index = {(r["contender"], *_key(r)): r for r in rows}
     out = []
@@ -181,7 +181,7 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
 
     def cpu(scenario: str, factor: float | None, floor_scenario: str = "push", against: str = "floor",
             payload: int | None = 1024) -> None:
-        """Issue 25: bucketq's client CPU per message over the floor's (``against``'s ``floor_scenario`` role, at the
+        """bucketq's client CPU per message over the floor's (``against``'s ``floor_scenario`` role, at the
         same payload and processes: its row of bucketq's own cell when it ran there, in turn with bucketq's rounds,
         else its ``floor_scenario`` row), at ``payload`` bytes (None: any), judged in the worst cell; without a
         ``factor``, reported only ("info")."""
@@ -204,8 +204,8 @@ def goals(rows: list[dict]) -> list[tuple[str, str, str]]:
     for scenario in ("push", "consume"):
         versus(scenario, "naive", 20.0)
     versus("push", "floor", 0.7)
-    versus("spark_read", "naive", 3.0)  # issue 11: the same messages read through the Spark connector
-    versus("stream_push", "bucketq", 0.8, other_scenario="push")  # issue 14: stream push within 20% of queue push
+    versus("spark_read", "naive", 3.0)  # the same messages read through the Spark connector
+    versus("stream_push", "bucketq", 0.8, other_scenario="push")  # stream push within 20% of queue push
     sooner("end_to_end", "keuss")
     commands("push", 2.0)
     commands("consume", 5.0)

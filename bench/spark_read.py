@@ -39,7 +39,7 @@ LAYOUTS = {"bucketq": "bucket documents", "naive": "one document per message"}
 # partition) each bucket read was mostly its fixed cost (planning, code generation, the partitioner's queries:
 # about 0.4 s of 0.6 s), and measured that, not the read.
 SPARK_MESSAGES = 100_000
-# The bucket layout's payload codec: bson, which the connector maps to columns (json: from_json, issue 25's before)
+# The bucket layout's payload codec: bson, which the connector maps to columns (json: from_json, the codec before)
 CODEC = "bson"
 PAYLOAD_SCHEMA = "i LONG, ts DOUBLE, pad STRING"
 PAYLOAD_FIELDS = ("i", "ts", "pad")

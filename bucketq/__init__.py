@@ -6,6 +6,9 @@
     await msg.ack()
 """
 
+# The one place the version is written: pyproject.toml reads it ([tool.setuptools.dynamic]).
+__version__ = "0.1.0"
+
 from bucketq.codecs import BsonCodec, Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.compatibility import ServerRefused
 from bucketq.connection import ServerUnreachable
@@ -35,6 +38,7 @@ from bucketq.queue import Queue
 from bucketq.schedule import Schedule
 from bucketq.stream import Stream
 from bucketq.stream_reader import StreamMessage, StreamReader
+from bucketq.sync_producer import SyncProducer
 from bucketq.worker import BatchTiming, Reject, Retry, Worker
 
 __all__ = [
@@ -43,5 +47,5 @@ __all__ = [
     "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
     "Position", "RateLimit", "Reject", "Retry", "Schedule", "ServerRefused", "ServerUnreachable", "Stream",
-    "StreamMessage", "StreamOptions", "StreamReader", "Worker", "WriteFailed", "list_queues",
+    "StreamMessage", "StreamOptions", "StreamReader", "SyncProducer", "Worker", "WriteFailed", "list_queues",
 ]

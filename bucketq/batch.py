@@ -33,7 +33,7 @@ from pymongo import MongoClient, ReplaceOne, UpdateOne
 from pymongo.database import Database
 
 from bucketq.clock import ServerClock
-from bucketq.connection import client_of, reaching
+from bucketq.connection import reaching
 from bucketq.core import claims, unique_keys
 from bucketq.core.backoff import Backoff
 from bucketq.core.batch_attempt import AttemptPolicy, BatchStep, ClaimNext, GiveBack, Quarantine, ReleaseWithBackoff
@@ -43,9 +43,10 @@ from bucketq.core.priorities import DEFAULT_FAIRNESS, Turns
 from bucketq.core.sharding import MAX_PARTITIONS, Rotation, check_partitions, key
 from bucketq.errors import InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
-from bucketq.options import check_database, check_delay, check_names, check_write_concern
+from bucketq.options import check_database, check_delay, check_names, check_write_concern, tombstone_default
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
+from bucketq.sync_database import sync_database
 
 REAP_EVERY_S = 60.0
 
@@ -66,6 +67,7 @@ class Batch:
 
     @property
     def ids(self) -> list[Any]:
+        """The claimed buckets' ``_id``s."""
         return [doc["_id"] for doc in self.buckets]
 
     @property
@@ -75,6 +77,7 @@ class Batch:
 
     @property
     def messages(self) -> int:
+        """How many messages the claimed buckets hold that are not done yet."""
         return sum(len(doc["p"]) - len(doc.get("done") or []) for doc in self.buckets)
 
     def __len__(self) -> int:
@@ -91,11 +94,13 @@ class BatchQueue:
                  name: str, db: str | None = None, lease: float = 300.0, max_attempts: int = 5,
                  backoff: Backoff | None = None, codecs: Iterable[str] = ("json",),
                  write_concern: int | str | None = None, op_timeout_s: float = 30.0,
-                 tombstone_retention: float = 600.0, partitions: int | None = None,
+                 tombstone_retention: float | None = None, partitions: int | None = None,
                  priority_fairness: int = DEFAULT_FAIRNESS) -> None:
         check_names(name, db)
         self._turns = Turns(priority_fairness)  # claims by priority, every ``priority_fairness``-th by age
         check_write_concern(write_concern)
+        if tombstone_retention is None:  # follows op_timeout_s, as the queue's follows its write_timeout
+            tombstone_retention = tombstone_default(check_delay(op_timeout_s))
         if check_delay(tombstone_retention) <= op_timeout_s:
             raise InvalidOption("tombstone_retention must exceed op_timeout_s (see QueueOptions.tombstone_retention)")
         if not 1 <= lease <= 86400:
@@ -105,24 +110,8 @@ class BatchQueue:
         if partitions is not None and not check_partitions(partitions):
             raise InvalidOption(f"partitions must be an int from 1 to {MAX_PARTITIONS} (the queue's), or None "
                                 "(the default: adopt the queue's)")
-        self._owned: MongoClient | None = None
         self._uri = target if isinstance(target, str) else None  # shown only redacted
-        database: Any
-        if isinstance(target, str):
-            self._owned = client_of(target, MongoClient)
-            database = self._owned[db] if db else self._owned.get_default_database("bucketq")
-        elif isinstance(target, MongoClient):
-            database = target[db] if db else target.get_default_database("bucketq")
-        elif isinstance(target, Database):
-            database = target if db is None else target.client[db]
-        elif isinstance(target, (SyncDatabase, MemoryDatabase)):
-            database = target.sync if isinstance(target, MemoryDatabase) else target
-            database = database if db is None else database.client[db].sync
-        elif isinstance(target, MemoryClient):
-            database = target[db or "bucketq"].sync
-        else:
-            raise InvalidOption("BatchQueue needs a URI, a MongoClient or a Database (or a bucketq.memory database), "
-                                f"got {type(target).__name__}")
+        database, self._owned = sync_database(target, db, "BatchQueue")
         check_database(database, name, write_concern)
         self.name = name
         self.database = database
@@ -145,6 +134,7 @@ class BatchQueue:
             yield
 
     def now(self) -> dt.datetime:
+        """The server's time, as this queue's clock reads it (the clock leases are measured on)."""
         return self._synced().now()
 
     def _synced(self) -> ServerClock:
@@ -325,6 +315,7 @@ class BatchQueue:
                                           {i: proof(ref, token) for i, ref in refs.items()})
 
     def close(self) -> None:
+        """Close the client this queue opened from a URI (a client or database passed in is left open)."""
         if self._owned is not None:
             self._owned.close()
 

@@ -27,11 +27,18 @@ from bucketq.errors import InvalidOption, MalformedBucket
 
 @runtime_checkable
 class Codec(Protocol):
+    """What a payload codec of your own provides: pass one as ``Queue(..., codec=...)``. Its ``name`` is stored in
+    each bucket (``enc``), so every consumer of the queue needs a codec of that name."""
+
     name: str
 
-    def dump(self, payload: Any) -> str | bytes: ...
+    def dump(self, payload: Any) -> str | bytes:
+        """The payload as stored; raise (any exception) to refuse it: its push fails with ``EncodeError``."""
+        ...
 
-    def load(self, stored: Any) -> Any: ...
+    def load(self, stored: Any) -> Any:
+        """The payload back from what ``dump`` stored; an exception sends the message to quarantine."""
+        ...
 
 
 class CodecUnavailable(MalformedBucket):
@@ -49,6 +56,7 @@ class JsonCodec:
     checks_on_dump = True
 
     def dump(self, payload: Any) -> str:
+        """The payload as JSON text; raises for what would not come back equal (see the class)."""
         encoded = orjson.dumps(payload, option=_JSON_OPTIONS)
         # UUIDs and enums cannot be kept from orjson; they, NaN (as null) and tuples (as lists) decode to
         # something unequal. A small flat dict of plain values (most events) is told apart at a glance, here
@@ -86,6 +94,7 @@ class MsgpackCodec:
         self._msgpack = msgpack
 
     def dump(self, payload: Any) -> bytes:
+        """The payload as msgpack bytes; raises for what would not decode back."""
         packed = self._msgpack.packb(payload, use_bin_type=True)
         try:
             self.load(packed)  # what every consumer will do
@@ -95,6 +104,7 @@ class MsgpackCodec:
         return packed
 
     def load(self, stored: str | bytes) -> Any:
+        """The payload from its msgpack bytes."""
         return self._msgpack.unpackb(stored, raw=False, strict_map_key=False)
 
 
@@ -109,12 +119,14 @@ class BsonCodec:
     checks_on_dump = True
 
     def dump(self, payload: Any) -> RawBSONDocument:
+        """The payload, a document, encoded as BSON now; raises ``TypeError`` for anything but a mapping."""
         if not isinstance(payload, Mapping):
             raise TypeError(f"the {self.name} codec stores documents (a dict), not {type(payload).__name__}")
         # encoded once, now: the size check uses its bytes, and a later change to the caller's dict stores nothing
         return RawBSONDocument(bson.encode(payload))
 
     def load(self, stored: Any) -> Any:
+        """The payload as a fresh dict, as BSON gives it back (see the class)."""
         if not isinstance(stored, Mapping):
             raise TypeError(f"a {self.name} payload is a document, got {type(stored).__name__}")
         return bson.decode(bson.encode(stored), codec_options=_AS_READ)

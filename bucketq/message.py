@@ -44,24 +44,29 @@ class Message:
 
     @property
     def id(self) -> str:
+        """The message's id, ``"<bucket id>:<slot>"``: what ``push`` returned for it."""
         return self._holding.held.bucket.message_id(self._slot)
 
     @property
     def tries(self) -> int:
+        """How many times it was delivered before: 0 on its first delivery."""
         return self._holding.held.tries(self._slot)
 
     @property
     def headers(self) -> dict[str, Any]:
+        """The headers given at push time (an empty dict when none were)."""
         if self._headers is None:  # one dict for the message's lifetime, even when it had no headers
             self._headers = self._holding.held.bucket.headers[self._slot] or {}
         return self._headers
 
     @property
     def enqueued_at(self) -> dt.datetime:
+        """When the message was pushed, on the producer's clock (UTC)."""
         return self._holding.held.bucket.enqueued_at(self._slot)
 
     @property
     def key(self) -> str | None:
+        """The ``key`` given at push time, or None: the dedupe key, and a unique job's key."""
         return self._holding.held.bucket.keys[self._slot]
 
     @property

@@ -15,6 +15,16 @@ from bucketq.core.sharding import MAX_PARTITIONS, check_partitions
 from bucketq.errors import InvalidOption
 
 
+class _Default(float):
+    """An option's default that follows another option (``QueueOptions.__post_init__`` replaces it): a float
+    of its own type, so that a user who passes the same number explicitly is told when it is out of bounds."""
+
+
+FOLLOWS_LEASE = _Default(0.5)  # state_flush_period: 0.5 s, or a third of the lease when that is less
+DEFAULT_TOMBSTONE_RETENTION = 600.0
+FOLLOWS_WRITE_TIMEOUT = _Default(DEFAULT_TOMBSTONE_RETENTION)  # tombstone_retention: see tombstone_default
+
+
 @dataclass(frozen=True)
 class QueueOptions:
     """Every tunable of a queue. Times are in seconds, sizes in bytes.
@@ -37,7 +47,8 @@ class QueueOptions:
             client's default. Unacknowledged writes (``w=0``) are refused: a push could not know it was stored.
     Consumer:
         lease: seconds a claimed bucket stays reserved without being extended.
-        state_flush_period: seconds between flushes of ack/nack state (also extends leases).
+        state_flush_period: seconds between flushes of ack/nack state (also extends leases), at most a third of
+            the lease. Unset, it follows the lease: 0.5, or a third of the lease when that is less.
         finish_linger: the longest a bucket's finish (its replacement by a tombstone, once every message is
             resolved) waits for other buckets' finishes while the queue has a backlog, to go with them in one
             bulk write; capped at ``state_flush_period``. 0 writes each finish at once. A consumer that dies
@@ -60,11 +71,12 @@ class QueueOptions:
         change_streams: use change streams for wake-ups; None detects support at run time.
         priority_fairness: claims take the due bucket of the highest ``push(priority=...)`` level first, except
             every ``priority_fairness``-th bucket a consumer takes, which is the oldest due one whatever its level,
-            so that lower levels are never starved (README, Priorities). 0: strict priorities (lower levels wait
+            so that lower levels are never starved (docs/guide/priorities.md). 0: strict priorities (lower levels wait
             while higher ones are due); 1: due order only.
         drain_timeout: seconds ``drain()`` waits for in-flight handlers.
         tombstone_retention: seconds a finished bucket's tombstone is kept, so that an insert of it retried
             late (its first reply was lost) cannot store it again; must exceed every producer's write_timeout.
+            Unset, it follows ``write_timeout``: 600, or twice ``write_timeout`` when that is more.
         partitions: the routing unit of a sharded queue (docs/SCALING.md), from 1 to 1024: producers spread
             buckets over them (an ordered group keeps to one), consumers claim in one at a time, in turn. Fixed
             when the queue is created (stored in ``<name>.control``). None (the default): the queue's own, 1 for a
@@ -84,7 +96,7 @@ class QueueOptions:
     write_timeout: float = 30.0
     write_concern: int | str | None = None
     lease: float = 30.0
-    state_flush_period: float = 0.5
+    state_flush_period: float = FOLLOWS_LEASE
     finish_linger: float = 0.05
     max_attempts: int = 5
     retry_base: float = 1.0
@@ -98,12 +110,18 @@ class QueueOptions:
     poll_interval: float = 0.1
     change_streams: bool | None = None
     drain_timeout: float = 10.0
-    tombstone_retention: float = 600.0
+    tombstone_retention: float = FOLLOWS_WRITE_TIMEOUT
     partitions: int | None = None
     rate_limit: RateLimit | None = None
     priority_fairness: int = DEFAULT_FAIRNESS
 
     def __post_init__(self) -> None:
+        # Options whose bounds depend on another option's value follow it unless the user set them, so that a
+        # lease or write_timeout the user chose never fails on an option the user never set.
+        if isinstance(self.lease, (int, float)) and not isinstance(self.lease, bool):
+            _derive(self, "state_flush_period", min(FOLLOWS_LEASE, self.lease / 3))
+        if isinstance(self.write_timeout, (int, float)) and not isinstance(self.write_timeout, bool):
+            _derive(self, "tombstone_retention", tombstone_default(self.write_timeout))
         for f in fields(self):
             value = getattr(self, f.name)
             expected = _TYPES.get(f.name)
@@ -144,6 +162,17 @@ class QueueOptions:
         _check(self.partitions is None or check_partitions(self.partitions), "partitions",
                f"an int from 1 to {MAX_PARTITIONS} (or None: the queue's own, 1 for a new one)")
         check_fairness(self.priority_fairness)
+
+
+def _derive(options: QueueOptions, name: str, value: float) -> None:
+    """Set option ``name`` to ``value`` when it holds its default (``_Default``), which the user did not set."""
+    if type(getattr(options, name)) is _Default:
+        object.__setattr__(options, name, float(value))
+
+
+def tombstone_default(write_timeout: float) -> float:
+    """``tombstone_retention`` when unset: 600 s, or twice ``write_timeout`` when more (it must exceed it)."""
+    return min(MAX_DELAY_S, max(DEFAULT_TOMBSTONE_RETENTION, 2 * write_timeout))
 
 
 _INT = (int,)

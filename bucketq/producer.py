@@ -113,7 +113,94 @@ class _Run:
         self.many.future.set_exception(failure)
 
 
-class Producer:
+class PushEncoder:
+    """What the async ``Producer`` and the sync one (``bucketq.sync_queue``) share: a push's arguments checked and
+    its payload encoded into a slot, with its size and due time, before it is buffered."""
+
+    _codec: Codec
+    _plain_codec: bool
+    _options: QueueOptions
+    _clock: ServerClock
+    _acc: Accumulator
+    _closed: bool
+
+    def _prepare_item(self, index: int, item: Any, delay: float | dt.timedelta | None,
+                      headers: Mapping[str, Any] | None, priority: int,
+                      plain_call: bool) -> tuple[AnySlot, int, dt.datetime | None, tuple[str | None, int]]:
+        """``_prepare`` of ``push_many``'s item ``index`` (an ``Outgoing`` with options of its own, or a payload
+        taking the call's), with its route (group, level); errors name the item."""
+        try:
+            if isinstance(item, Outgoing):
+                timed = item.delay is not None or item.at is not None
+                level = item.priority if item.priority is not None else 0 if item.group is not None else priority
+                slot, size, due = self._prepare(item.payload, item.delay if timed else delay, item.at,
+                                                headers if item.headers is None else item.headers, item.key,
+                                                item.group, level, item.unique_for)
+                return slot, size, due, (item.group, level)
+            if plain_call and (plain := self._plain_slot(item)) is not None:
+                return *plain, None, _DUE_NOW
+            slot, size, due = self._prepare(item, delay, None, headers, None, None, priority)
+            return slot, size, due, (None, priority)
+        except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
+            raise type(exc)(f"payload {index}: {exc}") from exc
+
+    def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
+                 headers: Mapping[str, Any] | None, key: str | None, group: str | None = None, priority: int = 0,
+                 unique_for: float | dt.timedelta | None = None) -> tuple[AnySlot, int, dt.datetime | None]:
+        if self._closed:
+            raise QueueClosed("the queue was drained or closed; it takes no more pushes")
+        # an int in range passes at the cost of a comparison (every push comes here); the rest is checked in full
+        if priority.__class__ is not int or not 0 <= priority <= MAX_PRIORITY:
+            check_priority(priority)  # raises, or takes an int subclass
+        if group is None and delay is None and at is None and headers is None and key is None and unique_for is None \
+                and (plain := self._plain_slot(payload)) is not None:
+            return *plain, None
+        if group is not None:
+            check_group(group)
+            if delay is not None or at is not None:
+                raise InvalidOption("a grouped message takes no delay or at: it would hold back its whole group")
+            if priority:
+                raise InvalidOption("a grouped message takes no priority: its group's order comes first")
+        slot, size = encode_slot(self._codec, payload, headers, key)
+        if unique_for is not None:
+            slot = slot._replace(unique=unique_until(unique_for, key, self._clock.now()))
+            size += UNIQUE_SLOT_BYTES
+        if size > self._acc.max_slot_bytes:
+            raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
+                                  f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
+        return slot, size, None if delay is None and at is None else self._due(delay, at)
+
+    def _plain_slot(self, payload: Any) -> tuple[PlainSlot, int] | None:
+        """The slot and size of a push with no option whose payload the codec makes text or binary that a bucket
+        takes, built here rather than by ``encode_slot`` and ``slot_bytes`` (two calls, a fifth of a push's own
+        work). None for anything else (a document, text that is no UTF-8), and for a payload the codec refuses: the
+        general way then raises the right error. A codec that stores documents is not asked: the general way encodes
+        its payload, once."""
+        if not self._plain_codec:
+            return None
+        try:
+            stored = self._codec.dump(payload)
+        except Exception:
+            return None
+        size = len(stored) if type(stored) is str and stored.isascii() else _stored_bytes(stored)
+        if size is not None and (size := size + PLAIN_SLOT_BYTES) <= self._acc.max_slot_bytes:
+            return stored, size
+        return None
+
+    def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
+        if delay is not None and at is not None:
+            raise InvalidOption("give delay or at, not both")
+        if at is not None:
+            if not isinstance(at, dt.datetime) or at.tzinfo is None:
+                raise InvalidOption("at must be a timezone-aware datetime")
+            return at
+        if delay is None:
+            return None
+        seconds = check_delay(delay)
+        return self._clock.now() + dt.timedelta(seconds=seconds) if seconds else None
+
+
+class Producer(PushEncoder):
     def __init__(self, store: AsyncQueueStore | AsyncStreamStore, codec: Codec, options: QueueOptions,
                  clock: ServerClock, on_written: Callable[[], None] | None = None,
                  before_write: Callable[[], Awaitable[None]] | None = None, mark_checked: bool = False) -> None:
@@ -200,21 +287,7 @@ class Producer:
         dues: list[dt.datetime | None] = []
         routes: list[tuple[str | None, int]] = []  # each item's group and level
         for index, item in enumerate(items):
-            try:
-                if isinstance(item, Outgoing):
-                    timed = item.delay is not None or item.at is not None
-                    level = item.priority if item.priority is not None else 0 if item.group is not None else priority
-                    slot, size, due = self._prepare(item.payload, item.delay if timed else delay, item.at,
-                                                    headers if item.headers is None else item.headers, item.key,
-                                                    item.group, level, item.unique_for)
-                    route = (item.group, level)
-                elif plain_call and (plain := self._plain_slot(item)) is not None:
-                    (slot, size), due, route = plain, None, _DUE_NOW
-                else:
-                    slot, size, due = self._prepare(item, delay, None, headers, None, None, priority)
-                    route = (None, priority)
-            except (EncodeError, PayloadTooLarge, InvalidOption) as exc:
-                raise type(exc)(f"payload {index}: {exc}") from exc
+            slot, size, due, route = self._prepare_item(index, item, delay, headers, priority, plain_call)
             slots.append(slot)
             sizes.append(size)
             dues.append(due)
@@ -258,49 +331,6 @@ class Producer:
                 self._add_done()
             index += taken
 
-    def _prepare(self, payload: Any, delay: float | dt.timedelta | None, at: dt.datetime | None,
-                 headers: Mapping[str, Any] | None, key: str | None, group: str | None = None, priority: int = 0,
-                 unique_for: float | dt.timedelta | None = None) -> tuple[AnySlot, int, dt.datetime | None]:
-        if self._closed:
-            raise QueueClosed("the queue was drained or closed; it takes no more pushes")
-        # an int in range passes at the cost of a comparison (every push comes here); the rest is checked in full
-        if priority.__class__ is not int or not 0 <= priority <= MAX_PRIORITY:
-            check_priority(priority)  # raises, or takes an int subclass
-        if group is None and delay is None and at is None and headers is None and key is None and unique_for is None \
-                and (plain := self._plain_slot(payload)) is not None:
-            return *plain, None
-        if group is not None:
-            check_group(group)
-            if delay is not None or at is not None:
-                raise InvalidOption("a grouped message takes no delay or at: it would hold back its whole group")
-            if priority:
-                raise InvalidOption("a grouped message takes no priority: its group's order comes first")
-        slot, size = encode_slot(self._codec, payload, headers, key)
-        if unique_for is not None:
-            slot = slot._replace(unique=unique_until(unique_for, key, self._clock.now()))
-            size += UNIQUE_SLOT_BYTES
-        if size > self._acc.max_slot_bytes:
-            raise PayloadTooLarge(f"encoded payload takes {size} bytes; a bucket holds at most "
-                                  f"{self._options.bucket_max_bytes} (bucket_max_bytes)")
-        return slot, size, None if delay is None and at is None else self._due(delay, at)
-
-    def _plain_slot(self, payload: Any) -> tuple[PlainSlot, int] | None:
-        """The slot and size of a push with no option whose payload the codec makes text or binary that a bucket
-        takes, built here rather than by ``encode_slot`` and ``slot_bytes`` (two calls, a fifth of a push's own
-        work). None for anything else (a document, text that is no UTF-8), and for a payload the codec refuses: the
-        general way then raises the right error. A codec that stores documents is not asked: the general way encodes
-        its payload, once."""
-        if not self._plain_codec:
-            return None
-        try:
-            stored = self._codec.dump(payload)
-        except Exception:
-            return None
-        size = len(stored) if type(stored) is str and stored.isascii() else _stored_bytes(stored)
-        if size is not None and (size := size + PLAIN_SLOT_BYTES) <= self._acc.max_slot_bytes:
-            return stored, size
-        return None
-
     def _plain_slots(self, items: list[Any]) -> tuple[list[AnySlot], list[int]] | None:
         """``_plain_slot`` of each of ``push_many``'s items, in passes over the list that run in C but for the
         codec's calls, instead of a call and a loop's worth of Python an item. None, having stored nothing, when
@@ -343,18 +373,6 @@ class Producer:
         elif not self._commit_soon:
             self._add_done()
         return future
-
-    def _due(self, delay: float | dt.timedelta | None, at: dt.datetime | None) -> dt.datetime | None:
-        if delay is not None and at is not None:
-            raise InvalidOption("give delay or at, not both")
-        if at is not None:
-            if not isinstance(at, dt.datetime) or at.tzinfo is None:
-                raise InvalidOption("at must be a timezone-aware datetime")
-            return at
-        if delay is None:
-            return None
-        seconds = check_delay(delay)
-        return self._clock.now() + dt.timedelta(seconds=seconds) if seconds else None
 
     def _first_future(self) -> asyncio.Future[str]:
         """``_new_future`` until the first push has set the producer up on its loop (``_start``)."""

@@ -86,6 +86,7 @@ class Queue:
 
     @property
     def database(self) -> Any:
+        """The database the queue's collections live in (an ``AsyncDatabase``, Motor's or the in-memory one)."""
         return self._connection.database
 
     async def _ready(self, *, write: bool = True) -> None:
@@ -100,12 +101,12 @@ class Queue:
                    unique_for: float | dt.timedelta | None = None) -> str:
         """Buffer a message; return its id once the bucket holding it is acknowledged by the write concern.
         ``delay`` (seconds) or ``at`` (aware datetime) schedule it; ``key`` is its dedupe key; ``group`` makes it
-        part of an ordered group (delivered in push order, one at a time: README, Ordered groups); ``priority``
-        (0, the default, to 9) puts it before the due messages of lower levels (README, Priorities). With
+        part of an ordered group (delivered in push order, one at a time: docs/guide/ordered-groups.md); ``priority``
+        (0, the default, to 9) puts it before the due messages of lower levels (docs/guide/priorities.md). With
         ``unique_for`` (seconds), a push of ``key`` while a job of that key is pending or in flight, for at most
-        ``unique_for`` seconds, is merged into it: it returns that job's id (README, Unique jobs). With ``session``
-        (a session of this queue's client, in a transaction) the message is written at once in that transaction,
-        unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
+        ``unique_for`` seconds, is merged into it: it returns that job's id (docs/guide/unique-jobs.md). With
+        ``session`` (a session of this queue's client, in a transaction) the message is written at once in that
+        transaction, unbuffered, as a bucket of its own: it is stored if and only if the transaction commits."""
         if session is not None:
             if group is not None:
                 raise InvalidOption("group cannot be combined with session (a transaction's bucket is not ordered)")
@@ -132,6 +133,9 @@ class Queue:
 
     async def push_many(self, payloads: Iterable[Any], *, delay: float | dt.timedelta | None = None,
                         headers: Mapping[str, Any] | None = None, priority: int = 0) -> list[str]:
+        """Push many messages at once and return their ids, in order, once all are stored. Items are payloads,
+        or ``bucketq.Outgoing`` items carrying options of their own; ``delay``, ``headers`` and ``priority`` apply to
+        the items that set none. Cheaper per message than ``push``: the call's messages are encoded together."""
         await self._ready()
         return await self._producer.push_many(payloads, delay=delay, headers=headers, priority=priority)
 
@@ -237,6 +241,8 @@ class Queue:
 
     async def dead_letters(self, *, limit: int = 100, older_than: float | None = None,
                            error_contains: str | None = None) -> list[dict[str, Any]]:
+        """The dead letters, oldest first, up to ``limit``: each with its ``_id``, payload, tries and ``error``;
+        filtered by age (``older_than`` seconds) and by text in the error."""
         return await self._list(self._store.dead, "error", limit, older_than, error_contains)
 
     async def requeue_dead(self, *, ids: list[str] | None = None, older_than: float | None = None,
@@ -246,10 +252,13 @@ class Queue:
 
     async def purge_dead(self, *, ids: list[str] | None = None, older_than: float | None = None,
                          error_contains: str | None = None) -> int:
+        """Delete dead letters (all, or those of ``ids``, or by age and error text). Returns how many."""
         return await self._purge(self._store.dead, "error", ids, older_than, error_contains)
 
     async def quarantined(self, *, limit: int = 100, older_than: float | None = None,
                           error_contains: str | None = None) -> list[dict[str, Any]]:
+        """The quarantine entries, oldest first, up to ``limit``: buckets or messages that could not be served as
+        stored, each with its ``reason``, host and pid; filtered by age and by text in the reason."""
         return await self._list(self._store.quarantine, "reason", limit, older_than, error_contains)
 
     async def requeue_quarantined(self, *, ids: list[Any] | None = None, older_than: float | None = None,
@@ -259,6 +268,7 @@ class Queue:
 
     async def purge_quarantined(self, *, ids: list[Any] | None = None, older_than: float | None = None,
                                 error_contains: str | None = None) -> int:
+        """Delete quarantine entries (all, or those of ``ids``, or by age and reason text). Returns how many."""
         return await self._purge(self._store.quarantine, "reason", ids, older_than, error_contains)
 
     async def purge_expired(self) -> dict[str, int]:
@@ -429,6 +439,8 @@ class Queue:
         await self._consumer.drain()
 
     async def close(self) -> None:
+        """Drain (see ``drain``), then stop every background task and close the connection the queue opened.
+        Leaving ``async with`` calls it. Safe to call twice."""
         await self._life.close(self.drain, self._wakeup.stop, self._connection.close)
 
     async def __aenter__(self) -> Queue:

@@ -9,12 +9,14 @@ in the path or the options hides everything before it, hosts included: too much 
 Inside free text (a log line, a traceback) a URI runs from its scheme to the next whitespace.
 
 **Echoed pieces.** pymongo's messages quote parts of a URI it misread (``Bad database name "pw@h1:1,h2:2/shop"``
-for ``mongodb://alice:S3cr/pw@h1:1,h2:2/shop``; ``Unknown option: pw``; a host ``alice:1234``). Such a part runs
-between the URI's delimiters, so what it holds of the credentials is whole *pieces*: the credentials cut at
-``: / ? # [ ] @ & ; = ,``, whitespace, quotes and backslashes (a quoted echo may escape those). Given the URI the
-user passed, ``redact`` hides each piece (raw and percent-decoded, in any case) wherever it stands in the text;
-a piece shorter than ``SHORT_PIECE`` only where it stands alone (not touching a letter or digit), so that a
-one-letter password does not blank every word.
+for ``mongodb://alice:S3cr/pw@h1:1,h2:2/shop``; a host ``alice:1234``). Such a part runs between the URI's
+delimiters, so what it holds of the credentials is whole *pieces*: the credentials cut at ``: / ? # [ ] @ & ; = ,``,
+whitespace, quotes and backslashes (a quoted echo may escape those). Given the URI the user passed, ``redact`` hides
+each piece (raw and percent-decoded, in any case) within URI text only: a run of the text without whitespace where
+``:``, ``/`` or ``@`` joins two other characters, as in any echo of a URI's authority or path. The words of a
+message are left alone, so a user named ``user`` still reads "in the user name and password". Within such a run,
+a piece shorter than ``SHORT_PIECE`` is hidden only where it stands alone (not touching a letter or digit), so that
+a one-letter password does not blank every host name.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ HIDDEN = "***"
 SHORT_PIECE = 4
 _URI_IN_TEXT = re.compile(r"mongodb(?:\+srv)?://\S*", re.IGNORECASE)
 _DELIMITERS = re.compile(r"[:/?#\[\]@&;=,\s'\"`\\]+")
+_URI_TEXT = re.compile(r"\S*[^\s:/@][:/@][^\s:/@]\S*")  # where echoed pieces are hidden (see above)
 # options whose values are secrets, should a URI carry them
 _SECRET_OPTIONS = re.compile(r"((?:password|authMechanismProperties|tlsCertificateKeyFilePassword)=)[^&\s'\"]*",
                              re.IGNORECASE)
@@ -59,9 +62,14 @@ def _redact_uri(match: re.Match[str]) -> str:
 def _hide_pieces(text: str, secret: str) -> str:
     variants = {secret, unquote_plus(secret)}
     pieces = variants | {piece for v in variants for piece in _DELIMITERS.split(v)}
-    for piece in sorted(filter(None, pieces), key=len, reverse=True):
-        pattern = re.escape(piece)
-        if len(piece) < SHORT_PIECE:
-            pattern = rf"(?<![^\W_]){pattern}(?![^\W_])"
-        text = re.sub(pattern, HIDDEN, text, flags=re.IGNORECASE)
-    return text
+    patterns = [re.compile(re.escape(piece) if len(piece) >= SHORT_PIECE else
+                           rf"(?<![^\W_]){re.escape(piece)}(?![^\W_])", re.IGNORECASE)
+                for piece in sorted(filter(None, pieces), key=len, reverse=True)]
+
+    def hide_in(uri_text: re.Match[str]) -> str:
+        hidden = uri_text.group()
+        for pattern in patterns:
+            hidden = pattern.sub(HIDDEN, hidden)
+        return hidden
+
+    return _URI_TEXT.sub(hide_in, text)

@@ -67,6 +67,7 @@ class Stream:
 
     @property
     def database(self) -> Any:
+        """The database the stream's collections live in."""
         return self._connection.database
 
     async def ready(self, *, write: bool = True) -> None:
@@ -248,6 +249,8 @@ class Stream:
         await self._close_readers()
 
     async def close(self) -> None:
+        """Drain (see ``drain``), then stop the stream's tasks and close the connection it opened. Leaving
+        ``async with`` calls it."""
         await self._life.close(self.drain, self._connection.close)
 
     async def _close_readers(self) -> None:

@@ -83,6 +83,10 @@ class StreamMessage:
 
 
 class StreamReader:
+    """One reader of a reader group: ``stream.reader(group, start=...)``, used with ``async with``. The readers
+    of a group, in any number of processes, share its messages; each message is read by one of them, in
+    position order within a partition, and the group's committed position moves past what they acked."""
+
     def __init__(self, stream: Stream, group: str, start: str | Position | dt.datetime) -> None:
         self._stream = stream
         self._store = stream.store
@@ -263,6 +267,8 @@ class StreamReader:
     # -- acks ----------------------------------------------------------------------------------------------
 
     async def ack(self, held: HeldStreamBucket, slot: int) -> None:
+        """Record the ack of ``slot`` of a bucket this reader holds: what ``StreamMessage.ack`` calls. Raises
+        ``LeaseLost`` when the reader no longer holds the bucket."""
         if self._held.get(held.key) is not held:
             raise LeaseLost(f"this reader no longer holds bucket {held.position} of group {self.group!r}; "
                             "the message will be read again")

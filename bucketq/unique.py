@@ -43,9 +43,16 @@ async def hold_keys(store: AsyncQueueStore | AsyncStreamStore, batch: list[Seale
         return docs
     assert isinstance(store, AsyncQueueStore)  # a stream's push takes no unique_for
     merged = await retrying(lambda _: store.hold_keys(holds, now), timeout_s=timeout_s)
+    return merge_held(batch, merged)
+
+
+def merge_held(batch: list[SealedBucket], merged: Mapping[unique_keys.Hold, str]) -> list[dict[str, Any]]:
+    """After the keys of ``batch`` were held (the store's ``hold_keys``, async or sync): each message merged into
+    another job resolves to that job's id (``SealedBucket.merged``), and is marked done in its bucket. Returns the
+    documents left to insert."""
     for hold, holder in merged.items():
         batch[hold.bucket].merged[hold.slot] = holder
-    return unique_keys.merge(docs, merged)
+    return unique_keys.merge([b.document for b in batch], merged)
 
 
 # A message in these states is finished: its key is free again. A nacked one (RETRY) holds it on, under its id.

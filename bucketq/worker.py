@@ -10,6 +10,12 @@ cancelled and its messages are retried with the time limit as the reason. A mess
 requested (``Queue.cancel``) ends as cancelled however its handler ends; with ``cancel_grace``, a handler still
 running that many seconds after every message of its call was requested is cancelled (asyncio).
 
+A sync handler (a plain ``def``) runs on a thread of the worker's own, at most ``threads`` at once (by default
+``concurrency``), under the same contract: what it returns or raises decides its messages' fate (it does not
+call ``ack`` or ``nack``, coroutines of the worker's event loop). A thread cannot be cancelled: a call past
+``handler_timeout`` fails its messages as an async one does while it runs on, holding its thread until it
+returns; on stop the worker waits for such calls ``drain_timeout`` only (``HandlerThreads``).
+
 Each failed message is logged (a warning with its id, its try, what becomes of it and the traceback), within
 a budget per minute. Nothing that goes wrong with one message stops the worker: an error while resolving it is
 logged, and the message nacked. On stop, handlers get the queue's ``drain_timeout`` to finish; those still
@@ -24,13 +30,14 @@ import inspect
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from bucketq import metrics
 from bucketq.core.logbudget import LogBudget
 from bucketq.errors import BucketqError, HandlerTimeout, InvalidOption, LeaseLost
+from bucketq.handler_threads import HandlerThreads
 from bucketq.message import Message
 from bucketq.options import check_delay
 from bucketq.queue import Queue
@@ -91,16 +98,33 @@ TimingHook = Callable[[BatchTiming], Any]
 
 
 class Worker:
-    def __init__(self, queue: Queue, handler: Callable[..., Awaitable[Any]], *, concurrency: int = DEFAULT_CONCURRENCY,
+    """Runs ``handler`` on a queue's messages, ``concurrency`` calls at once, until stopped (SIGTERM, SIGINT or
+    ``stop()``). ``handler`` is an async function, or a plain ``def`` run on up to ``threads`` threads of the
+    worker's own (default ``concurrency``; more leave room for calls past ``handler_timeout`` that have not
+    returned yet). A per-message handler takes a ``Message``; with ``batch_size`` it takes a list of them. A return
+    acks (a batch handler may return the messages that failed), ``Retry`` picks the retry delay, ``Reject``
+    dead-letters at once, any other exception nacks. ``handler_timeout`` cuts off a hung call, ``cancel_grace``
+    one that ignores a cancel request; ``on_error`` and ``after_batch`` are hooks. Stopping gives running
+    handlers ``drain_timeout``, cancels the rest and waits for them before the queue drains."""
+
+    def __init__(self, queue: Queue, handler: Callable[..., Any], *, concurrency: int = DEFAULT_CONCURRENCY,
                  batch_size: int | None = None, on_error: ErrorHook | None = None,
                  after_batch: TimingHook | None = None, handle_signals: bool = True,
-                 handler_timeout: float | None = None, cancel_grace: float | None = None) -> None:
+                 handler_timeout: float | None = None, cancel_grace: float | None = None,
+                 threads: int | None = None) -> None:
+        if not callable(handler):
+            raise InvalidOption(f"handler must be a function (async, or sync: run on threads), got {handler!r}")
         # An object whose __call__ is async counts too; B004 would have callable(), which cannot tell that.
-        if not inspect.iscoroutinefunction(handler) and not inspect.iscoroutinefunction(
-                getattr(handler, "__call__", None)):  # noqa: B004
-            raise InvalidOption("handler must be an async function")
+        is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None))  # noqa: B004
         if not isinstance(concurrency, int) or not 1 <= concurrency <= 1024:
             raise InvalidOption("concurrency must be an int between 1 and 1024")
+        if threads is not None and is_async:
+            raise InvalidOption("threads is for a sync handler; an async handler runs on the event loop")
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
+                                    or not 1 <= threads <= 1024):
+            raise InvalidOption(f"threads must be None (as many as concurrency) or an int between 1 and 1024, "
+                                f"got {threads!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000):
             raise InvalidOption("batch_size must be None or an int between 1 and 100000")
         if cancel_grace is not None:  # 0 is allowed: cut off as soon as the cancellation is heard of
@@ -118,6 +142,7 @@ class Worker:
         self.handle_signals = handle_signals
         self.handler_timeout = handler_timeout
         self.cancel_grace = cancel_grace
+        self.handler_threads = None if is_async else HandlerThreads(threads or concurrency)
         self._stopping = asyncio.Event()
         self.handled = 0
         self.failed = 0
@@ -143,6 +168,8 @@ class Worker:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             self._log_suppressed(force=True)
+            if self.handler_threads is not None:
+                self.handler_threads.close()
             await self.queue.drain()
 
     async def _serve(self) -> None:
@@ -174,11 +201,22 @@ class Worker:
                 raise task.exception()  # type: ignore[misc]
 
     async def _loop(self) -> None:
+        threads = self.handler_threads
         while not self._stopping.is_set():
             self._log_suppressed()
-            batch = await self._next_batch()
+            # a sync handler's thread first, so that no message is reserved to wait for one
+            if threads is not None and not await threads.take(RESERVE_WAIT_S):
+                continue  # every thread busy (some with calls past their timeout): look at the stop flag again
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                if threads is not None:
+                    threads.give_back()
+                raise
             if batch:
-                await self._handle(batch)
+                await self._handle(batch)  # which runs the sync call in the slot taken (given back on return)
+            elif threads is not None:
+                threads.give_back()
 
     async def _next_batch(self) -> list[Message]:
         return await self.queue.reserve_many(self.batch_size or 1, timeout=RESERVE_WAIT_S)
@@ -186,7 +224,9 @@ class Worker:
     async def _call_handler(self, batch: list[Message]) -> Any:
         """The handler's result. A call past ``handler_timeout`` is cancelled but not waited for (a hung one
         may never end); one cancelled on stop (``_serve``) was waited for. Both raise ``HandlerTimeout``."""
-        call = asyncio.ensure_future(self.handler(batch) if self.batch_size else self.handler(batch[0]))
+        argument = batch if self.batch_size else batch[0]
+        call = asyncio.ensure_future(self.handler(argument)) if self.handler_threads is None else \
+            self.handler_threads.run(self.handler, argument)
         self._calls.add(call)
         if self._cut_off:  # a batch reserved after the cut-off
             call.cancel()

@@ -1,5 +1,5 @@
 """Client CPU a command costs through PyMongo's ``AsyncMongoClient`` (what bucketq's claims and flushes use) and
-through ``MongoClient`` (what the bench's floor uses), against the test server (issue 25): ``getrusage`` over
+through ``MongoClient`` (what the bench's floor uses), against the test server: ``getrusage`` over
 ``--calls`` commands after 200 to warm up, each an ``update_one`` of one small document, and, async only, a
 ``ping``. Uses ``BUCKETQ_MONGODB_URI`` when set, else starts the embedded test server.
 

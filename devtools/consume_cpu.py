@@ -1,4 +1,4 @@
-"""CPU seconds a consumed message costs the client, split into user, system and garbage-collection time (issue 25):
+"""CPU seconds a consumed message costs the client, split into user, system and garbage-collection time:
 what the instruction counts of ``devtools.consume_instructions`` leave out (the kernel's share, and how fast the
 instructions run: the collector's walks of the heap miss the caches).
 

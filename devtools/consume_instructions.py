@@ -1,4 +1,4 @@
-"""Instructions a consumed message costs the client (the figures in bench/README.md, issue 25), counted by
+"""Instructions a consumed message costs the client (bench/README.md, Profiling the client's CPU), counted by
 callgrind, which a shared machine's load does not move as it moves CPU seconds.
 
 For each of two queue sizes: fill a queue with 1 KiB messages (buckets of 1,024; untimed, in this process), then

@@ -1,4 +1,4 @@
-"""CPU a consumed message costs on the consume path alone, with no I/O (issue 25): ``reserve`` + ``ack`` and
+"""CPU a consumed message costs on the consume path alone, with no I/O: ``reserve`` + ``ack`` and
 ``reserve_many(100)`` + ``ack_many`` of messages served from one claimed bucket of ``--messages`` on the in-memory
 database (``bucketq.testing``), after its claim. What it leaves out, against the bench's consume: the claims and
 flushes (the driver), the collector's walks of new buckets. It counts each payload's decoding, which a consumer does

@@ -1,4 +1,4 @@
-"""Where a consumed message's CPU goes, library by library and function by function, beside the floor's (issue 25):
+"""Where a consumed message's CPU goes, library by library and function by function, beside the floor's:
 what ``devtools.consume_cpu`` splits into user, system and collector time, split by ``perf``'s samples instead.
 
 For each consumer (the floor, ``reserve`` + ``ack``, ``reserve_many(100)`` + ``ack_many``) and each of two queue

@@ -7,6 +7,7 @@ copied flat into ``.cache/jars/<name>`` so they can be put on a classpath or int
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,9 @@ POMS = {
 }
 # Maven 3.8 binds an old dependency plugin by default; name a 3.x release explicitly.
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+# Maven's console library (jansi 2) writes a colour reset, ESC[0m, to stdout and stderr as it starts and stops,
+# even in batch mode (-B, no colours): noreset leaves them out of a log. A JVM property: MAVEN_OPTS, not mvn -D.
+QUIET_MAVEN_OPTS = "-Djansi.noreset=true"
 
 
 def jar_dir(name: str) -> Path:
@@ -35,18 +39,24 @@ def ensure_jars(name: str) -> list[Path]:
         if out.exists():
             for old in out.glob("*.jar"):
                 old.unlink()
-        subprocess.run(
-            [
-                "mvn", "-q", "-B", "-f", str(pom),
-                f"-Dmaven.repo.local={CACHE / 'm2'}",
-                f"{DEPENDENCY_PLUGIN}:copy-dependencies",
-                f"-DoutputDirectory={out}",
-                "-DincludeScope=runtime",
-            ],
-            check=True,
-        )
+        copy_dependencies(pom, out)
         stamp.write_bytes(pom.read_bytes())
     return sorted(out.glob("*.jar"))
+
+
+def copy_dependencies(pom: Path, out: Path) -> None:
+    """Maven copies the runtime jars of ``pom`` into ``out``, printing only its errors, as plain text."""
+    maven_opts = f"{os.environ.get('MAVEN_OPTS', '')} {QUIET_MAVEN_OPTS}".strip()
+    subprocess.run(
+        [
+            "mvn", "-q", "-B", "-f", str(pom),
+            f"-Dmaven.repo.local={CACHE / 'm2'}",
+            f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+            f"-DoutputDirectory={out}",
+            "-DincludeScope=runtime",
+        ],
+        check=True, env={**os.environ, "MAVEN_OPTS": maven_opts},
+    )
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Instructions a pushed message costs the client (issue 25), counted by callgrind as
+"""Instructions a pushed message costs the client, counted by callgrind as
 ``devtools.consume_instructions`` counts a consumed one.
 
 For each of two message counts, a child process run under ``valgrind --tool=callgrind`` pushes that many 1 KiB

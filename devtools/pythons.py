@@ -62,8 +62,9 @@ def ensure_venv(version: str, interpreter: str) -> Path:
           file=sys.stderr, flush=True)
     subprocess.run([interpreter, "-m", "venv", "--clear", str(venv)], check=True)
     (venv / "constraints.txt").write_text(constraints)
+    # without setuptools' boxed notice on editable installs (the Makefile's EDITABLE_QUIET says why)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(venv / "constraints.txt"), "-e", ".[test]"],
-                   cwd=ROOT, check=True)
+                   cwd=ROOT, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore:Editable installation"})
     stamp.write_text(digest.hexdigest())
     return python
 

@@ -29,6 +29,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient, MongoClient, monitoring
 
 import bucketq
+from bucketq_spark.status_line import StatusLine
 
 DB = "bucketq_demo"
 QUEUE = "events"
@@ -61,9 +62,9 @@ def events(n: int, seed: int = 7) -> list[dict[str, Any]]:
              "ts": time.time()} for i in range(n)]
 
 
-def progress(label: str, done: int, total: int, started: float) -> None:
+def progress(status: StatusLine, label: str, done: int, total: int, started: float) -> None:
     rate = done / max(1e-9, time.perf_counter() - started)
-    print(f"\r  {label}: {done:,}/{total:,} ({rate:,.0f} msg/s)", end="", file=sys.stderr, flush=True)
+    status.show(f"  {label}: {done:,}/{total:,} ({rate:,.0f} msg/s)")
 
 
 def per_1000(counts: Counter[str], messages: int, *, skip: tuple[str, ...] = ("getMore", "aggregate")) -> float:
@@ -72,12 +73,13 @@ def per_1000(counts: Counter[str], messages: int, *, skip: tuple[str, ...] = ("g
 
 async def produce(q: bucketq.Queue, payloads: list[dict[str, Any]], label: str) -> float:
     started = time.perf_counter()
+    status = StatusLine()
     step = 10_000
     for i in range(0, len(payloads), step):
         await q.push_many(payloads[i:i + step])
-        progress(label, min(i + step, len(payloads)), len(payloads), started)
+        progress(status, label, min(i + step, len(payloads)), len(payloads), started)
     await q.flush()
-    print(file=sys.stderr)
+    status.end()
     return time.perf_counter() - started
 
 
@@ -85,6 +87,7 @@ async def consume(q: bucketq.Queue, total: int, consumers: int) -> tuple[float, 
     totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     done = 0
     started = time.perf_counter()
+    status = StatusLine()
 
     async def run() -> None:
         nonlocal done
@@ -95,12 +98,12 @@ async def consume(q: bucketq.Queue, total: int, consumers: int) -> tuple[float, 
             await message.ack()
             done += 1
             if done % 10_000 == 0:
-                progress("consumed", done, total, started)
+                progress(status, "consumed", done, total, started)
 
     await asyncio.gather(*(run() for _ in range(consumers)))
     elapsed = time.perf_counter() - started
-    progress("consumed", done, total, started)
-    print(file=sys.stderr)
+    progress(status, "consumed", done, total, started)
+    status.end()
     await q.drain()  # writes the last acks
     return elapsed, dict(totals)
 
@@ -155,12 +158,14 @@ def run_spark(uri: str, expected: dict[str, list[float]]) -> None:
         sys.path.insert(0, str(ROOT / "spark"))  # the example job (spark/jobs) is not an installed package
     from jobs.account_totals import run_example_job
 
+    status = StatusLine()
+
     def show(event: dict[str, Any]) -> None:
-        print(f"\r  spark: {format_progress(event):<100}", end="", file=sys.stderr, flush=True)
+        status.show(f"  spark: {format_progress(event)}")
 
     with tempfile.TemporaryDirectory(prefix="bucketq-demo-") as out:
         figures = run_example_job(uri, DB, QUEUE, out, progress=show, jars=ensure_jars("spark"))
-    print(file=sys.stderr)
+    status.end()
     steps = ", ".join(f"{k} {v:.2f} s" for k, v in figures["seconds"].items())
     print(f"spark:   {figures['rows']:,} messages from {figures['buckets']} buckets in {figures['batches']} batch(es), "
           f"{figures['rows_per_s']:,.0f} rows/s; {steps}")
@@ -207,8 +212,8 @@ def run_spark_cluster(uri: str, expected: dict[str, list[float]]) -> None:
 
 def parse_job_output(stdout: str) -> dict[str, Any]:
     """The account_totals (or stream_totals) job's printed report: its summary line, its executors line and the
-    accounts. spark-submit passes the job's progress (its stderr, lines ended by carriage returns) on to stdout."""
-    lines = [line.strip() for line in stdout.replace("\r", "\n").splitlines()]
+    accounts. spark-submit passes the job's progress (its stderr: plain lines there, not a terminal) on to stdout."""
+    lines = [line.strip() for line in stdout.splitlines()]
     accounts = [{"account": a, "count": int(c), "amount": float(m)}
                 for a, c, m in (line.split("\t") for line in lines if line.count("\t") == 2)]
     executors = next((line for line in lines if line.startswith("master ")), "executors: none")

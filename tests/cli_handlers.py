@@ -19,8 +19,12 @@ async def record(message: Any) -> None:
     log.info("handled a message for mongodb://app:%s@db.example/app", PASSWORD)
 
 
-def not_async(message: Any) -> None:
-    """A plain function: the worker refuses it."""
+def record_sync(message: Any) -> None:
+    """``record`` as a sync handler (run on the worker's threads), which also records its thread's name."""
+    import threading
+
+    with open(os.environ["BUCKETQ_TEST_OUT"], "a") as out:
+        out.write(json.dumps({**message.payload, "thread": threading.current_thread().name}) + "\n")
 
 
 NOT_A_FUNCTION = 42

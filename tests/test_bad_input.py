@@ -1,4 +1,4 @@
-"""Bad input on every public entry point (issue 6), driven by hypothesis.
+"""Bad input on every public entry point, driven by hypothesis.
 
 Every bad value must end in a clear error, a ``bucketq.BucketqError`` subclass, or in quarantine, and no other
 message may be lost: the examples push a good *sentinel* message into the same bucket as the bad input

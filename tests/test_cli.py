@@ -360,12 +360,23 @@ WORK = ["worker", "tests.cli_hooks:fail_marked", "-q", "tasks"]
     ([*WORK, "--lease", "-1"], "InvalidOption: lease must be between 1"),  # checked by QueueOptions
     ([*WORK, "--max-attempts", "0"], "InvalidOption: max_attempts must be at least 1"),
     ([*WORK, "--batch-size", "200000"], "InvalidOption: batch_size must be"),  # checked by Worker, once connected
-    (["worker", "tests.cli_handlers:not_async", "-q", "tasks"], "InvalidOption: handler must be an async function"),
+    (["worker", "tests.cli_handlers:record", "-q", "tasks", "--threads", "2"],
+     "InvalidOption: threads is for a sync handler"),
     (["worker", "tests.cli_handlers", "-q", "tasks"], "must look like MODULE:HANDLER"),
     (["remove", "events", "notanid"], "malformed message id(s) 'notanid'"),
-], ids=["click", "lease", "max-attempts", "batch-size", "not-async", "handler-spec", "message-id"])
+], ids=["click", "lease", "max-attempts", "batch-size", "threads-async", "handler-spec", "message-id"])
 def test_bad_usage_exits_with_2_whichever_check_finds_it(bq: Run, args: list[str], fragment: str) -> None:
-    result = bq(*args)
+    exits_as_bad_usage(bq(*args), fragment)
+
+
+def test_no_uri_and_invalid_json_are_bad_usage(bq: Run, sync_db) -> None:
+    exits_as_bad_usage(bq("stats", uri=None), "no MongoDB URI: pass --uri or set BUCKETQ_MONGODB_URI")
+    exits_as_bad_usage(bq("push", "events", "{nope"), "argument 1, column 2: invalid JSON")
+    exits_as_bad_usage(bq("push", "events", input='{"ok": 1}\n{nope\n'), "line 2, column 2: invalid JSON")
+    assert sync_db["events"].count_documents({}) == 1  # the line before the bad one was pushed, as it says
+
+
+def exits_as_bad_usage(result: subprocess.CompletedProcess, fragment: str) -> None:
     assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
@@ -466,6 +477,22 @@ def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: s
     assert row["ready"] == row["in_flight"] == row["dead"] == 0
 
 
+def test_worker_runs_a_sync_handler_on_its_threads(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
+    ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
+    out = tmp_path / "handled.jsonl"
+    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    proc, err = _work_until([*BQ, "worker", "tests.cli_handlers:record_sync", "--queue", "tasks", "--concurrency",
+                             "2", "--db", db_name], env,
+                            lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "a sync handler on 2 threads" in err and "worker stopped" in err
+    handled = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(h["task"] for h in handled) == list(range(6))
+    assert {h["thread"] for h in handled} <= {"bucketq-handler-0", "bucketq-handler-1"}
+    row = stats(bq, "tasks")
+    assert row["ready"] == row["in_flight"] == row["dead"] == 0
+
+
 def _work_until(argv: list[str], env: dict[str, str], done: Callable[[], bool]) -> tuple[subprocess.Popen, str]:
     """Run a worker command until ``done()`` (within 30 s), then stop it with SIGTERM: the process and its stderr."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
@@ -486,7 +513,6 @@ def _work_until(argv: list[str], env: dict[str, str], done: Callable[[], bool]) 
     ("tests.no_such_module:fn", "cannot import module 'tests.no_such_module'"),
     ("tests.cli_handlers:missing", "has no attribute 'missing'"),
     ("tests.cli_handlers:NOT_A_FUNCTION", "not a function"),
-    ("tests.cli_handlers:not_async", "async"),
 ])
 def test_worker_bad_handler(bq: Run, handler: str, fragment: str) -> None:
     one_line_error(bq("worker", handler, "--queue", "tasks"), fragment)

@@ -603,7 +603,7 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
 
 
 async def test_reserve_many_takes_what_is_due_up_to_n_across_buckets(make_queue):
-    # issue 24: a reserve_many stopped at the end of the bucket it held while more buckets were due
+    # a reserve_many used to stop at the end of the bucket it held while more buckets were due
     q = make_queue(bucket_max_wait=0.01, bucket_max_size=50, change_streams=False)
     await q.push_many(list(range(120)))
     first = await q.reserve_many(80, timeout=2)  # a bucket and a part of the next: n bounds it

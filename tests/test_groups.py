@@ -286,7 +286,7 @@ async def test_a_sigkilled_consumer_holding_groups_leaves_them_to_resume_in_orde
     assert went_back, "the victim held no group when it died: the test proved nothing"
 
 
-# -- a consumer that collects a batch while it holds groups (issue 22: the full stress run stalled) ----------
+# -- a consumer that collects a batch while it holds groups (the full stress run once stalled) ----------
 
 async def test_a_consumer_holding_a_group_does_not_claim_that_groups_later_buckets(make_queue, sync_db):
     """A batch consumer holds the first message of group g unacked and asks for more (``reserve(0)``): g's
@@ -414,7 +414,7 @@ async def test_stats_say_what_each_group_waits_for(make_queue, sync_db):
 
 @pytest.mark.timeout(60)
 async def test_reserve_many_stops_claiming_at_a_bucket_that_must_wait(make_queue, monkeypatch):
-    """``reserve_many`` claims further buckets while it has fewer than n (issue 24), but a claim that took a
+    """``reserve_many`` claims further buckets while it has fewer than n, but a claim that took a
     bucket with nothing to serve (another consumer holds its group) ends the batch: each further claim would push
     back one more of that group's buckets for nothing, and with a short recheck it would never run out of them
     (the stress run's stall, through ``reserve_many`` this time)."""

@@ -1,4 +1,4 @@
-"""The README's guarantees under injected faults (issue 10): lost replies and late retries, takeovers by
+"""The guarantees (docs/guarantees.md) under injected faults: lost replies and late retries, takeovers by
 another consumer, clock steps, slow writes, bad stored input, shutdown with the server gone. Each test
 injects the fault that would break its guarantee and fails on the code before the fix."""
 
@@ -635,7 +635,7 @@ async def test_an_ack_after_drain_gave_the_message_back_raises_lease_lost(make_q
 
 @pytest.mark.parametrize("uri", ["mongodb://user:s3cret-pw@host:notaport/db", "mongodb://user:s3cret-pw@/db",
                                  "mongodb://user:s3cret-pw@h/db?authMechanism=NOPE",
-                                 # issue 24: reserved characters in the password, several hosts, srv
+                                 # reserved characters in the password, several hosts, srv
                                  "mongodb://user:s3cret/pw7@127.0.0.1:57321/shop",
                                  "mongodb://user:s3cret/pw7@h1:1,h2:2/shop",
                                  "mongodb+srv://user:s3cret/pw7@cluster.example.invalid/shop",

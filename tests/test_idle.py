@@ -1,4 +1,4 @@
-"""Idle consumers and stream readers (issue 21): with change streams, a consumer waiting on an empty queue, or
+"""Idle consumers and stream readers: with change streams, a consumer waiting on an empty queue, or
 a reader on a stream with nothing new, sends next to no commands, and still wakes for every change that makes
 a bucket claimable (a pause's end too). Each wake-up test turns the safety poll off (``SAFETY_POLL_S``), so
 that only the wake-up under test can deliver its message in time."""
@@ -21,7 +21,7 @@ from tests.helpers import StartedCommands, eventually, utc_now
 pytestmark = pytest.mark.backends("memory", "server")
 
 WAKE_S = 15.0  # a generous bound for a wake-up: the safety poll, turned off here, would take 600 s
-IDLE_S = 0.1  # the timeout of each reserve (or read) of an idle loop: each began with a claim before issue 21
+IDLE_S = 0.1  # the timeout of each reserve (or read) of an idle loop: each began with a claim before wake-ups
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ async def test_an_idle_consumer_sends_next_to_no_commands_and_wakes_for_a_push_e
     for _ in range(8):  # a Worker's idle loop: reserve with a short timeout, again and again
         assert await q.reserve(timeout=IDLE_S) is None
     idle_commands = len(sent()) - before
-    # Before issue 21 each reserve claimed and the poll claimed every poll interval: 8 claims or more, and pause
+    # Before wake-ups each reserve claimed and the poll claimed every poll interval: 8 claims or more, and pause
     # reads.
     assert idle_commands <= 2, f"{idle_commands} commands in {8 * IDLE_S:g} s of idling: {sent()[before:]}"
     await make_queue().push("elsewhere")  # another queue object: only its insert event can wake q

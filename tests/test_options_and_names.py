@@ -18,8 +18,10 @@ import pytest
 from bson import ObjectId
 
 import bucketq
+from bucketq.batch import BatchQueue
 from bucketq.codecs import CodecUnavailable, codec_for, codec_named
 from bucketq.core.format import QUEUE_SUFFIXES, Slot, bucket_document
+from bucketq.memory import MemoryClient
 from bucketq.options import MAX_DELAY_S, MAX_NAMESPACE_BYTES, SIDE_COLLECTION_SUFFIXES, QueueOptions
 from tests.helpers import utc_now
 
@@ -166,6 +168,27 @@ def test_tombstone_retention_defaults_to_ten_minutes_and_must_exceed_write_timeo
     assert QueueOptions().tombstone_retention == 600.0
     assert QueueOptions(write_timeout=30, tombstone_retention=30.5).tombstone_retention == 30.5
     assert QueueOptions(write_timeout=900, tombstone_retention=MAX_DELAY_S).tombstone_retention == MAX_DELAY_S
+
+
+@pytest.mark.backends("memory", "server")
+async def test_options_bounded_by_the_lease_or_write_timeout_follow_it_unless_set(make_queue, backend):
+    """A short lease or a long write_timeout never fails on an option the user did not set: state_flush_period
+    and tombstone_retention follow them; one the user set out of bounds still fails, naming itself."""
+    q = make_queue(lease=1.0, write_timeout=900)
+    assert q.options.state_flush_period == pytest.approx(1 / 3)
+    assert q.options.tombstone_retention == 1800.0
+    await q.push("short lease")
+    message = await q.reserve(timeout=5)
+    assert message is not None and message.payload == "short lease"
+    await message.ack(wait=True)
+    assert QueueOptions().state_flush_period == 0.5  # the lease's third is more: the default stands
+    with pytest.raises(bucketq.InvalidOption, match=r"state_flush_period must be between 0.01 s and a third of "
+                                                     r"the lease \(0.333333 s\)"):
+        QueueOptions(lease=1.0, state_flush_period=0.5)  # the default's number, but set: refused
+    with pytest.raises(bucketq.InvalidOption, match="tombstone_retention must be more than write_timeout"):
+        QueueOptions(write_timeout=900, tombstone_retention=600.0)
+    batch = BatchQueue(MemoryClient(), name="events", op_timeout_s=900)
+    assert batch.tombstone_retention == 1800.0
 
 
 async def test_retention_none_keeps_quarantine_and_inbox_forever(make_queue, sync_db):

@@ -156,7 +156,7 @@ async def test_full_bucket_is_written_at_once(make_queue, sync_db):
 @pytest.mark.parametrize("push", ["push_many", "push_nowait"])
 async def test_the_buckets_one_burst_of_pushes_fills_are_shared_out_among_the_writers(mongo_uri, db_name, sync_db,
                                                                                       push, writers, inserts_of):
-    """Each command costs the client a few hundred microseconds in the async driver (issue 25): the buckets a
+    """Each command costs the client a few hundred microseconds in the async driver: the buckets a
     burst fills (a ``push_many``, or ``push_nowait``s with no await between them) go out together, shared evenly
     among the free writers (``max_in_flight_writes``), not an insert as each one fills."""
     commands = StartedCommands()

@@ -1,4 +1,5 @@
-"""Every ```python block of the README (and of docs/*.md) runs as written (issue 24).
+"""Every ```python block of README.md, of every page under docs/ (nested folders, indented fences) and of
+spark/README.md runs as written, and every test a page names as evidence exists.
 
 Each block is checked with pyflakes' rules (through ruff), so that a name the snippet never defines cannot hide
 in an ``except Exception``, then run the way the text tells a user to:
@@ -7,18 +8,24 @@ in an ``except Exception``, then run the way the text tells a user to:
 - a block whose first line is ``# <path>`` is that file of the repository, verbatim (the file has a test of its
   own, e.g. tests/test_web_service.py);
 - any other block is run as a script, twice (a user runs a snippet again), on the in-memory database or, when
-  its code names ``mongodb://localhost:27017``, on the test server: that prefix is the only change made.
+  its code names ``mongodb://localhost:27017``, on the test server: that prefix is the only change made. A block
+  of spark/README.md runs in a process of its own (a JVM, the connector's jars through ``$BUCKETQ_SPARK_JARS``),
+  marked ``spark``.
+A fence indented under a list item is read with its indentation taken off. ``test_blocks_are_found`` has one id
+per page, ending in the number of blocks found there (``-v`` lists them).
 """
 
 from __future__ import annotations
 
 import ast
 import io
+import os
 import re
 import subprocess
 import sys
 import tokenize
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -29,9 +36,11 @@ from pymongo import MongoClient
 from tests.helpers import SUBPROCESS_PYTEST_PLUGINS_OFF
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SPARK_README = ROOT / "spark" / "README.md"
+DOCUMENTS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md")), SPARK_README]
 README_URI = "mongodb://localhost:27017"
-FENCE = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.MULTILINE | re.DOTALL)
+OPENING = re.compile(r"^[ \t]*```python\b", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,10 @@ class Block:
     @property
     def name(self) -> str:
         return f"{self.document.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def needs_spark(self) -> bool:
+        return self.document == SPARK_README
 
     @property
     def copy_of(self) -> Path | None:
@@ -72,22 +85,52 @@ class Block:
                       self.source)
 
 
+def blocks_of(document: Path) -> list[Block]:
+    text = document.read_text()
+    found = []
+    for match in FENCE.finditer(text):
+        indent = match.group("indent")
+        lines = match.group("body").splitlines(keepends=True)
+        if indent and any(line.strip() and not line.startswith(indent) for line in lines):
+            raise ValueError(f"{document}: a block indented by {len(indent)} has a line indented less")
+        source = "".join(line[len(indent):] if line.startswith(indent) else line.lstrip(" \t") for line in lines)
+        found.append(Block(document, text.count("\n", 0, match.start("body")) + 1, source))
+    return found
+
+
 def blocks() -> Iterator[Block]:
     for document in DOCUMENTS:
-        text = document.read_text()
-        for match in FENCE.finditer(text):
-            yield Block(document, text.count("\n", 0, match.start(1)) + 1, match.group(1))
+        yield from blocks_of(document)
 
 
 def params() -> list:
-    return [pytest.param(block, id=block.name,
-                         marks=pytest.mark.server if block.needs_server else pytest.mark.memory)
-            for block in blocks()]
+    return [pytest.param(block, id=block.name, marks=mark(block)) for block in blocks()]
 
 
-def test_every_python_fence_is_found() -> None:
-    found = list(blocks())
-    assert found and len(found) == sum(document.read_text().count("```python") for document in DOCUMENTS)
+def mark(block: Block) -> list[pytest.MarkDecorator]:
+    if block.needs_spark:
+        return [pytest.mark.spark, pytest.mark.server]
+    return [pytest.mark.server if block.needs_server else pytest.mark.memory]
+
+
+@pytest.mark.parametrize("document,count", [
+    pytest.param(document, len(blocks_of(document)), id=f"{document.relative_to(ROOT)}-{len(blocks_of(document))}")
+    for document in DOCUMENTS])
+def test_blocks_are_found(document: Path, count: int) -> None:
+    """Every opening fence of a page is a block read (none hides in a fence the pattern misses)."""
+    assert count == len(OPENING.findall(document.read_text()))
+
+
+def test_the_readme_stays_short() -> None:
+    """A user's first page: what bucketq is, one example, links; the rest is on the docs site."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+def test_indented_fences_are_read_without_their_indentation(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("- an item:\n\n    ```python\n    x = 1\n    if x:\n        print(x)\n    ```\n")
+    [block] = blocks_of(page)
+    assert block.source == "x = 1\nif x:\n    print(x)\n" and block.line == 4
 
 
 @pytest.mark.parametrize("block", params())
@@ -101,26 +144,51 @@ def test_the_block_runs_as_written(block: Block, request: pytest.FixtureRequest,
         assert block.source == block.copy_of.read_text(), f"{block.name} differs from {block.copy_of}"
     elif block.is_test_module:
         run_as_tests(block, tmp_path)
+    elif block.needs_spark:
+        run_in_spark(block, block.on(request.getfixturevalue("mongo_uri")), tmp_path)
     elif block.needs_server:
         uri = request.getfixturevalue("mongo_uri")
-        with MongoClient(uri) as client:
-            before = set(client.list_database_names())
-            try:
-                for _ in range(2):
-                    run_as_script(block, block.on(uri))
-            finally:
-                for name in set(client.list_database_names()) - before:
-                    client.drop_database(name)
+        with new_databases_dropped(uri):
+            for _ in range(2):
+                run_as_script(block, block.on(uri))
     else:
         for _ in range(2):
             run_as_script(block, block.source)
     print(capsys.readouterr().out)  # what the snippet printed, shown when the test fails
 
 
+@contextmanager
+def new_databases_dropped(uri: str) -> Iterator[None]:
+    """The databases a snippet made on the server of ``uri`` (the README's name theirs) are dropped afterwards."""
+    with MongoClient(uri) as client:
+        before = set(client.list_database_names())
+        try:
+            yield
+        finally:
+            for name in set(client.list_database_names()) - before:
+                client.drop_database(name)
+
+
 def run_as_script(block: Block, source: str) -> None:
     # padded so that a traceback names the document's own line numbers
     code = compile("\n" * (block.line - 1) + source, str(block.document), "exec")
     exec(code, {"__name__": "__main__"})
+
+
+def run_in_spark(block: Block, source: str, directory: Path) -> None:
+    """Twice in one process of its own (the second ``build_session()`` takes the running session), as a user's
+    script runs: the connector's jars through ``$BUCKETQ_SPARK_JARS``, as the page says."""
+    from devtools.jars import ensure_jars
+
+    script = directory / "snippet.py"
+    script.write_text("\n" * (block.line - 1) + source)
+    runner = ("import runpy, sys\nfor _ in range(2):\n    runpy.run_path(sys.argv[1], run_name='__main__')\n")
+    # the snippet's temporary folders (tempfile) go under this test's, which pytest removes
+    env = {**os.environ, "BUCKETQ_SPARK_JARS": ",".join(str(jar) for jar in ensure_jars("spark")),
+           "TMPDIR": str(directory)}
+    result = subprocess.run([sys.executable, "-c", runner, str(script)], cwd=directory, env=env,
+                            capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, f"{block.name}:\n{result.stdout}{result.stderr[-4000:]}"
 
 
 def run_as_tests(block: Block, directory: Path) -> None:

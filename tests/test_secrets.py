@@ -40,10 +40,37 @@ def test_redact_hides_up_to_the_last_at() -> None:
     uri = "mongodb://alice9:S3cr/pw9@h1:1,h2:2/shop"
     assert redact(f'{uri}: Bad database name "pw9@h1:1,h2:2/shop"', uri) == \
         'mongodb://***@h1:1,h2:2/shop: Bad database name "***@h1:1,h2:2/shop"'
-    assert redact("no scheme: alice9:S3cr pw9@h; Unknown option: PW9", "alice9:S3cr pw9@h") == \
-        "no scheme: ***@h; Unknown option: ***"
-    assert redact("short pieces stay in words: an apple; not alone: a", "mongodb://a:b@h") == \
-        "short pieces stay in words: an apple; not alone: ***"
+    assert redact("no scheme: alice9:S3cr pw9@h; unknown host PW9@h", "alice9:S3cr pw9@h") == \
+        "no scheme: ***@h; unknown host ***@h"
+    assert redact("short pieces stay in words: an apple@h; not alone: a@h", "mongodb://a:b@h") == \
+        "short pieces stay in words: an apple@h; not alone: ***@h"
+
+
+def test_redact_leaves_the_words_of_a_message_alone() -> None:
+    """Echoed pieces are looked for in URI text only (``:``, ``/`` or ``@`` joining two characters): a user named
+    ``user`` with the password ``password`` leaves bucketq's hint and pymongo's message readable."""
+    uri = "mongodb://user:password@h:1/shop"
+    words = "Username and password must be escaped; in the user name and password"
+    assert redact(f"invalid MongoDB URI {uri}: {words}", uri) == f"invalid MongoDB URI mongodb://***@h:1/shop: {words}"
+    assert redact("host user:1 and password@h1, not the user's password", uri) == \
+        "host ***:1 and ***@h1, not the user's password"
+
+
+@pytest.mark.parametrize(("uri", "says"), [
+    ("mongodb://user:S3cr/pw9@127.0.0.1:{port}/shop", "an '@' follows the hosts; percent-escape ':', '/', '?', '#', "
+     "'[', ']' and '@' in the user name and password"),  # bucketq's hint
+    ("mongodb://user:S3cr@pw9@127.0.0.1:{port}/shop", "the user name or password holds a reserved character; "
+     "percent-escape"),
+], ids=["at-after-the-hosts", "reserved-character"])
+def test_a_user_named_user_reads_the_error_whole(uri: str, says: str, closed_port: int) -> None:
+    """The library's error and the CLI's say what to escape in words the user name does not blank."""
+    uri = uri.format(port=closed_port)
+    with pytest.raises(bucketq.InvalidOption) as caught:
+        bucketq.Queue(uri, name="orders")
+    cli_said = CliRunner().invoke(cli, ["stats", "--uri", uri]).stderr
+    for said in (str(caught.value), cli_said):
+        assert says in said and "mongodb://***@127.0.0.1" in said, said
+        assert_hidden(said)
 
 
 # -- the library ------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``bucketq.store`` owns every command bucketq sends (issue 23): no module outside it calls a collection's
+"""``bucketq.store`` owns every command bucketq sends: no module outside it calls a collection's
 methods. Reads the source only (``ast``): no server, no database."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Streams (issue 14): positions, reader groups sharing work, replay, retention, lag, and the faults that would
+"""Streams: positions, reader groups sharing work, replay, retention, lag, and the faults that would
 break them: a lost insert reply, a producer killed between allocating a sequence and inserting its bucket,
 buckets landing out of order, an insert landing after its sequence was marked a gap, a reader killed holding a
 bucket, a lease lost to another reader, a lost reply on a claim's finish."""
@@ -35,7 +35,7 @@ async def test_positions_increase_and_a_group_reads_everything_in_order(make_str
 
 
 async def test_read_many_takes_what_is_available_across_buckets(make_stream):
-    # issue 24: 4 messages in 2 buckets came out as two batches of 2, and the README's single read showed half
+    # 4 messages in 2 buckets used to come out as two batches of 2, and the README's single read showed half
     stream = make_stream(bucket_max_size=2)
     positions = await stream.push_many(["1:0", "1:1", "2:0", "2:1"])
     assert {p.seq for p in positions} == {1, 2}

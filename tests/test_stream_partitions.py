@@ -1,4 +1,4 @@
-"""Partitioned streams (issue 21): ``partitions=N`` makes a stream N independent sequences. Pushes spread over
+"""Partitioned streams: ``partitions=N`` makes a stream N independent sequences. Pushes spread over
 them, every group reads every message once, order holds within a partition, and the rules of one sequence (the
 hole rule, a killed reader's redelivery, retention) hold in each partition on its own. A version-1 stream (one
 partition) keeps its format and refuses to become partitioned."""

@@ -1,4 +1,4 @@
-"""The shard-key audit over a partitioned stream's commands (issue 21, item 2): push, read, ack, commit, the hole
+"""The shard-key audit over a partitioned stream's commands: push, read, ack, commit, the hole
 rule's gap marker, reset (to the beginning, a time, a position), retention, stats and the Spark range take run
 through a client whose ``CommandListener`` (tests/shardkeys.py) names any command on ``S``, the collection to be
 sharded (``core.STREAM_SHARD_KEYS``), whose filter does not pin ``pt``. The side collections are not sharded."""

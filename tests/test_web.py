@@ -13,6 +13,7 @@ import itertools
 import json
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,11 @@ from starlette.testclient import TestClient
 
 import bucketq
 from bucketq.cli import cli
+from bucketq.core.claims import owner_name
+from bucketq.core.holdings import UNKNOWN_HOLDER, by_holder
 from bucketq.errors import InvalidOption
 from bucketq.web import check_bind, create_app
-from bucketq.web.charts import line_chart
+from bucketq.web.charts import SERIES_COLORS, line_chart
 from bucketq.web.history import History
 from bucketq.web.security import SESSION_COOKIE
 from tests.helpers import eventually, utc_now
@@ -138,7 +141,7 @@ def test_what_the_data_holds_is_shown_as_text_never_as_markup(open_app, memory_d
             await message.dead_letter(error="<script>alert(1)</script>", wait=True)
     call(client, dead_letter_with_markup)
     page = client.get("/queues/orders").text
-    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
 def test_the_charts_draw_the_samples(open_app) -> None:
@@ -149,7 +152,8 @@ def test_the_charts_draw_the_samples(open_app) -> None:
     call(client, dashboard.sample)
     page = client.get("/queues/orders").text
     assert page.count("<polyline") >= 3  # pending, ready and dead; in/out need change streams on the first sample
-    assert "<script" not in page and "http" not in page.split("<svg", 1)[1].split("</svg>", 1)[0]
+    chart = page.split("<svg", 1)[1].split("</svg>", 1)[0]
+    assert "<script" not in chart and "http" not in chart  # drawn on the server, nothing fetched
     stream = client.get("/streams/events").text
     assert stream.count("<polyline") == 2  # one line per reader group
 
@@ -361,10 +365,246 @@ def test_history_keeps_the_last_hour_and_the_chart_stays_in_its_box(samples, int
             if value is not None and now - at <= history.span_s]
     assert len(points) <= 3600 / interval + 1
     assert points == kept[len(kept) - len(points):]  # the newest, oldest first
-    svg = ElementTree.fromstring(str(line_chart({"pending": points}, now=now, span_s=history.span_s)))
+    svg = ElementTree.fromstring(str(line_chart({"pending": points}, colors=SERIES_COLORS, now=now,
+                                                   span_s=history.span_s)))
     width, height = (float(n) for n in svg.get("viewBox", "").split()[2:])
     lines = list(svg.iter("polyline"))
     assert len(lines) == (len(points) >= 2)
     for line in lines:
         for x, y in (map(float, pair.split(",")) for pair in line.get("points", "").split()):
             assert 0 <= x <= width and 0 <= y <= height
+
+
+# -- colours, chart titles, refreshing ------------------------------------------------------------------------
+
+def legend(svg: ElementTree.Element) -> dict[str, str]:
+    """A chart's legend: series name -> the colour its text is drawn in (its inline style, which the page's
+    stylesheet cannot override), checked against its swatch's."""
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = [t for t in svg.iter() if t.tag in ("text", f"{ns}text") and t.get("class") == "legend"]
+    swatches = [r for r in svg.iter() if r.tag in ("rect", f"{ns}rect") and r.get("class") == "swatch"]
+    assert len(texts) == len(swatches)
+    colours = {t.text or "": (t.get("style") or "").removeprefix("fill:") for t in texts}
+    assert [(r.get("style") or "").removeprefix("fill:") for r in swatches] == list(colours.values())
+    return colours
+
+
+def charts_of(page: str) -> list[ElementTree.Element]:
+    return [ElementTree.fromstring(svg) for svg in re.findall(r"<svg.*?</svg>", page, re.DOTALL)]
+
+
+def test_each_series_has_one_colour_on_every_page_and_its_legend_shows_it(open_app) -> None:
+    client = open_app()
+    dashboard = client.app.state.dashboard  # type: ignore[attr-defined]
+    call(client, dashboard.sample)
+    call(client, dashboard.sample)
+    seen: dict[str, set[str]] = {}
+    for path in ("/", "/queues/orders", "/queues/emails"):
+        page = client.get(path).text
+        for svg in charts_of(page):
+            lines = {line.get("stroke") for line in svg.iter("polyline")}
+            for name, colour in legend(svg).items():
+                seen.setdefault(name, set()).add(colour)
+                assert colour in lines or not lines  # the legend's colour is its line's
+        # a table header of a charted series wears its colour too
+        for name, colour in re.findall(r'<th><span class="swatch" style="background:(#[0-9a-f]{6})"></span>(\w+)',
+                                       page):
+            seen.setdefault(colour and name, set()).add(name and colour)
+    assert {"pending", "ready", "dead"} <= set(seen)
+    assert all(len(colours) == 1 for colours in seen.values()), seen  # red is dead letters wherever it appears
+    assert len({colours.pop() for colours in seen.values()}) == len(seen)  # and no two series share one
+    groups = legend(charts_of(client.get("/streams/events").text)[0])
+    assert set(groups) == {"audit", "billing"} and len(set(groups.values())) == 2
+    assert not set(groups.values()) & set(SERIES_COLORS.values())
+
+
+def test_chart_titles_say_what_the_samples_cover(open_app) -> None:
+    client = open_app()
+    history = client.app.state.dashboard.history = History(10.0)  # type: ignore[attr-defined]
+    assert "messages, no samples yet" in client.get("/queues/orders").text
+    now = time.time()
+    for field in ("pending", "ready", "dead"):
+        history.add(("queue", "orders", field), now - 300, 1)
+        history.add(("queue", "orders", field), now, 2)
+    page = client.get("/queues/orders").text
+    assert re.search(r"messages, last 5m [0-9]s</div>", page) and "last hour" not in page
+    history = client.app.state.dashboard.history = History(10.0)  # type: ignore[attr-defined]
+    history.add(("queue", "orders", "pending"), now - history.span_s + 5, 1)  # as old as a sample kept can be
+    history.add(("queue", "orders", "pending"), now, 1)
+    assert "messages, last hour</div>" in client.get("/queues/orders").text
+
+
+def test_live_pages_refresh_their_counts_and_never_a_form(open_app) -> None:
+    """The script that refreshes a page swaps its ``data-live`` parts; a form inside one would lose what was typed
+    in it (the browser test watches it happen)."""
+    client = open_app()
+    for path in ("/", "/queues/orders", "/streams/events"):
+        page = client.get(path).text
+        assert 'id="refresh-toggle"' in page and "const every = 3600000" in page  # the sampling interval
+        live = re.findall(r'<(\w+) [^>]*data-live[^>]*>', page)
+        assert live and all('id="' in tag for tag in re.findall(r"<\w+ [^>]*data-live[^>]*>", page))
+        for tag in set(live):  # no live part holds a form
+            for part in re.findall(rf"<{tag} [^>]*data-live.*?</{tag}>", page, re.DOTALL):
+                assert "<form" not in part and "<input" not in part
+    assert 'id="refresh-toggle"' not in client.get("/queues/nope").text  # pages that are not live do not reload
+
+
+# -- one message: its page, retry, delete ----------------------------------------------------------------------
+
+async def dead_letter_ids(db: Any, name: str = "orders", error: str | None = None) -> list[str]:
+    async with bucketq.Queue(db, name=name) as queue:
+        return [e["_id"] for e in await queue.dead_letters(limit=1000, error_contains=error)]
+
+
+def test_a_message_page_shows_payload_headers_tries_and_the_error_kept(open_app, memory_db) -> None:
+    client = open_app()
+    [declined] = call(client, dead_letter_ids, memory_db, "orders", "card declined")
+    page = html.unescape(client.get(f"/queues/orders/messages/{declined}").text)
+    assert "a dead letter" in page and re.search(r'id="error">card declined<', page)
+    assert re.search(r'id="tries">1<', page) and '"order":' in page
+    assert "last error only" in page
+
+    async def pushed_with_headers() -> str:
+        async with bucketq.Queue(memory_db, name="emails", bucket_max_wait=0.005) as emails:
+            return await emails.push({"to": "ada"}, headers={"trace": "t-1"})
+    pending = call(client, pushed_with_headers)
+    page = html.unescape(client.get(f"/queues/emails/messages/{pending}").text)
+    assert ", pending" in page and '"trace": "t-1"' in page and '"to": "ada"' in page
+    assert re.search(r'id="tries">0 deliveries so far<', page) and re.search(r'id="held-by">no one<', page)
+
+    quarantined = re.search(r'/queues/orders/messages/([0-9a-f]{24})"', client.get("/queues/orders").text)
+    assert quarantined is not None
+    page = html.unescape(client.get(f"/queues/orders/messages/{quarantined.group(1)}").text)
+    assert "in quarantine" in page and "a whole bucket" in page and "undecodable" in page
+    missing = client.get("/queues/orders/messages/000000000000000000000000:0")
+    assert missing.status_code == 404 and "not a dead letter" in html.unescape(missing.text)
+
+
+def test_one_message_is_retried_or_deleted_through_its_confirmation(open_app, memory_db) -> None:
+    client = open_app(token=TOKEN, allow_actions=True)
+    csrf = logged_in(client)
+    declined, unknown, timeout = (call(client, dead_letter_ids, memory_db, "orders", error)[0]
+                                  for error in ("card declined", "address unknown", "warehouse"))
+    question = html.unescape(client.get(f"/queues/orders/message-retry/{declined}").text)
+    assert f"Retry message '{declined}' of queue 'orders', a dead letter?" in question
+    assert client.post(f"/queues/orders/message-retry/{declined}", data={"csrf": csrf}).status_code == 400
+    assert client.post(f"/queues/orders/message-retry/{declined}", data={"confirm": "yes"}).status_code == 403
+    assert call(client, dead_letter_ids, memory_db) == [declined, unknown, timeout]  # not confirmed: nothing done
+    done = client.post(f"/queues/orders/message-retry/{declined}", data={"csrf": csrf, "confirm": "yes"})
+    assert done.status_code == 200 and f"retried message '{declined}'" in html.unescape(done.text)
+    assert call(client, dead_letter_ids, memory_db) == [unknown, timeout]  # the one message, not the others
+    assert ", pending" in client.get(f"/queues/orders/messages/{declined}").text  # back in the queue, same id
+
+    done = client.post(f"/queues/orders/message-delete/{unknown}", data={"csrf": csrf, "confirm": "yes"})
+    assert f"deleted message '{unknown}'" in html.unescape(done.text)
+    assert call(client, dead_letter_ids, memory_db) == [timeout]
+    # a pending message has no retry, and is deleted unless a consumer holds it
+    assert client.get(f"/queues/orders/message-retry/{declined}").status_code == 404
+
+    async def held_then_released() -> Any:
+        async with bucketq.Queue(memory_db, name="orders") as orders:
+            message = await orders.reserve(timeout=2)
+            assert message is not None
+            refused = await asyncio.to_thread(client.post, f"/queues/orders/message-delete/{message.id}",
+                                              data={"csrf": csrf, "confirm": "yes"})
+            await message.nack(0)
+            return message.id, refused
+    held_id, refused = call(client, held_then_released)
+    assert refused.status_code == 409 and "holds until" in html.unescape(refused.text)
+    done = client.post(f"/queues/orders/message-delete/{held_id}", data={"csrf": csrf, "confirm": "yes"})
+    assert done.status_code == 200
+    assert client.get(f"/queues/orders/messages/{held_id}").status_code == 404  # gone: finished like an ack
+
+    read_only = open_app(token=TOKEN)
+    logged_in(read_only)
+    assert read_only.get(f"/queues/orders/message-delete/{timeout}").status_code == 403
+    assert 'id="message-delete"' not in read_only.get(f"/queues/orders/messages/{timeout}").text
+
+
+# -- filtered requeue and purge, paging --------------------------------------------------------------------------
+
+def test_requeue_and_purge_take_the_clis_error_filter(open_app, memory_db) -> None:
+    client = open_app(token=TOKEN, allow_actions=True)
+    csrf = logged_in(client)
+    listing = html.unescape(client.get("/queues/orders?dead_error=WAREHOUSE").text)
+    assert "Dead letters (1 of 3 whose error contains “WAREHOUSE”)" in listing  # case-insensitive, as the CLI's
+    assert "timeout calling the warehouse" in listing and "card declined" not in listing
+    assert "/queues/orders/requeue-dead?error=WAREHOUSE" in listing
+
+    question = html.unescape(client.get("/queues/orders/requeue-dead?error=WAREHOUSE").text)
+    assert "Put the 1 dead letter(s) whose error contains 'WAREHOUSE' of queue 'orders' back" in question
+    assert 'name="error" value="WAREHOUSE"' in question  # the POST carries the filter the question named
+    done = client.post("/queues/orders/requeue-dead", data={"csrf": csrf, "confirm": "yes", "error": "WAREHOUSE"})
+    assert "requeued 1 dead letter(s) whose error contains 'WAREHOUSE'" in html.unescape(done.text)
+    left = call(client, dead_letter_ids, memory_db)
+    assert len(left) == 2 and not call(client, dead_letter_ids, memory_db, "orders", "warehouse")
+
+    done = client.post("/queues/orders/purge-dead", data={"csrf": csrf, "confirm": "yes", "error": "card"})
+    assert "purged 1 dead letter(s) whose error contains 'card'" in html.unescape(done.text)
+    assert len(call(client, dead_letter_ids, memory_db, "orders", "address unknown")) == 1
+    assert len(call(client, dead_letter_ids, memory_db)) == 1
+    question = html.unescape(client.get("/queues/orders/purge-quarantined?error=nothing+like+it").text)
+    assert "Delete the 0 quarantined entries whose reason contains 'nothing like it'" in question
+
+
+def test_dead_letters_and_quarantine_are_paged(open_app, memory_db) -> None:
+    client = open_app()
+    start = utc_now() - dt.timedelta(hours=1)
+    memory_db.sync["orders.dead"].insert_many([
+        {"_id": f"bulk:{i}", "enc": "json", "p": f'{{"n": {i}}}', "h": None, "k": None, "tries": 5,
+         "error": "boom" if i % 2 else "bang", "at": start + dt.timedelta(seconds=i), "enqueued_at": start,
+         "origin": {"bucket": ObjectId(), "slot": i}, "pt": 0} for i in range(120)])
+
+    def ids_on(query: str) -> list[str]:
+        page = client.get(f"/queues/orders?{query}").text
+        table = re.search(r'<table id="dead">.*?</table>', page, re.DOTALL)
+        return re.findall(r'/messages/([^"]+)">', table.group()) if table else []
+
+    first = client.get("/queues/orders").text
+    assert "Dead letters (123)" in first and "rows 1–50 of 123 · page 1 of 3" in html.unescape(first)
+    pages = [ids_on(f"dead_page={n}") for n in (1, 2, 3)]
+    assert [len(p) for p in pages] == [50, 50, 23]
+    everyone = [i for p in pages for i in p]
+    assert len(set(everyone)) == 123  # no row twice, none left out
+    assert everyone[:120] == [f"bulk:{i}" for i in range(120)]  # oldest first (the 3 from fill died last)
+    assert ids_on("dead_page=99") == pages[2]  # past the end: the last page
+    assert client.get("/queues/orders?dead_page=x").status_code == 400
+    booms = ids_on("dead_error=boom&dead_page=2")
+    assert booms == [f"bulk:{i}" for i in range(101, 120, 2)]  # the filter's 60 matches, from the 51st
+    assert 'href="http://testserver/queues/orders?dead_error=boom&amp;dead_page=1"' in \
+        client.get("/queues/orders?dead_error=boom&dead_page=2").text  # a page's links keep the filter
+
+
+# -- who holds what ------------------------------------------------------------------------------------------------
+
+def test_the_holders_of_leases_and_groups_are_shown_by_the_owner_their_lease_records(open_app, memory_db) -> None:
+    client = open_app()
+    assert "No consumer holds a bucket or a group now." in client.get("/queues/orders").text
+
+    async def hold_and_look() -> str:
+        async with bucketq.Queue(memory_db, name="carts", bucket_max_wait=0.005) as carts:
+            await asyncio.gather(*(carts.push_nowait({"step": step}, group="cart-7") for step in range(3)))
+            message = await carts.reserve(timeout=2)  # its bucket, and the group's turn
+            assert message is not None
+            page = await asyncio.to_thread(client.get, "/queues/carts")
+            await message.nack(0)
+            return page.text
+    page = html.unescape(call(client, hold_and_look))
+    holders = re.search(r'<table id="holders">.*?</table>', page, re.DOTALL)
+    assert holders is not None
+    row = re.search(rf"<tr><td>{re.escape(owner_name())}</td><td>(\d+)</td><td>(\d+)</td>.*?</tr>", holders.group(),
+                    re.DOTALL)
+    assert row is not None and (row.group(1), row.group(2)) == ("1", "3")
+    assert "cart-7 (lock in" in row.group()
+
+
+def test_a_group_lock_whose_bucket_is_no_longer_held_is_shown_without_a_holder() -> None:
+    """A lock names its bucket's lease token, not a holder: a lock outliving its lease (a consumer that crashed: the
+    lock lasts up to one lease longer) has no lease to name its holder."""
+    until = utc_now() + dt.timedelta(seconds=30)
+    held = [{"lease": {"token": "t1", "owner": "web-1:42"}, "due": until, "n": 5, "done": [0, 1]},
+            {"lease": {"token": "t2", "owner": "web-1:42"}, "due": until - dt.timedelta(seconds=5), "n": 2, "done": []}]
+    locks = [{"_id": "cart-7", "token": "t1", "until": until}, {"_id": "cart-9", "token": "gone", "until": until}]
+    assert by_holder(held, locks) == {
+        UNKNOWN_HOLDER: {"buckets": 0, "messages": 0, "until": None, "groups": [{"group": "cart-9", "until": until}]},
+        "web-1:42": {"buckets": 2, "messages": 5, "until": until, "groups": [{"group": "cart-7", "until": until}]}}

@@ -1,6 +1,6 @@
-"""The README's web service (examples/web_service.py, issue 24) under uvicorn: requests answered before and
-while SIGTERM stops the server are each stored once, and the lifespan's exit (the queue's close) completes; and
-what the README says of its shutdown: leaving ``async with`` drains, with no ``drain()`` call."""
+"""The guide's web service (docs/guide/web-service.md, examples/web_service.py) under uvicorn: requests answered
+before and while SIGTERM stops the server are each stored once, and the lifespan's exit (the queue's close)
+completes; and what the guide says of its shutdown: leaving ``async with`` drains, with no ``drain()`` call."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -300,3 +301,180 @@ async def test_a_handler_past_drain_timeout_is_cancelled_and_its_message_goes_to
     await again.ack()
 
 
+
+
+# -- sync handlers: run on the worker's threads, under the async handler's contract -------------------------------
+
+@pytest.mark.backends("memory", "server")
+@pytest.mark.real_time  # threads: the loop cannot foresee when they return
+async def test_a_sync_handler_runs_on_a_thread_and_its_return_or_raise_decides(make_queue):
+    q = make_queue(**QUICK, max_attempts=2, retry_base=0.05, retry_max=0.05)
+    await q.push_many(["ok", "flaky", "bad", "poison"])
+    seen: list[tuple[str, int, str]] = []
+    loop_thread = threading.current_thread().name
+
+    def handler(message: bucketq.Message) -> None:  # a plain def, as Celery or RQ users write them
+        seen.append((message.payload, message.tries, threading.current_thread().name))
+        time.sleep(0.01)  # blocking I/O, which would stall an async handler's loop
+        if message.payload == "flaky" and message.tries == 0:
+            raise ConnectionError("upstream down")
+        if message.payload == "bad":
+            raise bucketq.Reject("never")
+        if message.payload == "poison":
+            raise ValueError("cannot parse")
+
+    async def settled() -> bool:
+        return len(await q.dead_letters()) == 2 and ("flaky", 1) in [(p, t) for p, t, _ in seen]
+
+    worker = bucketq.Worker(q, handler, concurrency=2, handle_signals=False)
+    await _run(worker, until=settled)
+    assert sorted((p, t) for p, t, _ in seen) == [("bad", 0), ("flaky", 0), ("flaky", 1), ("ok", 0), ("poison", 0),
+                                                  ("poison", 1)]
+    assert {name for _, _, name in seen} <= {"bucketq-handler-0", "bucketq-handler-1"} and loop_thread not in {
+        name for _, _, name in seen}
+    dead = {orjson.loads(d["p"]): d for d in await q.dead_letters()}
+    assert dead["bad"]["error"] == "Reject: never" and dead["bad"]["tries"] == 1
+    assert dead["poison"]["error"] == "ValueError: cannot parse" and dead["poison"]["tries"] == 2
+    assert (worker.handled, worker.failed) == (2, 4)
+    assert (await q.stats())["ready"] == 0
+
+
+@pytest.mark.backends("memory", "server")
+@pytest.mark.real_time  # threads: the loop cannot foresee when they return
+async def test_a_sync_handler_past_its_timeout_fails_its_message_and_keeps_its_thread_until_it_returns(make_queue):
+    q = make_queue(**QUICK, max_attempts=3, retry_base=0.05, retry_max=0.05)
+    await q.push("slow")
+    release = threading.Event()
+    calls: list[tuple[int, str]] = []
+
+    def handler(message: bucketq.Message) -> None:
+        calls.append((message.tries, threading.current_thread().name))
+        if message.tries == 0:
+            release.wait(30)  # cannot be cancelled: it runs on past handler_timeout
+
+    worker = bucketq.Worker(q, handler, handle_signals=False, handler_timeout=0.2)
+    assert worker.handler_threads is not None and worker.handler_threads.size == 1  # as many as concurrency
+    task = asyncio.ensure_future(worker.run())
+    try:
+        await eventually(lambda: worker.failed == 1)  # timed out and nacked, while its thread still runs
+        await asyncio.sleep(0.5)  # the retry is due after 50 ms: it waits for the one thread
+        assert calls == [(0, "bucketq-handler-0")] and worker.handler_threads.taken == 1
+        release.set()  # the thread returns: its slot goes to the retry
+        await eventually(lambda: worker.handled == 1)
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert calls == [(0, "bucketq-handler-0"), (1, "bucketq-handler-0")]
+    assert not await q.dead_letters() and (await q.stats())["ready"] == 0
+
+
+@pytest.mark.backends("memory", "server")
+@pytest.mark.real_time  # threads: the loop cannot foresee when they return
+async def test_a_sync_handler_gets_threads_beyond_concurrency_for_calls_past_their_timeout(make_queue):
+    q = make_queue(**QUICK, retry_base=0.05, retry_max=0.05)
+    await q.push("slow")
+    release = threading.Event()
+    names: list[str] = []
+
+    def handler(message: bucketq.Message) -> None:
+        names.append(threading.current_thread().name)
+        if message.tries == 0:
+            release.wait(30)
+
+    worker = bucketq.Worker(q, handler, handle_signals=False, handler_timeout=0.2, threads=2)
+    try:
+        await _run(worker, until=lambda: worker.handled == 1)  # the retry ran while the first call still hangs
+    finally:
+        release.set()
+    assert names == ["bucketq-handler-0", "bucketq-handler-1"]
+
+
+@pytest.mark.backends("memory", "server")
+@pytest.mark.real_time
+async def test_stopping_waits_for_a_running_sync_handler_up_to_drain_timeout(make_queue):
+    options = {**QUICK, "drain_timeout": 2.0}
+    q = make_queue(**options)
+    await q.push_many(["quick", "stuck"])
+    started = threading.Event()
+    release_quick, release_stuck = threading.Event(), threading.Event()
+
+    def handler(message: bucketq.Message) -> None:
+        started.set()
+        (release_quick if message.payload == "quick" else release_stuck).wait(30)
+
+    worker = bucketq.Worker(q, handler, handle_signals=False)
+    run = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 15)
+        worker.stop()
+        await asyncio.sleep(0.3)
+        assert not run.done(), "the worker waits for its running thread"
+        release_quick.set()  # it returns within drain_timeout: its message is acked
+        await asyncio.wait_for(run, 10)
+        assert worker.handled == 1 and worker.failed == 0
+
+        # the second message, on a queue of its own (a worker drains its queue): a call that does not return
+        worker = bucketq.Worker(make_queue(**options), handler, handle_signals=False)
+        started.clear()
+        run = asyncio.ensure_future(worker.run())
+        await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 15)
+        stopped_at = time.monotonic()
+        worker.stop()
+        await asyncio.wait_for(run, 10)  # bounded: drain_timeout, then the queue's drain
+        waited = time.monotonic() - stopped_at
+    finally:
+        release_quick.set()
+        if not run.done():
+            release_stuck.set()
+    assert waited >= 2.0, "the thread got drain_timeout to return"
+    assert worker.failed == 1 and worker.handler_threads is not None and worker.handler_threads.taken == 1  # it runs on
+    release_stuck.set()
+    again = await make_queue(**options).reserve(timeout=10)  # nacked when the worker stopped: delivered again
+    assert again is not None and (again.payload, again.tries) == ("stuck", 1)
+    await again.ack()
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"threads": 0}, "threads must be None"), ({"threads": 1025}, "threads must be None"),
+    ({"threads": True}, "threads must be None"), ({"threads": 2.5}, "threads must be None"),
+])
+def test_bad_threads_are_invalid_option(make_queue, kwargs, fragment):
+    def handler(message: bucketq.Message) -> None: ...
+
+    async def async_handler(message: bucketq.Message) -> None: ...
+
+    with pytest.raises(bucketq.InvalidOption, match=fragment):
+        bucketq.Worker(make_queue(), handler, **kwargs)
+    with pytest.raises(bucketq.InvalidOption, match="threads is for a sync handler"):
+        bucketq.Worker(make_queue(), async_handler, threads=2)
+    with pytest.raises(bucketq.InvalidOption, match="handler must be a function"):
+        bucketq.Worker(make_queue(), "tasks:handle")
+
+
+@pytest.mark.backends("memory", "server")
+@pytest.mark.real_time
+async def test_a_sync_handler_running_past_the_lease_keeps_its_message_held(make_queue):
+    """While its thread runs, the message's lease is extended as for an async handler (every state flush): no
+    other consumer gets it, even past the lease."""
+    options = {**QUICK, "lease": 1.0}  # state_flush_period follows: a third of a second
+    q, other = make_queue(**options), make_queue(**options)
+    await q.push("long")
+    started, release = threading.Event(), threading.Event()
+
+    def handler(message: bucketq.Message) -> None:
+        started.set()
+        release.wait(30)
+
+    worker = bucketq.Worker(q, handler, handle_signals=False)
+    task = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 15)
+        assert await other.reserve(timeout=2.5) is None, "delivered elsewhere while its handler ran"
+        release.set()
+        await eventually(lambda: worker.handled == 1)
+    finally:
+        release.set()
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert await other.reserve(timeout=1.5) is None and (await q.stats())["ready"] == 0

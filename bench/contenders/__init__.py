@@ -10,14 +10,14 @@ from bench.contenders import keuss
 ALL = ("bucketq", "keuss", "naive", "floor")
 QUEUE_SCENARIOS = frozenset({"push", "consume", "end_to_end", "latency"})
 SCENARIOS = {
-    # consume_batch: reserve_many, for batch handlers; stream_push: push to a bucketq.Stream (issue 14); push_many:
-    # the same pushes as push, by push_many calls of ``window`` messages (issue 25); idle: what consumers waiting
-    # on an empty queue cost (issue 21), stream_idle: what readers waiting on a stream with nothing new cost
+    # consume_batch: reserve_many, for batch handlers; stream_push: push to a bucketq.Stream; push_many:
+    # the same pushes as push, by push_many calls of ``window`` messages; idle: what consumers waiting
+    # on an empty queue cost, stream_idle: what readers waiting on a stream with nothing new cost
     "bucketq": QUEUE_SCENARIOS | {"consume_batch", "stream_push", "push_many", "idle", "stream_idle"},
     "keuss": QUEUE_SCENARIOS,
     "naive": QUEUE_SCENARIOS,
     # latency: one insert's round trip; push_many and consume_batch: its push and consume again, in turn with
-    # bucketq's rounds of those cells, so that issue 25's CPU goals pair each round with the floor's beside it
+    # bucketq's rounds of those cells, so that the CPU goals pair each round with the floor's beside it
     "floor": frozenset({"push", "push_many", "consume", "consume_batch", "latency", "encode", "decode"}),
 }
 _PYTHON_MODULES = {

@@ -30,7 +30,7 @@ from pymongo import AsyncMongoClient, monitoring
 from bench.worker import Ctx, main, payload, split, write_concern
 
 FILL_CHUNK = 4096
-IDLE_RESERVE_S = 10.0  # each idle consumer's reserve timeout (as measured in issue 21)
+IDLE_RESERVE_S = 10.0  # each idle consumer's reserve timeout
 BATCH = 100  # consume_batch: messages per reserve_many
 Role = Callable[[Ctx, Any], Awaitable[None]]
 

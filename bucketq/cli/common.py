@@ -202,7 +202,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 async def database(target: Target) -> AsyncIterator[Any]:
     """The target database, after one ping proved the server answers (within ``connect_timeout``)."""
     if not target.uri:
-        raise CliError(f"no MongoDB URI: pass --uri or set {URI_ENV}")
+        raise BadUsage(f"no MongoDB URI: pass --uri or set {URI_ENV}")
     try:
         client: AsyncMongoClient = client_of(target.uri, serverSelectionTimeoutMS=int(target.connect_timeout * 1000))
     except InvalidOption as exc:  # the URI's syntax or options: bad usage, like any other value refused

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from bson import ObjectId
@@ -16,6 +16,9 @@ from bucketq.cli.common import Target, confirm, connection_options, open_queue, 
 from bucketq.cli.output import preview, print_table, relative, table, to_json
 from bucketq.cli.params import DURATION
 from bucketq.codecs import codec_named
+
+if TYPE_CHECKING:
+    from bucketq.queue import Queue
 
 
 @dataclass(frozen=True)
@@ -93,17 +96,14 @@ def _action_command(kind: Kind, verb: str, done: str, summary: str) -> click.Com
     @connection_options
     def command(target: Target, queue: str, older_than: float | None, error_contains: str | None,
                 ids: tuple[str, ...], yes: bool) -> None:
-        run(_act(kind, verb, done, target, queue, yes=yes, ids=_ids(ids), older_than=older_than,
+        run(_act(kind, verb, done, target, queue, yes=yes, ids=entry_ids(ids), older_than=older_than,
                  error_contains=error_contains))
     return command
 
 
 async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, yes: bool, **filters: Any) -> None:
     async with open_queue(target, name) as queue:
-        query = entry_filter(older_than_s=filters["older_than"], error_contains=filters["error_contains"],
-                             ids=filters["ids"], now=queue._clock.latest(), error_field=kind.reason)
-        store = queue._store
-        matching = await store.count_entries(getattr(store, kind.command), query)
+        matching = await count_matching(queue, kind, **filters)
         if not matching:
             click.echo(f"no {kind.many} match; nothing {done}")
             return
@@ -114,7 +114,29 @@ async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, y
     click.echo(f"{done} {kind.count(n)} of queue {name!r}")
 
 
-def _ids(ids: tuple[str, ...]) -> list[Any] | None:
+def _query(queue: Queue, kind: Kind, older_than: float | None, error_contains: str | None,
+           ids: list[Any] | None) -> dict[str, Any]:
+    return entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids, now=queue._clock.latest(),
+                        error_field=kind.reason)
+
+
+async def count_matching(queue: Queue, kind: Kind, *, older_than: float | None = None,
+                         error_contains: str | None = None, ids: list[Any] | None = None) -> int:
+    """How many of ``queue``'s entries of ``kind`` match the filters a requeue or purge is given."""
+    store = queue._store
+    return await store.count_entries(getattr(store, kind.command),
+                                     _query(queue, kind, older_than, error_contains, ids))
+
+
+async def entries_page(queue: Queue, kind: Kind, *, skip: int, limit: int, error_contains: str | None = None,
+                       ids: list[Any] | None = None) -> list[dict[str, Any]]:
+    """The entries of ``kind`` matching the filters, oldest first, from the ``skip``-th on: a page of a listing."""
+    store = queue._store
+    return await store.entries(getattr(store, kind.command), _query(queue, kind, None, error_contains, ids),
+                               limit=limit, skip=skip)
+
+
+def entry_ids(ids: tuple[str, ...]) -> list[Any] | None:
     """Dead-letter ids are strings; a quarantined bucket's id is an ObjectId: match a hex id either way."""
     if not ids:
         return None

@@ -15,6 +15,11 @@ def to_json(value: Any) -> str:
     return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
+def pretty_json(value: Any) -> str:
+    """``to_json`` indented by two spaces, for a page showing one value whole."""
+    return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_INDENT_2).decode()
+
+
 def _default(value: Any) -> Any:
     if isinstance(value, ObjectId):
         return str(value)

@@ -15,7 +15,7 @@ from typing import Any
 import click
 import orjson
 
-from bucketq.cli.common import CliError, Target, connection_options, open_queue, run
+from bucketq.cli.common import BadUsage, CliError, Target, connection_options, open_queue, run
 from bucketq.cli.params import DURATION
 from bucketq.core.format import check_group
 from bucketq.core.priorities import MAX_PRIORITY
@@ -92,7 +92,7 @@ async def _push(target: Target, name: str, source: AsyncIterator[tuple[str, Any,
             await pusher.finish()
     elapsed = time.monotonic() - started
     if failure is not None:
-        raise CliError(f"{failure}; {pusher.stored} message(s) before it were pushed, none after")
+        raise BadUsage(f"{failure}; {pusher.stored} message(s) before it were pushed, none after")
     if pusher.failed:
         raise CliError(f"{pusher.failed} of {count} message(s) were not stored ({pusher.first_error}); "
                        f"{pusher.stored} were")
@@ -124,12 +124,12 @@ def _parse_argument(index: int, text: str) -> Any:
     try:
         return _parse(f"argument {index}", text)
     except BadInput as exc:
-        raise CliError(f"{exc}; nothing was pushed") from None
+        raise BadUsage(f"{exc}; nothing was pushed") from None
 
 
 async def _stdin() -> AsyncIterator[tuple[str, Any, int]]:
     if sys.stdin is None:
-        raise CliError("no payloads: give JSON arguments or pipe JSON lines on stdin")
+        raise BadUsage("no payloads: give JSON arguments or pipe JSON lines on stdin")
     if sys.stdin.isatty():
         click.echo("reading one JSON value per line; end with Ctrl-D", err=True)
     lineno = 0

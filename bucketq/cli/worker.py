@@ -38,6 +38,8 @@ from bucketq.worker import DEFAULT_CONCURRENCY, Worker
               help="Call the handler with lists of up to N messages instead of one message.")
 @click.option("--handler-timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Cut off a handler call that runs longer; its messages are retried.")
+@click.option("--threads", type=click.IntRange(1, 1024), metavar="N",
+              help="A sync handler: threads it runs on (default: --concurrency).")
 @click.option("--on-error", metavar="MODULE:FUNCTION",
               help="Called as FUNCTION(message, error) for every failed message (sync or async).")
 @click.option("--after-batch", metavar="MODULE:FUNCTION",
@@ -46,13 +48,16 @@ from bucketq.worker import DEFAULT_CONCURRENCY, Worker
 @queue_options
 @connection_options
 def worker(target: Target, handler: str, queue: str, concurrency: int, batch_size: int | None,
-           handler_timeout: float | None, on_error: str | None, after_batch: str | None, log_level: str,
+           handler_timeout: float | None, threads: int | None, on_error: str | None, after_batch: str | None,
+           log_level: str,
            driver_log_level: str, queue_options: dict[str, Any]) -> None:
-    """Run the async function HANDLER of MODULE over the messages of a queue.
+    """Run the function HANDLER of MODULE over the messages of a queue.
 
     The handler gets a Message (or, with --batch-size, a list of them); returning acknowledges, raising
     retries with backoff and, after max_attempts, dead-letters; each failure is logged as a warning with its
-    traceback (at most 10 a minute, then a count). MODULE is imported from the current directory or the
+    traceback (at most 10 a minute, then a count). An async handler runs on the event loop; a sync one (a
+    plain def) on --threads threads, and one past --handler-timeout or --drain-timeout cannot be cancelled:
+    its messages are retried while it runs on. MODULE is imported from the current directory or the
     Python path. On SIGTERM or Ctrl-C, handlers that are running get --drain-timeout to finish (then they
     are cancelled and their messages retried), state is flushed, and the worker exits with code 0. Every
     queue option (--lease, --max-attempts, --dedupe, ...) is one of bucketq.QueueOptions; those not given
@@ -73,7 +78,8 @@ def worker(target: Target, handler: str, queue: str, concurrency: int, batch_siz
              (("on_error", on_error), ("after_batch", after_batch)) if spec}
     function = load_handler(handler)
     run(_work(target, function, handler, queue, queue_options,
-              dict(concurrency=concurrency, batch_size=batch_size, handler_timeout=handler_timeout, **hooks)))
+              dict(concurrency=concurrency, batch_size=batch_size, handler_timeout=handler_timeout,
+                   threads=threads, **hooks)))
 
 
 async def _work(target: Target, function: Any, spec: str, name: str, queue_options: dict[str, Any],
@@ -86,7 +92,8 @@ async def _work(target: Target, function: Any, spec: str, name: str, queue_optio
             log.warning("queue %r is paused: nothing is claimed until it is resumed (bucketq resume %s)", name, name)
         with stop_on_signals(work.stop):
             log.info("worker started: %s on queue %r (concurrency %d%s); stop with SIGTERM or Ctrl-C", spec, name,
-                     work.concurrency, f", batches of {work.batch_size}" if work.batch_size else "")
+                     work.concurrency, (f", batches of {work.batch_size}" if work.batch_size else "")
+                     + (f", a sync handler on {work.handler_threads.size} threads" if work.handler_threads else ""))
             await work.run()
         log.info("worker stopped after %.1fs: %s handled, %s failed", time.monotonic() - started, work.handled,
                  work.failed)

@@ -1,4 +1,4 @@
-"""Priorities (README, Priorities; docs/FORMAT.md, Claims and leases): a message's level, from 0 (the default) to
+"""Priorities (docs/guide/priorities.md; docs/FORMAT.md, Claims and leases): a message's level, from 0 (the default) to
 ``MAX_PRIORITY``, higher served first. A bucket holds messages of one level, stored as its ``pr`` only above 0, so
 that a default bucket is the same document as before priorities.
 

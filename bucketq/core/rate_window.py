@@ -43,6 +43,7 @@ class RateLimit:
 
     @property
     def per_ms(self) -> int:
+        """The window's length, ``per``, in whole milliseconds."""
         return round(self.per * 1000)
 
     def window(self, now: dt.datetime) -> dt.datetime:
@@ -51,6 +52,7 @@ class RateLimit:
         return EPOCH + dt.timedelta(milliseconds=ms - ms % self.per_ms)
 
     def window_end(self, start: dt.datetime) -> dt.datetime:
+        """The end of the window that begins at ``start`` (the start of the next one)."""
         return start + dt.timedelta(milliseconds=self.per_ms)
 
     def chunk(self, wanted: int) -> int:

@@ -242,8 +242,10 @@ class MemoryDatabase:
     name = property(lambda self: self.sync.name)
     codec_options = property(lambda self: self.sync.codec_options)
     write_concern = property(lambda self: self.sync.write_concern)
-    operations = property(lambda self: self.client.operations)
-    faults = property(lambda self: self.client.faults)
+    operations = property(lambda self: self.client.operations,
+                          doc="Every operation run on the client's databases, in order (an ``OperationLog``).")
+    faults = property(lambda self: self.client.faults,
+                      doc="The faults to inject: ``lose_reply``, ``refuse``, ``delay`` (a ``Faults``).")
 
     def __getitem__(self, name: str) -> MemoryCollection:
         return MemoryCollection(self.sync[name], self.client)
@@ -307,6 +309,7 @@ class MemoryClient:
 
     @property
     def admin(self) -> MemoryDatabase:
+        """The ``admin`` database, as pymongo's client has it."""
         return self["admin"]
 
     async def drop_database(self, name: str) -> None:

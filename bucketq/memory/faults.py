@@ -51,6 +51,7 @@ class Fault:
     hits: int = 0
 
     def matches(self, op: Operation) -> bool:
+        """Whether this fault applies to ``op``: armed, and the command, collection and predicate match."""
         return (self.times > 0 and (not self.commands or op.command in self.commands or op.method in self.commands)
                 and (self.collection is None or op.collection == self.collection)
                 and (self.where is None or bool(self.where(op))))
@@ -92,6 +93,7 @@ class Faults:
         return fault
 
     def take(self, op: Operation) -> Fault | None:
+        """The first armed fault that matches ``op``, used up by one (None when none matches)."""
         for fault in self._armed:
             if fault.matches(op):
                 fault.times -= 1

@@ -69,6 +69,7 @@ class ChangeStream:
 
     def offer(self, at: Timestamp, database: str, collection: str, raw: bytes, operation: str,
               description: dict[str, Any] | None) -> None:
+        """Queue a change event for this stream when the write at ``at`` is in its namespace and matches."""
         if (database, collection) != (self._ns["db"], self._ns["coll"]):
             return
         doc = bson.decode(raw, codec_options=STORED)

@@ -1,4 +1,4 @@
-"""Every command bucketq sends to MongoDB (issue 23): the shells (``Queue``, ``Stream``, the readers, the outbox
+"""Every command bucketq sends to MongoDB: the shells (``Queue``, ``Stream``, the readers, the outbox
 relay, the CLI, ``BatchQueue`` and the Spark shells) call store methods only.
 
 ``aio``: the stores, written async once: ``AsyncQueueStore`` (a queue's collections), ``AsyncStreamStore`` (a

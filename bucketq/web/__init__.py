@@ -1,9 +1,11 @@
 """The web dashboard (``bucketq web``; ``pip install bucketq[web]``): queues and streams of one database, their
-counts and charts, dead letters and quarantine, reader groups, and, when allowed, the operator actions.
+counts and charts, dead letters and quarantine (paged, filtered by error text), each message's page, who holds
+what, reader groups, and, when allowed, the operator actions.
 
 ``app`` (the Starlette app and its pages), ``dashboard`` (reads, sampling, actions: through ``Queue`` and
-``Stream``), ``security`` (token, sessions, CSRF, the loopback rule), ``history`` (the charts' last hour, in
-memory), ``charts`` (inline SVG). README, Dashboard.
+``Stream``), ``messages`` (one message: where it is, retry, delete), ``security`` (token, sessions, CSRF, the
+loopback rule), ``history`` (the charts' last hour, in memory), ``charts`` (inline SVG, a colour per series).
+docs/operations/dashboard.md.
 """
 
 from typing import Any

@@ -19,17 +19,21 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from bucketq.cli.common import one_line
-from bucketq.cli.entries import entry_view
-from bucketq.cli.output import age, preview, relative
+from bucketq.cli.entries import DEAD, QUARANTINE, Kind, count_matching, entries_page, entry_view
+from bucketq.cli.output import age, pretty_json, preview, relative
 from bucketq.connection import unreachable
+from bucketq.errors import MessageHeld
 from bucketq.redaction import redact
-from bucketq.web.charts import line_chart
-from bucketq.web.dashboard import ACTIONS, ENTRY_ROWS, RESETS, Dashboard
+from bucketq.web.charts import SERIES_COLORS, group_colors, line_chart
+from bucketq.web.dashboard import ACTIONS, ENTRY_ROWS, NEXT_ROWS, QUEUE_ACTIONS, RESETS, Dashboard, which
+from bucketq.web.messages import PLACES, VERBS, find_message
 from bucketq.web.security import SESSION_COOKIE, Guard
 
 MIN_SPAN_S = 60.0
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
-templates.env.filters.update(age=age, preview=preview)
+templates.env.filters.update(age=age, preview=preview, pretty=pretty_json,
+                             utc=lambda at: f"{at:%Y-%m-%d %H:%M:%S} UTC" if isinstance(at, dt.datetime) else "-")
+templates.env.globals.update(colors=SERIES_COLORS)
 
 
 def create_app(target: Any, *, db: str | None = None, token: str | None = None, allow_actions: bool = False,
@@ -39,7 +43,7 @@ def create_app(target: Any, *, db: str | None = None, token: str | None = None, 
     ``target`` and ``db`` are what ``Queue`` takes (a URI, a client, a database). Read-only unless
     ``allow_actions`` is set, which needs ``token`` too. With a token every page asks for it. The charts are
     sampled every ``interval_s`` seconds while the app's lifespan runs (mounted, run it from your app's
-    lifespan: README, Dashboard) and kept in memory for an hour."""
+    lifespan: docs/operations/dashboard.md) and kept in memory for an hour."""
     guard = Guard(token, allow_actions)  # first: a refused option opens no client
     dashboard = Dashboard(target, db=db, interval_s=interval_s)
 
@@ -56,6 +60,9 @@ def create_app(target: Any, *, db: str | None = None, token: str | None = None, 
         Route("/", pages.overview, name="overview"),
         Route("/queues/{name}", pages.queue, name="queue"),
         Route("/queues/{name}/{action}", pages.queue_action, methods=["GET", "POST"], name="queue_action"),
+        Route("/queues/{name}/messages/{id:path}", pages.message, name="message"),
+        Route("/queues/{name}/message-{verb}/{id:path}", pages.message_action, methods=["GET", "POST"],
+              name="message_action"),
         Route("/streams/{name}", pages.stream, name="stream"),
         Route("/streams/{name}/reset", pages.stream_reset, methods=["GET", "POST"], name="stream_reset"),
         Route("/login", pages.login, methods=["GET", "POST"], name="login"),
@@ -83,7 +90,11 @@ class Pages:
         return templates.TemplateResponse(request, template, status_code=status, context={
             "database": self.dashboard.database.name, "server": where, "guard": self.guard,
             "csrf": self.guard.csrf(request), "now": dt.datetime.now(dt.timezone.utc), "relative": relative,
-            **context})
+            "refresh_s": None, **context})
+
+    def render_live(self, request: Request, template: str, **context: Any) -> Response:
+        """A page that refreshes its ``data-live`` parts in place every sampling interval (base.html's script)."""
+        return self.render(request, template, refresh_s=self.dashboard.history.interval_s, **context)
 
     def require_reader(self, request: Request) -> None:
         if not self.guard.may_read(request):
@@ -118,14 +129,21 @@ class Pages:
                         else redact(f"{type(exc).__name__}: {exc}", self.dashboard.uri))
         return self.render(request, "message.html", 503, title="MongoDB error", message=text)
 
-    def charts(self, kind: str, name: str, series: dict[str, str], unit: str = "") -> Any:
+    def charts(self, kind: str, name: str, series: dict[str, str], colors: dict[str, str],
+               unit: str = "") -> dict[str, Any]:
+        """A chart of the series (field: label) of one queue or stream: ``svg``, and ``covers``, what the samples
+        span ("last 4 min"; "last hour" once an hour is sampled), for its title."""
         now = time.time()
         history = self.dashboard.history
         lines = {label: history.points((kind, name, field), now) for field, label in series.items()}
         # until an hour is sampled, the chart spans what is (a minute at least): not a sliver at its right edge
-        oldest = min((points[0][0] for points in lines.values() if points), default=now)
-        span = min(history.span_s, max(MIN_SPAN_S, now - oldest))
-        return line_chart(lines, now=now, span_s=span, unit=unit)
+        oldest = min((points[0][0] for points in lines.values() if points), default=None)
+        sampled = 0.0 if oldest is None else now - oldest
+        span = min(history.span_s, max(MIN_SPAN_S, sampled))
+        # a full hour once the oldest sample kept is within an interval of an hour old (a minute at most)
+        full = sampled >= history.span_s - min(history.interval_s, MIN_SPAN_S)
+        covers = "no samples yet" if oldest is None else "last hour" if full else f"last {age(sampled)}"
+        return {"svg": line_chart(lines, colors=colors, now=now, span_s=span, unit=unit), "covers": covers}
 
     # -- pages ---------------------------------------------------------------------------------------------
 
@@ -133,8 +151,9 @@ class Pages:
         self.require_reader(request)
         queues = await self.dashboard.queue_rows()
         streams = await self.dashboard.stream_rows()
-        backlog = {name: self.charts("queue", name, {"pending": "pending", "dead": "dead"}) for name in queues}
-        return self.render(request, "overview.html", queues=queues, streams=streams, backlog=backlog)
+        backlog = {name: self.charts("queue", name, {"pending": "pending", "dead": "dead"}, SERIES_COLORS)
+                   for name in queues}
+        return self.render_live(request, "overview.html", queues=queues, streams=streams, backlog=backlog)
 
     async def found(self, request: Request, kind: str) -> tuple[str, Any]:
         """The queue or stream (``kind``) the path names, for a reader allowed in; else an HTTP error."""
@@ -153,13 +172,35 @@ class Pages:
     async def queue(self, request: Request) -> Response:
         name, queue = await self.found(request, "queue")
         row = {**await queue.stats(), "paused": await queue.paused()}
-        dead = [entry_view(e) for e in await queue.dead_letters(limit=ENTRY_ROWS)]
-        quarantined = [entry_view(e) for e in await queue.quarantined(limit=ENTRY_ROWS)]
-        return self.render(
-            request, "queue.html", name=name, row=row, dead=dead, quarantined=quarantined, actions=ACTIONS,
-            backlog=self.charts("queue", name, {"pending": "pending", "ready": "ready", "dead": "dead"}),
-            throughput=self.charts("queue", name, {"in_per_s": "in", "out_per_s": "out"}, "/s"),
+        listings = {kind.command: await self.listing(request, queue, kind, row) for kind in (DEAD, QUARANTINE)}
+        return self.render_live(
+            request, "queue.html", name=name, row=row, listings=listings, actions=ACTIONS,
+            queue_actions=QUEUE_ACTIONS, next_up=await queue.peek(NEXT_ROWS), held=await self.dashboard.held(queue),
+            backlog=self.charts("queue", name, {"pending": "pending", "ready": "ready", "dead": "dead"},
+                                SERIES_COLORS),
+            throughput=self.charts("queue", name, {"in_per_s": "in", "out_per_s": "out"}, SERIES_COLORS, "/s"),
             measures_rates=self.dashboard.measures_rates)
+
+    async def listing(self, request: Request, queue: Any, kind: Kind, row: dict[str, Any]) -> dict[str, Any]:
+        """One page of a queue's dead letters or quarantine (``?dead_page=2&dead_error=timeout``): its rows, how
+        many match the error filter, and the links to the pages before and after it."""
+        error = request.query_params.get(f"{kind.command}_error", "").strip() or None
+        total = row["dead" if kind is DEAD else "quarantined"]
+        matching = total if error is None else await count_matching(queue, kind, error_contains=error)
+        pages = max(1, -(-matching // ENTRY_ROWS))
+        try:
+            page = min(pages, max(1, int(request.query_params.get(f"{kind.command}_page", "1"))))
+        except ValueError:
+            raise HTTPException(400, f"{kind.command}_page must be a page number") from None
+        rows = await entries_page(queue, kind, skip=(page - 1) * ENTRY_ROWS, limit=ENTRY_ROWS, error_contains=error)
+
+        def page_url(n: int) -> str:
+            return str(request.url.include_query_params(**{f"{kind.command}_page": n}))
+
+        return {"error": error or "", "total": total, "matching": matching, "page": page, "pages": pages,
+                "first": (page - 1) * ENTRY_ROWS + 1, "rows": [entry_view(e) for e in rows],
+                "previous": page_url(page - 1) if page > 1 else None,
+                "next": page_url(page + 1) if page < pages else None}
 
     async def queue_action(self, request: Request) -> Response:
         name, queue = await self.found(request, "queue")
@@ -167,22 +208,65 @@ class Pages:
         action = ACTIONS.get(verb)
         if action is None:
             raise HTTPException(404, f"no action {verb!r} on a queue")
+        source = request.query_params if request.method == "GET" else await self.checked_form(request)
+        # the error filter of the dead letters or quarantine an action takes; the queue's own actions take none
+        error = (source.get("error", "").strip() or None) if action.entries else None
+        covers = which(action.entries, error) if action.entries else ""
         if request.method == "GET":
             self.offer_actions()
-            question = action.question.format(name=name, **await queue.stats())
+            matching = await count_matching(queue, action.entries, error_contains=error) if action.entries else 0
+            question = action.question.format(name=name, matching=matching, which=covers, **await queue.stats())
             return self.render(request, "confirm.html", title=action.label, question=question,
-                               back=request.url_for("queue", name=name))
-        form = await self.checked_form(request)
-        self.confirmed(form)
-        n = await action.run(queue)
-        return self.render(request, "message.html", title=action.label, message=action.done.format(name=name, n=n),
-                           back=request.url_for("queue", name=name))
+                               back=request.url_for("queue", name=name), fields={"error": error} if error else None)
+        self.confirmed(dict(source))
+        n = await action.run(queue, error)
+        return self.render(request, "message.html", title=action.label, back=request.url_for("queue", name=name),
+                           message=action.done.format(name=name, n=n, which=covers))
+
+    async def found_message(self, request: Request) -> tuple[str, Any, dict[str, Any]]:
+        """The queue, its handle and the message the path names; else an HTTP error."""
+        name, queue = await self.found(request, "queue")
+        message_id = request.path_params["id"]
+        message = await find_message(queue, message_id)
+        if message is None:
+            raise HTTPException(404, f"no message {message_id!r} in queue {name!r}: not a dead letter, not in "
+                                "quarantine and not pending (finished, or never pushed)")
+        return name, queue, message
+
+    async def message(self, request: Request) -> Response:
+        name, _, message = await self.found_message(request)
+        return self.render(request, "message_view.html", name=name, message=message, place=PLACES[message["where"]],
+                           verbs=VERBS[message["where"]])
+
+    async def message_action(self, request: Request) -> Response:
+        name, queue, message = await self.found_message(request)
+        verb, message_id, where = request.path_params["verb"], request.path_params["id"], message["where"]
+        if verb not in VERBS[where]:
+            raise HTTPException(404, f"no {verb!r} of a message that is {PLACES[where]}")
+        label, run = VERBS[where][verb]
+        back = request.url_for("queue", name=name)
+        if request.method == "GET":
+            self.offer_actions()
+            question = (f"{label} message {message_id!r} of queue {name!r}, {PLACES[where]}? " + (
+                "It goes back in the queue, ready now with its tries reset." if verb == "retry" else
+                "It is deleted for good: no consumer will get it."))
+            return self.render(request, "confirm.html", title=f"{label} message", question=question,
+                               back=request.url_for("message", name=name, id=message_id))
+        self.confirmed(await self.checked_form(request))
+        try:
+            done = await run(queue, message_id)
+        except MessageHeld as exc:
+            raise HTTPException(409, str(exc)) from None
+        past = "retried" if verb == "retry" else "deleted"
+        text = (f"{past} message {message_id!r} of queue {name!r}" if done
+                else f"message {message_id!r} of queue {name!r} was gone already: nothing {past}")
+        return self.render(request, "message.html", title=f"{label} message", message=text, back=back)
 
     async def stream(self, request: Request) -> Response:
         name, stream = await self.found(request, "stream")
         row = await stream.stats()
-        lag = self.charts("stream", name, {group: group for group in row["groups"]})
-        return self.render(request, "stream.html", name=name, row=row, lag=lag, resets=RESETS)
+        lag = self.charts("stream", name, {group: group for group in row["groups"]}, group_colors(row["groups"]))
+        return self.render_live(request, "stream.html", name=name, row=row, lag=lag, resets=RESETS)
 
     async def stream_reset(self, request: Request) -> Response:
         name, stream = await self.found(request, "stream")

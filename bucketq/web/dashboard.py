@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketq.cli.common import one_line
+from bucketq.cli.entries import DEAD, QUARANTINE, Kind
 from bucketq.connection import connect, reaching
 from bucketq.core.format import SEQ_SUFFIX
+from bucketq.core.holdings import by_holder
 from bucketq.discovery import queue_names
 from bucketq.flow import Flow
 from bucketq.queue import Queue
@@ -23,38 +25,53 @@ from bucketq.stream import Stream
 from bucketq.web.history import History
 
 log = logging.getLogger("bucketq.web")
-ENTRY_ROWS = 50  # dead letters and quarantine entries listed on a queue's page
+ENTRY_ROWS = 50  # dead letters and quarantine entries on a page of their listing
+NEXT_ROWS = 10  # the next messages a queue's page shows (``Queue.peek``)
 
 
 @dataclass(frozen=True)
 class Action:
-    """A write action on a queue: the question the confirmation page asks, and what it does."""
+    """A write action on a queue: the question the confirmation page asks, and what it does. An action on dead
+    letters or quarantine (``entries``) takes the CLI's filter by error text: ``matching`` and ``which`` (" whose
+    error contains ..." or nothing) in its texts say what it covers."""
 
     label: str
-    question: str  # formatted with the queue's stats and ``name``
-    run: Callable[[Queue], Awaitable[Any]]
-    done: str  # formatted with ``n`` (what ``run`` returned) and ``name``
+    question: str  # formatted with the queue's stats, ``name``, ``matching`` and ``which``
+    run: Callable[[Queue, str | None], Awaitable[Any]]  # the queue and the error filter (None: every entry)
+    done: str  # formatted with ``n`` (what ``run`` returned), ``name`` and ``which``
+    entries: Kind | None = None
 
 
 ACTIONS = {
     "pause": Action("Pause", "Pause queue {name!r}? Consumers stop claiming within a second; pushes still work.",
-                    lambda q: q.pause(), "paused queue {name!r}"),
-    "resume": Action("Resume", "Resume queue {name!r}?", lambda q: q.resume(), "resumed queue {name!r}"),
+                    lambda q, _: q.pause(), "paused queue {name!r}"),
+    "resume": Action("Resume", "Resume queue {name!r}?", lambda q, _: q.resume(), "resumed queue {name!r}"),
     "purge": Action("Purge messages", "Delete every message of queue {name!r}: {ready:,} ready, {scheduled:,} "
                     "scheduled, {in_flight:,} in flight? Dead letters and quarantine are kept.",
-                    lambda q: q.purge(), "purged {n:,} message(s) of queue {name!r}"),
-    "requeue-dead": Action("Requeue dead letters", "Put the {dead:,} dead letter(s) of queue {name!r} back, ready "
-                           "now with their tries reset?", lambda q: q.requeue_dead(),
-                           "requeued {n:,} dead letter(s) of queue {name!r}"),
-    "purge-dead": Action("Purge dead letters", "Delete the {dead:,} dead letter(s) of queue {name!r} for good?",
-                         lambda q: q.purge_dead(), "purged {n:,} dead letter(s) of queue {name!r}"),
-    "requeue-quarantined": Action("Requeue quarantine", "Put the {quarantined:,} quarantined entries of queue "
-                                  "{name!r} back in the queue?", lambda q: q.requeue_quarantined(),
-                                  "requeued {n:,} quarantined entries of queue {name!r}"),
-    "purge-quarantined": Action("Purge quarantine", "Delete the {quarantined:,} quarantined entries of queue "
-                                "{name!r} for good?", lambda q: q.purge_quarantined(),
-                                "purged {n:,} quarantined entries of queue {name!r}"),
+                    lambda q, _: q.purge(), "purged {n:,} message(s) of queue {name!r}"),
+    "requeue-dead": Action("Requeue dead letters", "Put the {matching:,} dead letter(s){which} of queue {name!r} "
+                           "back, ready now with their tries reset?",
+                           lambda q, error: q.requeue_dead(error_contains=error),
+                           "requeued {n:,} dead letter(s){which} of queue {name!r}", DEAD),
+    "purge-dead": Action("Purge dead letters", "Delete the {matching:,} dead letter(s){which} of queue {name!r} "
+                         "for good?", lambda q, error: q.purge_dead(error_contains=error),
+                         "purged {n:,} dead letter(s){which} of queue {name!r}", DEAD),
+    "requeue-quarantined": Action("Requeue quarantine", "Put the {matching:,} quarantined entries{which} of queue "
+                                  "{name!r} back in the queue?",
+                                  lambda q, error: q.requeue_quarantined(error_contains=error),
+                                  "requeued {n:,} quarantined entries{which} of queue {name!r}", QUARANTINE),
+    "purge-quarantined": Action("Purge quarantine", "Delete the {matching:,} quarantined entries{which} of queue "
+                                "{name!r} for good?", lambda q, error: q.purge_quarantined(error_contains=error),
+                                "purged {n:,} quarantined entries{which} of queue {name!r}", QUARANTINE),
 }
+QUEUE_ACTIONS = tuple(verb for verb, action in ACTIONS.items() if action.entries is None)
+
+
+def which(kind: Kind, error: str | None) -> str:
+    """How a question or a report names the entries an error filter selects ("" for all of them)."""
+    return f" whose {kind.reason} contains {error!r}" if error else ""
+
+
 RESETS = ("beginning", "end")  # where the dashboard can move a reader group
 
 
@@ -110,6 +127,11 @@ class Dashboard:
             if stream is not None:
                 rows[name] = await stream.stats()
         return rows
+
+    async def held(self, queue: Queue) -> dict[str, dict[str, Any]]:
+        """Who holds what in ``queue`` now: ``core.holdings.by_holder`` of its live leases and group locks."""
+        buckets, locks = await queue._store.held(queue._clock.latest())
+        return by_holder(buckets, locks)
 
     # -- sampling ------------------------------------------------------------------------------------------
 

@@ -103,6 +103,13 @@ def executor_ids(spark: SparkSession) -> list[str]:
     return sorted(i for i in ids.split(",") if i)
 
 
+def describe_executors(ids: Sequence[str]) -> str:
+    """``executor_ids`` for a person: how many, then which (``"2 (ids 0, 1)"``), or ``"none (local mode)"``."""
+    if not ids:
+        return "none (local mode)"
+    return f"{len(ids)} ({'id' if len(ids) == 1 else 'ids'} {', '.join(ids)})"
+
+
 def build_session(
     jars: Sequence[str | os.PathLike[str]] | None = None,
     *,

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from bucketq_spark.job import STEPS, BatchJob, Progress, format_progress
 from bucketq_spark.reader import ReadOptions
-from bucketq_spark.session import executor_ids
+from bucketq_spark.session import describe_executors, executor_ids
 from bucketq_spark.sinks import ParquetSink
+from bucketq_spark.status_line import StatusLine
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -133,17 +134,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="connector jar or directory of jars (repeatable); default $BUCKETQ_SPARK_JARS")
     args = parser.parse_args(argv)
 
+    status = StatusLine()
+
     def progress(event: dict) -> None:
         if event["state"] != "start":
-            print(f"\r{format_progress(event):<100}", end="", file=sys.stderr, flush=True)
+            status.show(format_progress(event))
 
     result = run_example_job(args.uri, args.db, args.queue, args.out, max_buckets=args.max_buckets,
                              partitions=args.partitions, progress=progress, jars=args.jars)
-    print(file=sys.stderr)
+    status.end()
     steps = ", ".join(f"{k} {v:.2f}s" for k, v in result["seconds"].items())
     print(f"{result['batches']} batch(es), {result['buckets']} buckets, {result['rows']} rows "
           f"({result['rows_per_s']:,.0f} rows/s, {result['malformed']} malformed: quarantined); {steps}")
-    print(f"master {result['master']}, executors: {','.join(result['executors']) or 'none (local mode)'}")
+    print(f"master {result['master']}, executors: {describe_executors(result['executors'])}")
     for err in result["errors"]:
         print(f"failed batch: {err}")
     for row in result["accounts"]:

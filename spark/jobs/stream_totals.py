@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import MongoClient
 
-from bucketq_spark.session import build_session, executor_ids
+from bucketq_spark.session import build_session, describe_executors, executor_ids
 from bucketq_spark.sinks import MongoSink
+from bucketq_spark.status_line import StatusLine
 from bucketq_spark.stream import run_group_batch
 
 if TYPE_CHECKING:
@@ -56,17 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sink = MongoSink(args.uri, args.db, args.sink, id_columns=("position",))
         batches = rows = 0
+        status = StatusLine()
         while True:
             batch = run_group_batch(spark, args.uri, args.db, args.stream, args.group, EVENT_SCHEMA, account_rows,
                                     sink)
             if not batch["rows"] and not batch["committed"]:
                 break
             batches, rows = batches + 1, rows + batch["rows"]
-            print(f"\rbatch {batches}: positions {batch['start']} to {batch['end']}, {batch['rows']} rows",
-                  end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
+            status.show(f"batch {batches}: positions {batch['start']} to {batch['end']}, {batch['rows']} rows")
+        status.end()
         print(f"{batches} batch(es), {rows} rows of stream {args.stream!r} for group {args.group!r}")
-        print(f"master {spark.sparkContext.master}, executors: {','.join(executor_ids(spark)) or 'none (local mode)'}")
+        print(f"master {spark.sparkContext.master}, executors: {describe_executors(executor_ids(spark))}")
     finally:
         spark.stop()
     for row in sink_totals(args.uri, args.db, args.sink):

@@ -16,6 +16,7 @@ import pytest
 
 import bucketq
 from bucketq.core import claims
+from bucketq_spark.session import describe_executors
 from devtools.jars import ROOT, ensure_jars
 from devtools.sparkcluster import SparkCluster, submit, submit_command
 from examples.demo import parse_job_output
@@ -34,6 +35,18 @@ async def _push_events(make_queue, n: int) -> dict[str, list[float]]:
     await q.push_many(events)
     await q.close()
     return _totals(events)
+
+
+def assert_ran_on_executors(report: dict) -> None:
+    """The job's line names the master and counts the executors it has, then gives their ids."""
+    assert re.fullmatch(r"master spark://\S+, executors: [1-9]\d* \(ids? \d+(, \d+)*\)", report["executors"]), \
+        report["executors"]
+
+
+def test_executors_are_told_by_count_then_ids() -> None:
+    assert describe_executors(["0"]) == "1 (id 0)"  # not "executors: 0", which read as none
+    assert describe_executors(["0", "2"]) == "2 (ids 0, 2)"
+    assert describe_executors([]) == "none (local mode)"
 
 
 def _totals(events: list[dict]) -> dict[str, list[float]]:
@@ -94,7 +107,7 @@ async def test_the_job_runs_on_the_clusters_executors_and_survives_an_executor_k
     assert job.returncode == 0, stdout[-3000:]
     assert killed is not None, "no executor was running while the job read: the kill never happened"
     report = parse_job_output(stdout)
-    assert "executors: none" not in report["executors"], report["executors"]
+    assert_ran_on_executors(report)
     assert "bucketq-cluster-test" in [app["name"] for app in cluster.state()["completedapps"]]
     got = {r["account"]: r for r in report["accounts"]}
     assert sorted(got) == sorted(expected)
@@ -117,7 +130,7 @@ async def test_a_stream_groups_range_is_read_on_the_clusters_executors_and_commi
     stdout, stderr = job.communicate(timeout=300)
     assert job.returncode == 0, stderr[-3000:]
     report = parse_job_output(stdout)
-    assert "executors: none" not in report["executors"], report["executors"]
+    assert_ran_on_executors(report)
     assert "bucketq-stream-cluster-test" in [app["name"] for app in cluster.state()["completedapps"]]
     assert {r["account"]: [r["count"], r["amount"]] for r in report["accounts"]} == _totals(events)
     last = sync_db["events.seq"].find_one()["last"]

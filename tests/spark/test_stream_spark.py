@@ -1,4 +1,4 @@
-"""Spark over a stream (issue 14): a range of positions read through the connector, and a group's uncommitted
+"""Spark over a stream: a range of positions read through the connector, and a group's uncommitted
 range run as a batch whose commit follows the sink write, with a crash injected between the two."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The crash and fault harness (issue 6): ``python -m tests.stress [--quick] [flags]``, ``make stress``,
+"""The crash and fault harness: ``python -m tests.stress [--quick] [flags]``, ``make stress``,
 ``make stress-quick``. How a run goes: ``tests/stress/harness.py``; the processes: ``writer.py`` and
 ``consumer.py``; what each number means: ``accounting.py``.
 
@@ -31,7 +31,7 @@ The report (JSON, the last line of stdout):
                    lost_replies / lost_requests by target (bucket_insert, fenced_write), delayed_retries
                    (losses whose retry was held back past the lease: lost, held_back), command faults that
                    found no command (unfired), clock_steps_s (each consumer wall-clock step, in seconds)
-    stream         the stream run after the queue's (issue 14; ``--no-streams`` skips it): two groups of one
+    stream         the stream run after the queue's (``--no-streams`` skips it): two groups of one
                    stream, one with readers SIGKILLed at random, and a writer killed; lost, duplicated,
                    duplicates_explained, unexpected per group and in total (see ``streams.py``)
     modes          per dedupe mode run: ok, written, lost, duplicated, duplicates_explained, unexpected

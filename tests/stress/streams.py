@@ -1,4 +1,4 @@
-"""The stream part of the stress run (issue 14): writers push to one stream while the readers of group
+"""The stream part of the stress run: writers push to one stream while the readers of group
 ``crashy`` are SIGKILLed at random and replaced, a group ``steady`` reads the same stream undisturbed, and one
 writer is SIGKILLed mid-run (it may leave allocated sequences that never land: holes, turned gaps after
 ``gap_wait``). At the end both groups must have read and acked exactly the written messages.

@@ -293,6 +293,17 @@ class QueueStore:
     def group_lock(self, group: str) -> dict | None:
         return self.groups.find_one({"_id": group})
 
+    def held(self, now: dt.datetime) -> tuple[list[dict], list[dict]]:
+        """What consumers hold at ``now`` (``core.holdings``): the buckets under a live lease (their lease and
+        slot counts only), read through the ``pt, due`` index (a held bucket's ``due`` is its lease expiry: what
+        is due later is held or scheduled), and the groups' locks that have not expired (a scan of ``Q.groups``,
+        which holds one counter per partition and one lock per group being served)."""
+        query = every_partition({"due": {"$gt": now, "$lt": TOMBSTONE_DUE}, "lease": {"$ne": None}},
+                                self.partition_count())
+        buckets = self.buckets.find(query, {"lease": 1, "due": 1, "n": 1, "done": 1}).to_list(None)
+        locks = self.groups.find({"token": {"$exists": True}, "until": {"$gt": now}}, **SCAN).to_list(None)
+        return buckets, locks
+
     def next_due(self, after: dt.datetime) -> dt.datetime | None:
         """The earliest ``due`` after ``after`` among live buckets (an unclaimed bucket's due time, or a claimed
         one's lease end), or None: one document read through the ``pt, due`` index in each partition (merged)."""
@@ -324,9 +335,10 @@ class QueueStore:
 
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
 
-    def entries(self, target: Any, query: dict, *, limit: int) -> list[dict]:
-        """Up to ``limit`` entries matching ``query`` (``admin.entry_filter``), oldest first."""
-        return target.find(query, sort=[("at", 1)], limit=limit).to_list(None)
+    def entries(self, target: Any, query: dict, *, limit: int, skip: int = 0) -> list[dict]:
+        """Up to ``limit`` entries matching ``query`` (``admin.entry_filter``), oldest first, after the first
+        ``skip`` of them (a page of a listing), in the order of the ``at`` index."""
+        return target.find(query, sort=[("at", 1)], skip=skip, limit=limit).to_list(None)
 
     def count_entries(self, target: Any, query: dict) -> int:
         return target.count_documents(query, **SCAN)
