@@ -10,6 +10,7 @@
 __version__ = "0.1.0"
 
 from bucketq.codecs import BsonCodec, Codec, CodecUnavailable, JsonCodec, MsgpackCodec
+from bucketq.compatibility import ServerRefused
 from bucketq.connection import ServerUnreachable
 from bucketq.core.format import FORMAT_VERSION
 from bucketq.core.rate_window import RateLimit
@@ -45,6 +46,6 @@ __all__ = [
     "CodecUnavailable", "EncodeError", "HandlerTimeout", "InvalidOption", "JsonCodec", "LeaseLost", "MalformedBucket",
     "Message",
     "MessageHeld", "MsgpackCodec", "Outbox", "Outgoing", "PayloadTooLarge", "Queue", "QueueClosed", "QueueOptions",
-    "Position", "RateLimit", "Reject", "Retry", "Schedule", "ServerUnreachable", "Stream", "StreamMessage",
-    "StreamOptions", "StreamReader", "SyncProducer", "Worker", "WriteFailed", "list_queues",
+    "Position", "RateLimit", "Reject", "Retry", "Schedule", "ServerRefused", "ServerUnreachable", "Stream",
+    "StreamMessage", "StreamOptions", "StreamReader", "SyncProducer", "Worker", "WriteFailed", "list_queues",
 ]

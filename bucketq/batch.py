@@ -130,7 +130,7 @@ class BatchQueue:
     @contextlib.contextmanager
     def _reaching(self) -> Iterator[None]:
         """A server that never answered raises ``ServerUnreachable`` (after the store's retries)."""
-        with reaching(self._uri, "the operation", f"op_timeout_s {self.op_timeout_s:g} s"):
+        with reaching(self._uri, "the operation", f"op_timeout_s {self.op_timeout_s:g} s", self.database.client):
             yield
 
     def now(self) -> dt.datetime:

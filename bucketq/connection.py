@@ -16,13 +16,14 @@ from typing import Any, TypeVar
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import ServerSelectionTimeoutError
+from pymongo.errors import ConfigurationError, ServerSelectionTimeoutError
 from pymongo.uri_parser import parse_uri
 
+from bucketq.compatibility import as_refused
 from bucketq.errors import BucketqError, InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase
 from bucketq.motor_adapter import MotorDatabase, is_motor
-from bucketq.redaction import credentials_span, redact
+from bucketq.redaction import redact
 
 DEFAULT_DB = "bucketq"
 C = TypeVar("C")
@@ -53,14 +54,15 @@ def check_uri(uri: str) -> dict[str, Any]:
     if "@" in authority_and_path.partition("/")[2] or ("@" in options and "/" not in authority_and_path):
         # pymongo would read a part of the password as the database name, hosts or options
         raise InvalidOption(f"invalid MongoDB URI {shown}: an '@' follows the hosts; {_ESCAPE_HINT}")
+    if _RESERVED.search(authority_and_path.partition("/")[0].rpartition("@")[0]):  # pymongo refuses it too
+        raise InvalidOption(f"invalid MongoDB URI {shown}: the user name or password holds a reserved character; "
+                            f"{_ESCAPE_HINT}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             parsed = parse_uri(uri)
         except Exception as exc:  # pymongo raises InvalidURI / ConfigurationError / ValueError
-            start, end = credentials_span(uri)
-            hint = f"; {_ESCAPE_HINT}" if _RESERVED.search(uri[start:end]) and "escape" not in str(exc) else ""
-            raise InvalidOption(f"invalid MongoDB URI {shown}: {redact(str(exc), uri)}{hint}") from None
+            raise InvalidOption(f"invalid MongoDB URI {shown}: {redact(str(exc), uri)}") from None
     for message in dict.fromkeys(str(warning.message) for warning in caught):  # pymongo may repeat one
         log.warning("MongoDB URI %s: %s", shown, redact(message, uri))
     return parsed
@@ -95,16 +97,22 @@ def unreachable(uri: str | None, exc: ServerSelectionTimeoutError, tried: str = 
 
 
 @contextmanager
-def reaching(uri: str | None, what: str, limit: str = "") -> Iterator[None]:
+def reaching(uri: str | None, what: str, limit: str = "", client: Any = None) -> Iterator[None]:
     """Raise bucketq's ``ServerUnreachable`` for a server that did not answer the code inside (sync or async): it
     names ``uri`` (redacted; None when the caller passed a client), ``what`` was tried for how long (and the
-    ``limit`` that applied), and what each server said."""
+    ``limit`` that applied), and what each server said. A server that ``client``'s pymongo refuses (their wire
+    versions do not overlap) raises ``ServerRefused``."""
     started = time.monotonic()
     try:
         yield
     except ServerSelectionTimeoutError as exc:
         tried = f"tried {what} for {time.monotonic() - started:.1f} s{f' ({limit})' if limit else ''}"
         raise ServerUnreachable(unreachable(uri, exc, tried)) from None
+    except ConfigurationError as exc:
+        refused = as_refused(exc, client)
+        if refused is None:
+            raise
+        raise refused from None
 
 
 @dataclass

@@ -18,7 +18,7 @@ async def list_queues(target: Any, *, db: str | None = None) -> list[str]:
     Reads only: no collection is made and no ``Queue`` is opened."""
     connection = connect(target, db)
     try:
-        with reaching(connection.uri, "listing the collections"):
+        with reaching(connection.uri, "listing the collections", client=connection.database.client):
             return await queue_names(connection.database)
     finally:
         await connection.close()

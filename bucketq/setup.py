@@ -49,7 +49,8 @@ class SetUp:
 
     async def _retrying(self, what: str, op: Callable[[], Awaitable[Any]]) -> None:
         """``op`` retried up to ``timeout_s``; a server that never answered raises ``ServerUnreachable``."""
-        with reaching(self._connection.uri, what, f"write_timeout {self._timeout_s:g} s"):
+        with reaching(self._connection.uri, what, f"write_timeout {self._timeout_s:g} s",
+                      self._connection.database.client):
             await retrying(lambda _: op(), timeout_s=self._timeout_s)
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("3.12", "3.13")
-# One more requirement for a version's venv, installed after the constrained install so that it overrides
-# constraints.txt there: e.g. {"3.12": "pymongo==4.13.0"} runs 3.12's tiers on another pymongo than the others.
-EXTRA_PINS: dict[str, str] = {}
+# A version's pins that take the place of constraints.txt's for the same package: the suite runs on the oldest
+# pymongo the dependency range allows on 3.12, on the newest (constraints.txt) on 3.11 and 3.13
+EXTRA_PINS = {"3.12": "pymongo==4.13.2"}
 
 
 def find_interpreter(version: str) -> str | None:
@@ -41,23 +41,33 @@ def _reports(interpreter: str, version: str) -> bool:
 
 
 def ensure_venv(version: str, interpreter: str) -> Path:
-    """A venv for ``version`` with ``.[test]`` installed (then ``EXTRA_PINS[version]``, if any), reinstalled when
+    """A venv for ``version`` with ``.[test]`` installed under its constraints (``_constraints``), reinstalled when
     the package's pins change."""
     venv = ROOT / ".cache" / "venvs" / version
     python = venv / "bin" / "python"
-    pin = EXTRA_PINS.get(version)
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes()
-                            + (pin or "").encode())
+    constraints = _constraints(version)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + constraints.encode())
     stamp = venv / ".installed"
     if stamp.exists() and python.exists() and stamp.read_text() == digest.hexdigest():
         return python
+    pin = EXTRA_PINS.get(version)
     print(f"python {version}: installing the package and its test extra{f' and {pin}' if pin else ''} into "
           f"{venv.relative_to(ROOT)} ...", file=sys.stderr, flush=True)
     subprocess.run([interpreter, "-m", "venv", "--clear", str(venv)], check=True)
+    (venv / "constraints.txt").write_text(constraints)
     # without setuptools' boxed notice on editable installs (the Makefile's EDITABLE_QUIET says why)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", "constraints.txt", "-e", ".[test]"],
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(venv / "constraints.txt"), "-e", ".[test]"],
                    cwd=ROOT, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore:Editable installation"})
-    if pin:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", pin], cwd=ROOT, check=True)
     stamp.write_text(digest.hexdigest())
     return python
+
+
+def _constraints(version: str) -> str:
+    """constraints.txt with ``version``'s ``EXTRA_PINS`` entry in place of the line that pins the same package."""
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    pin = EXTRA_PINS.get(version)
+    if pin is not None:
+        package = pin.split("==")[0]
+        lines = [line for line in lines if line.split("==")[0].strip() != package] + [pin]
+    return "\n".join(lines) + "\n"
+

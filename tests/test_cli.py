@@ -264,10 +264,10 @@ def test_bad_json_argument_pushes_nothing(bq: Run, sync_db) -> None:
     ("stats", "notmongo://localhost", "invalid MongoDB URI"),
     ("push", "mongodb://127.0.0.1:badport", "invalid MongoDB URI"),
     ("peek", "mongodb://127.0.0.1:1/?connectTimeoutMS=300", "cannot reach MongoDB"),
-    # issue 24: no longer taken for a host name; an unknown option is an error, not pymongo's raw warning
+    # not taken for a host name; an unknown option is an error, not pymongo's raw warning (its reason is pymongo's
+    # wording, which differs between releases)
     ("stats", "notamongouri", "invalid MongoDB URI notamongouri: it must begin with mongodb:// or mongodb+srv://"),
-    ("stats", "mongodb://127.0.0.1:1/?bogusOption=1", "invalid MongoDB URI mongodb://127.0.0.1:1/?bogusOption=1: "
-                                                      "Unknown option: bogusoption"),
+    ("stats", "mongodb://127.0.0.1:1/?bogusOption=1", "invalid MongoDB URI mongodb://127.0.0.1:1/?bogusOption=1: "),
 ])
 def test_bad_uri_fails_fast(bq: Run, command: str, uri: str, fragment: str) -> None:
     started = time.monotonic()

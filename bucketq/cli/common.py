@@ -32,6 +32,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
+from bucketq.compatibility import ServerRefused, as_refused
 from bucketq.connection import DEFAULT_DB, ServerUnreachable, client_of, unreachable
 from bucketq.discovery import collection_names, is_queue
 from bucketq.errors import BucketqError, InvalidOption
@@ -91,6 +92,8 @@ def describe(exc: BaseException, uri: str = "") -> str | None:
         return str(exc)
     if isinstance(exc, ServerSelectionTimeoutError):
         return hide(unreachable(uri or None, exc))
+    if isinstance(exc, ServerRefused):
+        return f"{type(exc).__name__}: {exc}"
     if isinstance(exc, ConfigurationError):
         return f"invalid MongoDB URI{' ' + hide(uri) if uri else ''}: {exc}"
     if isinstance(exc, InvalidName):
@@ -209,7 +212,8 @@ async def database(target: Target) -> AsyncIterator[Any]:
             await client.admin.command("ping")
             db = client[target.db or client.get_default_database(default=DEFAULT_DB).name]
         except (PyMongoError, ValueError) as exc:
-            raise CliError(describe(exc, target.uri) or str(exc)) from None
+            said = as_refused(exc, client) if isinstance(exc, ConfigurationError) else None
+            raise CliError(describe(said or exc, target.uri) or str(exc)) from None
         yield db
     finally:
         await client.close()

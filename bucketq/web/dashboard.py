@@ -144,7 +144,7 @@ class Dashboard:
             started = time.monotonic()
             try:
                 # a server away names itself as the URI gives it (redacted), not only in pymongo's topology tuples
-                with reaching(self.uri, "a dashboard sample"):
+                with reaching(self.uri, "a dashboard sample", client=self.database.client):
                     await self.sample()
             except Exception as exc:  # a server away for a while: the charts get a gap, the next sample retries
                 log.warning("dashboard sample failed: %s", one_line(redact(f"{type(exc).__name__}: {exc}", self.uri)))

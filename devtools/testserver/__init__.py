@@ -44,13 +44,18 @@ def _classpath() -> str:
 
 @dataclass
 class TestServer:
-    """One mongo-java-server process. ``h2_file`` selects the H2 file backend (data survives restarts)."""
+    """One mongo-java-server process. ``h2_file`` selects the H2 file backend (data survives restarts).
+
+    It reports MongoDB 4.4 (wire version 9), which pymongo 4.13 to 4.20 accept (Launcher.java lists what that
+    changes and why the server backs it); ``shipped_handshake`` keeps mongo-java-server's own wire version 8,
+    which pymongo 4.18 and later refuse."""
 
     __test__ = False  # not a pytest test class
 
     h2_file: Path | None = None
     port: int = 0
     outlive_parent: bool = False  # the dev server outlives the command that starts it; others die with theirs
+    shipped_handshake: bool = False
     pid: int | None = None
     _process: subprocess.Popen[bytes] | None = None
 
@@ -67,6 +72,8 @@ class TestServer:
         cmd = ["java", "-Xss4m", "-cp", classpath]
         if not self.outlive_parent:
             cmd.append("-Dbucketq.exitOnStdinEof=true")
+        if self.shipped_handshake:
+            cmd.append("-Dbucketq.shippedHandshake=true")
         cmd += ["Launcher", str(self.port)]
         if self.h2_file is not None:
             cmd.append(str(self.h2_file))

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 
+from bucketq.compatibility import tested_range
 from devtools.jars import CACHE
 from devtools.testserver import TestServer, _wait_gone
 
@@ -38,6 +39,8 @@ def main() -> None:
             state = {"pid": server.pid, "uri": server.uri}
             STATE.write_text(json.dumps(state))
             print(f"started test server, pid {server.pid}")
+        print(f"it reports MongoDB 4.4 (wire version 9): every pymongo that bucketq allows talks to it "
+              f"(tested with {tested_range()})")
         print(f"BUCKETQ_MONGODB_URI={state['uri']}")
     elif args.action == "stop":
         if state is None:

@@ -190,7 +190,7 @@ def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, g
     client: MongoClient = client_of(uri, MongoClient)
     try:
         db = client[database]
-        with reaching(uri, f"reading the range of group {group!r}"):
+        with reaching(uri, f"reading the range of group {group!r}", client=client):
             ranges = uncommitted_ranges(db, stream, group, start=start, max_buckets=max_buckets, gap_wait=gap_wait)
         bounds = {"start": " ".join(str(r.start) for r in ranges), "end": " ".join(str(r.end) for r in ranges)}
         taken = [r for r in ranges if not r.empty]
