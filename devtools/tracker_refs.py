@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # What a user reads: the README, the docs site, the READMEs of Spark and the bench, the package, the examples;
 # and the bench and the developer tools, whose docstrings the docs send contributors to.
-CHECKED = ("README.md", "CHANGELOG.md", "docs", "spark/README.md", "bench", "bucketq", "examples", "devtools")
+CHECKED = ("README.md", "CHANGELOG.md", "docs", "spark", "bench", "bucketq", "examples", "devtools", "tests")
 SUFFIXES = {".md", ".py", ".html", ".txt", ".yml", ".yaml"}
 TRACKER_REF = re.compile(
     r"\b(?:issues?|tickets?|prs?|pull requests?)\s*#?\d+\b"  # a tracker word, then a number

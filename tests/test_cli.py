@@ -288,7 +288,7 @@ def test_uri_option_and_db_option(mongo_uri: str, db_name: str, bq: Run) -> None
 
 def _with_password(mongo_uri: str) -> dict[str, str]:
     """URIs carrying ``PASSWORD``: unreachable, invalid, valid (the test server then refuses the login), and two
-    whose password holds an unescaped '/' (issue 24: pymongo's own message echoed a piece of it)."""
+    whose password holds an unescaped '/' (pymongo's own message once echoed a piece of it)."""
     host = mongo_uri.split("://", 1)[1].split("/", 1)[0].split("@")[-1]
     slashed = PASSWORD.replace("-", "/", 1)
     return {"unreachable": f"mongodb://user:{PASSWORD}@127.0.0.1:1/db?connectTimeoutMS=300",
@@ -626,7 +626,7 @@ def test_worker_help_gives_each_option_its_own_text_and_its_default_as_typed() -
     assert "--inbox-retention NUMBER|NONE seconds before the dedupe keys" in help_text
 
 
-def test_worker_concurrency_has_one_default_in_the_library_the_cli_and_the_readme() -> None:
+def test_worker_concurrency_has_one_default_in_the_library_the_cli_and_the_docs() -> None:
     import inspect
 
     from bucketq.cli.worker import worker
@@ -634,7 +634,7 @@ def test_worker_concurrency_has_one_default_in_the_library_the_cli_and_the_readm
 
     default = inspect.signature(Worker).parameters["concurrency"].default
     assert {p.name: p for p in worker.params}["concurrency"].default == default
-    assert f"`bucketq.Worker(q, handler, concurrency={default}, " in (REPO / "README.md").read_text()
+    assert f"`bucketq.Worker(q, handler, concurrency={default}, " in (REPO / "docs" / "guide" / "worker.md").read_text()
     help_text = " ".join(CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).output.split())
     assert f"[default: {default}; 1<=x<=1024]" in help_text
 
