@@ -480,8 +480,9 @@ def test_worker_options_are_validated(make_queue):
                    {"batch_size": "10"}):
         with pytest.raises(bucketq.InvalidOption):
             bucketq.Worker(q, handler, **kwargs)
-    with pytest.raises(bucketq.InvalidOption):
-        bucketq.Worker(q, lambda m: None)
+    for handler_, kwargs in (("tasks:handle", {}), (handler, {"threads": 2}), (lambda m: None, {"threads": 0})):
+        with pytest.raises(bucketq.InvalidOption):  # not a function; threads for an async one; no thread at all
+            bucketq.Worker(q, handler_, **kwargs)
 
 
 # -- consuming: timeouts, nack, ack ---------------------------------------------------------------------------
