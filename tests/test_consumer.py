@@ -602,6 +602,35 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
     assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
 
 
+@pytest.mark.timeout(120)
+async def test_the_housekeeping_lease_is_handed_over_when_its_holder_is_killed(make_queue, sync_db, mongo_uri, db_name):
+    round_s = 0.5  # the processes' housekeeping rounds, under a lease of 2.5 s
+    await make_queue().push({"i": 0})  # sets the queue up
+    flags = ["--housekeeping-every", str(round_s), "--idle-timeout", "60"]
+
+    def keeper() -> str:
+        doc = sync_db["events.control"].find_one({"_id": "housekeeping"})
+        return doc["owner"] if doc else ""
+
+    holder = _run_consumer(mongo_uri, db_name, *flags)
+    other = None
+    try:
+        await eventually(lambda: keeper().endswith(f":{holder.pid}"), timeout=60, what="a first holder")
+        other = _run_consumer(mongo_uri, db_name, *flags)
+        await asyncio.sleep(4 * 5 * round_s)  # the other's tries meanwhile fail: the holder renews its lease
+        assert other.poll() is None and keeper().endswith(f":{holder.pid}")
+        holder.kill()
+        assert await asyncio.to_thread(holder.wait, 30) == -9
+        # taken over once the lease ends, at the other's next try: within 2 leases and a round
+        await eventually(lambda: keeper().endswith(f":{other.pid}"), timeout=2 * 5 * round_s + round_s + 10,
+                         what="the hand-over to the surviving consumer")
+    finally:
+        for proc in (holder, other):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+
 async def test_reserve_many_takes_what_is_due_up_to_n_across_buckets(make_queue):
     # a reserve_many used to stop at the end of the bucket it held while more buckets were due
     q = make_queue(bucket_max_wait=0.01, bucket_max_size=50, change_streams=False)

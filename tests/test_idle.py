@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -243,3 +244,32 @@ async def test_a_waiter_wakes_when_another_check_finds_work_or_a_due_time_comes_
     wakeup.due_at(time.monotonic() + 0.1)
     await asyncio.wait_for(waiter, 1)
     assert wakeup.ready
+
+
+ROUND_S = 0.2  # a housekeeping round, shortened (60 s in use)
+
+
+@pytest.fixture
+def quick_housekeeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bucketq.core.housekeeping.HOUSEKEEPING_EVERY_S", ROUND_S)
+    monkeypatch.setattr("bucketq.core.housekeeping.HOUSEKEEPER_LEASE_S", 5 * ROUND_S)
+
+
+async def test_consumers_of_one_queue_run_one_round_of_housekeeping_deletes_a_period_not_one_each(
+        make_queue, counted, quick_housekeeping):
+    target, sent = counted
+    consumers = [make_queue(target=target) for _ in range(5)]
+    for q in consumers:  # each one's first claim starts its housekeeping
+        assert await q.reserve(timeout=0) is None
+    before = len(sent())
+    started = time.monotonic()
+    await asyncio.sleep(10 * ROUND_S)
+    rounds = (time.monotonic() - started) / ROUND_S
+    deletes = Counter(collection for name, collection, _ in sent()[before:] if name == "delete")
+    # Before the lease each consumer ran each round: 5 times as many deletes of each collection.
+    for collection in ("events.quarantine", "events.inbox", "events"):
+        assert 1 <= deletes[collection] <= rounds + 1, f"{deletes[collection]} deletes of {collection} in " \
+                                                       f"{rounds:.1f} rounds of 5 consumers: {dict(deletes)}"
+    # The other consumers spend a try now and then at taking the lease (one a lease, jittered), not a round each.
+    tries = sum(1 for name, collection, _ in sent()[before:] if name == "update" and collection == "events.control")
+    assert tries <= rounds + 1 + 4 * 10 * ROUND_S / (0.5 * 5 * ROUND_S) + 4
