@@ -4,9 +4,10 @@ change-stream events, where the server has them (an insert, a release, a group's
 bucket's due time; timers at due times the consumer knows of (such events, its own retry copies, and the next
 due bucket, read after a claim that found nothing); and polls: without a stream every poll interval or
 sooner (backing off from ``POLL_FIRST_S``), with one a slow jittered safety poll (``SAFETY_POLL_S``) for
-what no event announces. A wake-up may watch several collections (a queue's buckets and its pause document),
-one change stream each. An event that names its bucket's partition (``pt``) makes the next check look there
-first (``checking``). The same ``Wakeup`` paces the outbox relay's passes and a stream reader's claims."""
+what no event announces, while every stream answers (``STREAM_SILENT_S``). A wake-up may watch several
+collections (a queue's buckets and its pause document), one change stream each. An event that names its bucket's
+partition (``pt``) makes the next check look there first (``checking``). The same ``Wakeup`` paces the outbox
+relay's passes and a stream reader's claims."""
 
 from __future__ import annotations
 
@@ -30,9 +31,15 @@ log = logging.getLogger("bucketq")
 
 POLL_FIRST_S = 0.01
 # With a change stream working, a check for work that found none is repeated after a random time in this range
-# unless a wake-up comes first: it catches what no event or timer announces (a bucket whose event was missed,
-# one written by hand). Jittered, so that the consumers of a fleet started together do not poll together.
-SAFETY_POLL_S = (40.0, 60.0)
+# unless a wake-up comes first: it catches what no event or timer announces (a bucket whose due time a consumer
+# failed to read after a claim, one whose event a server lost): so it bounds the delay of a missed wake-up while
+# the streams stay healthy. Jittered, so that the consumers of a fleet started together do not poll together.
+# An idle consumer's cost: its claim and next-due read (and a clock resync, due every 300 s) once a poll.
+SAFETY_POLL_S = (270.0, 330.0)
+# A stream that answered no getMore for this long is taken as lost (a connection that hangs, with no error to say
+# so): the consumer polls as without streams, and the stream is opened again at the next check. A healthy one
+# answers at least once a ``STREAM_AWAIT_MS`` (and a pause, below).
+STREAM_SILENT_S = 30.0
 # Some servers (the test server among them) answer an empty change-stream getMore at once instead of waiting
 # maxAwaitTimeMS; an empty answer that came back in less than half that wait is followed by a pause, from
 # STREAM_PAUSE_FIRST_S, doubling while the stream stays empty up to the wait of a server that holds it
@@ -58,7 +65,7 @@ class Wakeup:
         self._next_poll = POLL_FIRST_S
         self._hinted: list[int] = []  # partitions that events named since the last check began, first first
         self.streaming = False  # every change stream watched answered and none was lost since
-        self._answered: set[int] = set()  # the watches (by index) whose stream answered
+        self._answered: dict[int, float] = {}  # the watches (by index) whose stream answered: when, monotonic
         self._ever_streamed = False
         self._tasks: list[asyncio.Task[None]] = []
         # No watch started yet, or one ended since (set by the tasks' done callbacks): ``start_stream`` has work.
@@ -117,9 +124,15 @@ class Wakeup:
         """Sleep until a check is called for (``ready``) or ``limit`` seconds have passed."""
         end = time.monotonic() + limit
         while not self.ready:
+            if self.streaming:
+                self._check_health()
+                if not self.streaming:
+                    continue  # polling from now on: a check may be due
             delay = min(end, self._check_at) - time.monotonic()
             if delay <= 0:
                 return
+            if self.streaming:  # wake in time to notice a stream gone silent
+                delay = min(delay, STREAM_SILENT_S / 3)
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), delay)
@@ -140,6 +153,23 @@ class Wakeup:
         else:  # a watch ended before streams ever worked: polling it is (asked again at the next call)
             return
         self.stream_start_due = False
+
+    def _check_health(self) -> None:
+        """Take a stream that has not answered for ``STREAM_SILENT_S`` as lost: poll from now on, and end its
+        watch, so that the next check opens it again (``start_stream``)."""
+        silent_since = time.monotonic() - STREAM_SILENT_S
+        for index, answered_at in list(self._answered.items()):
+            if answered_at < silent_since:
+                log.warning("a change stream has not answered for %g s: polling instead", STREAM_SILENT_S)
+                self._lost(index)
+                self._tasks[index].cancel()
+
+    def _lost(self, index: int) -> None:
+        """The stream of watch ``index`` ended or fell silent."""
+        self._answered.pop(index, None)
+        if self.streaming:  # no safety poll far off without every stream: poll from now on
+            self.streaming = False
+            self.failed()
 
     def _start_watch(self, index: int, watched: Watched, clock: ServerClock, required: bool) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._watch(index, watched, clock, required),
@@ -171,13 +201,15 @@ class Wakeup:
         start = Timestamp(int(clock.now().timestamp()) - 1, 0)
         try:
             stream = await watch(start)
+            if heard is not None:  # what was read before may be older than the stream's first event: read again
+                heard()
             try:
                 pause = STREAM_PAUSE_FIRST_S
                 while True:
                     asked = time.monotonic()
                     event = await stream.try_next()
                     raise_if_cancelled()  # a cancel the driver swallowed: stop() waits for this task
-                    self._answered.add(index)
+                    self._answered[index] = time.monotonic()
                     self.streaming = len(self._answered) == len(self._tasks)
                     self._ever_streamed |= self.streaming
                     if event is not None:
@@ -193,10 +225,7 @@ class Wakeup:
         except PyMongoError as exc:
             (log.warning if required else log.debug)("change streams unavailable, polling instead: %s", exc)
         finally:
-            self._answered.discard(index)
-            if self.streaming:  # no safety poll far off without every stream: poll from now on
-                self.streaming = False
-                self.failed()
+            self._lost(index)
 
     def _announce(self, event: dict[str, Any], clock: ServerClock) -> None:
         """Wake now, or by the due time the event carries (a delayed push, a nack's retry copy or release); note

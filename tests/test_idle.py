@@ -17,7 +17,7 @@ from pymongo import AsyncMongoClient, monitoring
 from bucketq.core.claims import claim
 from bucketq.core.sharding import partition_of
 from bucketq.wakeup import Wakeup
-from tests.helpers import StartedCommands, eventually, utc_now
+from tests.helpers import StartedCommands, eventually, server_proxy, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -273,3 +273,59 @@ async def test_consumers_of_one_queue_run_one_round_of_housekeeping_deletes_a_pe
     # The other consumers spend a try now and then at taking the lease (one a lease, jittered), not a round each.
     tries = sum(1 for name, collection, _ in sent()[before:] if name == "update" and collection == "events.control")
     assert tries <= rounds + 1 + 4 * 10 * ROUND_S / (0.5 * 5 * ROUND_S) + 4
+
+
+@pytest.mark.timeout(30 * 60)  # the loop's time, skipped ahead by the fast clock: seconds of real time
+async def test_idle_consumers_cost_about_one_command_a_minute_each_and_read_the_pause_only_after_an_event(
+        make_queue, memory_db):
+    """Over 20 minutes idle (skipped by the in-memory tests' fast clock): no pause read without a pause event, the
+    deletes of housekeeping once per queue, and each consumer's own cost (its safety polls, its tries at the
+    housekeeping lease, its clock's resyncs) about one command a minute."""
+    consumers = [make_queue(target=memory_db) for _ in range(4)]
+    for q in consumers:
+        await _idle(q)
+
+    async def worker(q: Any) -> None:  # a Worker's idle loop
+        while await q.reserve(timeout=10) is None:
+            pass
+
+    start, began = len(memory_db.operations), time.monotonic()
+    workers = [asyncio.ensure_future(worker(q)) for q in consumers]
+    await asyncio.sleep(20 * 60)
+    minutes = (time.monotonic() - began) / 60
+    assert not any(w.done() for w in workers)
+    ops = [op for op in memory_db.operations[start:] if op.method != "watch"]
+    kinds = Counter(f"{op.command} {op.collection}" for op in ops)
+    assert all(q._wakeup.streaming for q in consumers)
+    # Before: each consumer read the pause document at each safety poll (every 40 to 60 s)...
+    assert kinds["find events.control"] == 0, dict(kinds)
+    # ... and ran the retention deletes every minute: 4 consumers, 4 rounds a minute.
+    assert kinds["delete events.quarantine"] <= minutes + 1, dict(kinds)
+    # The rest, but for the lease holder's round each minute (its deletes and the renewal of its lease).
+    own = len(ops) - sum(kinds[f"delete {c}"] for c in ("events.quarantine", "events.inbox", "events")) - minutes
+    per_consumer_minute = own / len(consumers) / minutes
+    assert per_consumer_minute <= 1.2, f"{per_consumer_minute:.2f} commands / consumer / minute: {dict(kinds)}"
+    await make_queue().push("still woken")
+    done, _ = await asyncio.wait(workers, timeout=WAKE_S, return_when=asyncio.FIRST_COMPLETED)
+    assert len(done) == 1, "one consumer (only) got the message"
+    for w in workers:
+        w.cancel()
+
+
+async def test_a_consumer_whose_change_stream_falls_silent_polls_instead(make_queue, mongo_uri, request,
+                                                                         monkeypatch, no_safety_poll):
+    """A getMore that never comes back (a connection that hangs, with no error to say so): the stream counts as
+    lost after ``STREAM_SILENT_S``, and the consumer polls, so a push it hears nothing of still reaches it."""
+    monkeypatch.setattr("bucketq.wakeup.STREAM_SILENT_S", 1.0)
+    proxy = server_proxy(request, make_queue)
+    q = make_queue(target=proxy.uri, poll_interval=0.2)
+    await _idle(q)
+    proxy.delay("getMore", seconds=600, times=1000)  # every stream's next getMore hangs
+    await asyncio.sleep(0.5)  # the getMores under way now hang (each answered within 0.1 s before)
+    await make_queue().push("unannounced")
+    # Before: the consumer waited for the safety poll (600 s here), its streams taken as healthy all along.
+    message = await q.reserve(timeout=WAKE_S)
+    assert message is not None and message.payload == "unannounced"
+    await message.ack()
+    assert not q._wakeup.streaming
+    proxy.disarm()
