@@ -43,7 +43,7 @@ from bucketq.setup import SetUp
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.transaction import check_session, push_in_transaction
 from bucketq.unique import release_keys
-from bucketq.wakeup import Wakeup, Watched
+from bucketq.wakeup import Shared, Wakeup, Watched
 
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
 PURGE_CHUNK = 1000
@@ -78,9 +78,11 @@ class Queue:
                                   on_written=self._wakeup.notify, before_write=self._ready, mark_checked=True)
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup,
                                   before_claim=self._before_claim)
-        # the change streams a consumer keeps open (``_before_claim``): made once, not at every claim
-        self._watches: list[Watched] = [self._store.watch_changes, (self._store.watch_control,
-                                                                    self._store.pause.changed)]
+        # the change streams a consumer keeps open (``_before_claim``): made once, not at every claim. The queue
+        # objects of a process on one client share them, one per collection (``wakeup.ChangeFeed``).
+        on = (id(self.database.client), self.database.name, name)
+        self._watches: list[Watched] = [Shared((*on, "changes"), self._store.watch_changes),
+                                        Shared((*on, "control"), self._store.watch_control, self._store.pause.changed)]
         self._housekeeping = Housekeeping(self._store, self._clock, self.purge_expired)
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
                                               self.options.write_timeout))

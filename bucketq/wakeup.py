@@ -17,7 +17,9 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from bson import Timestamp
@@ -50,8 +52,23 @@ STREAM_PAUSE_FIRST_S = 0.04
 STREAM_PAUSE_MAX_S = STREAM_AWAIT_MS / 1000
 
 Watch = Callable[[Timestamp], Awaitable[Any]]  # a store's method that opens a change stream from a cluster time
-# A watch, or a watch and what to call at each of its events before the wake-up (a pause gate's ``changed``)
-Watched = Watch | tuple[Watch, Callable[[], None]]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A watch whose change stream the wake-ups of one process (event loop) share, one per ``key`` (a queue's
+    buckets or its ``Q.control``, on one client): its answers go to each (``ChangeFeed``). ``heard``, each
+    wake-up's own, is called at each event and when the stream opened, before the wake-up. A ``key`` of None:
+    a stream of the wake-up's own."""
+
+    key: Hashable
+    watch: Watch
+    heard: Callable[[], None] | None = None
+
+
+# A watch, or a watch and what to call at each of its events before the wake-up (a pause gate's ``changed``), or
+# a share of a stream
+Watched = Watch | tuple[Watch, Callable[[], None]] | Shared
 
 
 class Wakeup:
@@ -67,8 +84,8 @@ class Wakeup:
         self.streaming = False  # every change stream watched answered and none was lost since
         self._answered: dict[int, float] = {}  # the watches (by index) whose stream answered: when, monotonic
         self._ever_streamed = False
-        self._tasks: list[asyncio.Task[None]] = []
-        # No watch started yet, or one ended since (set by the tasks' done callbacks): ``start_stream`` has work.
+        self._feeds: list[tuple[ChangeFeed, _Listener]] = []  # per watch: its feed, and this wake-up's share
+        # No watch started yet, or one ended since (set when a feed ends): ``start_stream`` has work.
         # Until then it returns at once, without walking the watches.
         self.stream_start_due = True
 
@@ -138,94 +155,65 @@ class Wakeup:
                 await asyncio.wait_for(self._changed.wait(), delay)
 
     def start_stream(self, watches: Watched | list[Watched], clock: ServerClock, required: bool) -> None:
-        """Start watching (``watches``: one change stream each), or start again a stream that was lost after
-        streams worked (a server restart). Called with the same watches each time; a no-op unless
-        ``stream_start_due``."""
+        """Start watching (``watches``: one change stream each, or a share of one: ``Shared``), or start again a
+        stream that was lost after streams worked (a server restart). Called with the same watches each time; a
+        no-op unless ``stream_start_due``."""
         if not self.stream_start_due:
             return
         listed = watches if isinstance(watches, list) else [watches]
-        if not self._tasks:
-            self._tasks = [self._start_watch(i, w, clock, required) for i, w in enumerate(listed)]
+        if not self._feeds:
+            self._feeds = [self._join(i, w, clock, required) for i, w in enumerate(listed)]
         elif self._ever_streamed:
-            for i, task in enumerate(self._tasks):
-                if task.done():
-                    self._tasks[i] = self._start_watch(i, listed[i], clock, required)
+            for i, (feed, _) in enumerate(self._feeds):
+                if feed.ended:
+                    self._feeds[i] = self._join(i, listed[i], clock, required)
         else:  # a watch ended before streams ever worked: polling it is (asked again at the next call)
             return
         self.stream_start_due = False
 
+    def _join(self, index: int, watched: Watched, clock: ServerClock,
+              required: bool) -> tuple[ChangeFeed, _Listener]:
+        shared = watched if isinstance(watched, Shared) else Shared(None, *(
+            watched if isinstance(watched, tuple) else (watched, None)))
+        listener = _Listener(self, index, shared.heard, clock)
+        feed = ChangeFeed.of(shared.key, shared.watch, clock, required)
+        feed.join(listener)
+        return feed, listener
+
     def _check_health(self) -> None:
         """Take a stream that has not answered for ``STREAM_SILENT_S`` as lost: poll from now on, and end its
-        watch, so that the next check opens it again (``start_stream``)."""
+        feed (for every wake-up that shares it), so that the next check opens it again (``start_stream``)."""
         silent_since = time.monotonic() - STREAM_SILENT_S
         for index, answered_at in list(self._answered.items()):
             if answered_at < silent_since:
                 log.warning("a change stream has not answered for %g s: polling instead", STREAM_SILENT_S)
                 self._lost(index)
-                self._tasks[index].cancel()
+                self._feeds[index][0].end()
 
     def _lost(self, index: int) -> None:
         """The stream of watch ``index`` ended or fell silent."""
         self._answered.pop(index, None)
+        self.stream_start_due = True
         if self.streaming:  # no safety poll far off without every stream: poll from now on
             self.streaming = False
             self.failed()
 
-    def _start_watch(self, index: int, watched: Watched, clock: ServerClock, required: bool) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._watch(index, watched, clock, required),
-                                                      name="bucketq-watch")
-        task.add_done_callback(self._watch_ended)
-        return task
-
-    def _watch_ended(self, _task: asyncio.Task[None]) -> None:
-        self.stream_start_due = True
+    def _answered_by(self, index: int) -> None:
+        self._answered[index] = time.monotonic()
+        self.streaming = len(self._answered) == len(self._feeds)
+        self._ever_streamed |= self.streaming
 
     @property
     def watching(self) -> bool:
         """Whether a change stream is open or being opened."""
-        return any(not task.done() for task in self._tasks)
+        return any(not feed.ended for feed, _ in self._feeds)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        feeds, self._feeds = self._feeds, []
+        await asyncio.gather(*(feed.leave(listener) for feed, listener in feeds))
         self.stream_start_due = True
         self._answered.clear()
         self.streaming = False
-
-    async def _watch(self, index: int, watched: Watched, clock: ServerClock, required: bool) -> None:
-        watch, heard = watched if isinstance(watched, tuple) else (watched, None)
-        # startAtOperationTime spares a server round trip and is needed by servers (such as the test server)
-        # that leave operationTime out of their replies; a second back covers a small clock error.
-        start = Timestamp(int(clock.now().timestamp()) - 1, 0)
-        try:
-            stream = await watch(start)
-            if heard is not None:  # what was read before may be older than the stream's first event: read again
-                heard()
-            try:
-                pause = STREAM_PAUSE_FIRST_S
-                while True:
-                    asked = time.monotonic()
-                    event = await stream.try_next()
-                    raise_if_cancelled()  # a cancel the driver swallowed: stop() waits for this task
-                    self._answered[index] = time.monotonic()
-                    self.streaming = len(self._answered) == len(self._tasks)
-                    self._ever_streamed |= self.streaming
-                    if event is not None:
-                        if heard is not None:
-                            heard()
-                        self._announce(event, clock)
-                        pause = STREAM_PAUSE_FIRST_S
-                    elif time.monotonic() - asked < STREAM_QUICK_EMPTY_S:
-                        await asyncio.sleep(pause)
-                        pause = min(STREAM_PAUSE_MAX_S, pause * 2)
-            finally:
-                await stream.close()
-        except PyMongoError as exc:
-            (log.warning if required else log.debug)("change streams unavailable, polling instead: %s", exc)
-        finally:
-            self._lost(index)
 
     def _announce(self, event: dict[str, Any], clock: ServerClock) -> None:
         """Wake now, or by the due time the event carries (a delayed push, a nack's retry copy or release); note
@@ -239,3 +227,112 @@ class Wakeup:
             self.due(due if due.tzinfo else due.replace(tzinfo=dt.timezone.utc), clock)
         else:
             self.notify()
+
+
+class _Listener:
+    """A wake-up's share of a feed: its watch ``index`` among the wake-up's."""
+
+    def __init__(self, wakeup: Wakeup, index: int, heard: Callable[[], None] | None, clock: ServerClock) -> None:
+        self._wakeup = wakeup
+        self._index = index
+        self._heard = heard
+        self._clock = clock
+
+    def opened(self) -> None:
+        if self._heard is not None:  # what was read before may be older than the stream's first event: read again
+            self._heard()
+
+    def answered(self, event: dict[str, Any] | None) -> None:
+        self._wakeup._answered_by(self._index)
+        if event is not None:
+            if self._heard is not None:
+                self._heard()
+            self._wakeup._announce(event, self._clock)
+
+    def ended(self) -> None:
+        self._wakeup._lost(self._index)
+
+
+# The feeds shared in each event loop, by key: one change stream per watched collection per process.
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, ChangeFeed]] = \
+    weakref.WeakKeyDictionary()
+
+
+class ChangeFeed:
+    """One change stream, read in a loop by a task of its own, each answer (an event, or None: an empty getMore)
+    handed to every listener; when it ends (an error, ``end``), each listener hears of it and the feed is done
+    with (``ended``): the next ``of`` opens a new one. Shared by key (``of``), it ends with its last listener."""
+
+    def __init__(self, key: Hashable, watch: Watch, clock: ServerClock, required: bool) -> None:
+        self._key = key
+        self._listeners: list[_Listener] = []
+        self._open = False
+        self.ended = False
+        self._task = asyncio.get_running_loop().create_task(self._run(watch, clock, required), name="bucketq-watch")
+
+    @classmethod
+    def of(cls, key: Hashable, watch: Watch, clock: ServerClock, required: bool) -> ChangeFeed:
+        """The feed of ``key`` in the running event loop, opened now unless one is open; a private one for a
+        ``key`` of None."""
+        if key is None:
+            return cls(None, watch, clock, required)
+        feeds = _SHARED.setdefault(asyncio.get_running_loop(), {})
+        feed = feeds.get(key)
+        if feed is None or feed.ended:
+            feed = feeds[key] = cls(key, watch, clock, required)
+        return feed
+
+    def join(self, listener: _Listener) -> None:
+        self._listeners.append(listener)
+        if self._open:
+            listener.opened()
+
+    async def leave(self, listener: _Listener) -> None:
+        """``listener`` stops listening; the feed ends (and this waits for its task) once none is left."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+        if not self._listeners:
+            self._forget()
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def end(self) -> None:
+        """End the feed now (a stream gone silent): every listener hears of it."""
+        self._task.cancel()
+
+    def _forget(self) -> None:
+        self.ended = True
+        feeds = _SHARED.get(self._task.get_loop(), {})
+        if self._key is not None and feeds.get(self._key) is self:
+            del feeds[self._key]
+
+    async def _run(self, watch: Watch, clock: ServerClock, required: bool) -> None:
+        # startAtOperationTime spares a server round trip and is needed by servers (such as the test server)
+        # that leave operationTime out of their replies; a second back covers a small clock error.
+        start = Timestamp(int(clock.now().timestamp()) - 1, 0)
+        try:
+            stream = await watch(start)
+            self._open = True
+            for listener in list(self._listeners):
+                listener.opened()
+            try:
+                pause = STREAM_PAUSE_FIRST_S
+                while True:
+                    asked = time.monotonic()
+                    event = await stream.try_next()
+                    raise_if_cancelled()  # a cancel the driver swallowed: leave() waits for this task
+                    for listener in list(self._listeners):
+                        listener.answered(event)
+                    if event is not None:
+                        pause = STREAM_PAUSE_FIRST_S
+                    elif time.monotonic() - asked < STREAM_QUICK_EMPTY_S:
+                        await asyncio.sleep(pause)
+                        pause = min(STREAM_PAUSE_MAX_S, pause * 2)
+            finally:
+                await stream.close()
+        except PyMongoError as exc:
+            (log.warning if required else log.debug)("change streams unavailable, polling instead: %s", exc)
+        finally:
+            self._forget()
+            for listener in list(self._listeners):
+                listener.ended()

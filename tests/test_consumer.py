@@ -446,7 +446,7 @@ async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_nex
     """As after a server restart: the buckets' stream fails; the next claim starts it again (only then: a
     consumer asks before each claim, at the cost of one attribute read while nothing was lost)."""
     q = make_queue(bucket_max_wait=0.01)
-    real, lose = q._watches[0], []
+    real, lose = q._watches[0].watch, []
 
     class Failing:  # the stream, until the test loses it (once)
         def __init__(self, stream: Any) -> None:
@@ -467,14 +467,14 @@ async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_nex
     q._watches[0] = watch
     assert await q.reserve(timeout=0.05) is None
     await eventually(lambda: q._wakeup.streaming, what="the change streams answering")
-    first = q._wakeup._tasks[0]
+    first = q._wakeup._feeds[0][0]
     lose.append(False)
-    await eventually(lambda: first.done(), what="the stream's watch ending")
+    await eventually(lambda: first.ended, what="the stream's watch ending")
     assert not q._wakeup.streaming
     await asyncio.sleep(0.05)
-    assert q._wakeup._tasks[0] is first, "started again before any claim"
+    assert q._wakeup._feeds[0][0] is first, "started again before any claim"
     assert await q.reserve(timeout=0) is None  # claims once, wake-up or not
-    assert q._wakeup._tasks[0] is not first
+    assert q._wakeup._feeds[0][0] is not first
     await eventually(lambda: q._wakeup.streaming, what="the restarted stream answering")
     await q.push(1)
     message = await q.reserve(timeout=PATIENCE_S)

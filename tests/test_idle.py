@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, monitoring
+from pymongo.errors import AutoReconnect
 
 from bucketq.core.claims import claim
 from bucketq.core.sharding import partition_of
-from bucketq.wakeup import Wakeup
+from bucketq.wakeup import Shared, Wakeup
 from tests.helpers import StartedCommands, eventually, server_proxy, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -56,6 +57,17 @@ async def counted(backend: str, request: pytest.FixtureRequest) -> AsyncIterator
     yield client, lambda: [(event.command_name, event.command.get(event.command_name),
                             event.command.get("query", event.command.get("filter")))
                            for event in listener.events if not _is_change_stream(event)]
+    await client.close()
+
+
+@pytest.fixture
+async def memory_db_or_client(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The in-memory database, or a client of the test server: a target that queue objects can share."""
+    if backend == "memory":
+        yield request.getfixturevalue("memory_db")
+        return
+    client: AsyncMongoClient = AsyncMongoClient(request.getfixturevalue("mongo_uri"), tz_aware=True)
+    yield client
     await client.close()
 
 
@@ -329,3 +341,109 @@ async def test_a_consumer_whose_change_stream_falls_silent_polls_instead(make_qu
     await message.ack()
     assert not q._wakeup.streaming
     proxy.disarm()
+
+
+def _watches_opened(backend: str, target: Any, listener: StartedCommands | None) -> int:
+    """The change streams opened so far through ``target``'s client (or the in-memory database)."""
+    if backend == "memory":
+        return len([op for op in target.operations if op.method == "watch"])
+    assert listener is not None
+    return len([event for event in listener.events if event.command_name == "aggregate"
+                and _is_change_stream(event)])
+
+
+async def test_queue_objects_of_one_process_share_one_change_stream_per_collection(make_queue, backend, request):
+    """Three consumers of a queue on one client watch its collection and its ``Q.control`` through two streams,
+    not six; one that closes leaves the others' streams open, and each is still woken."""
+    listener = None
+    if backend == "memory":
+        target = request.getfixturevalue("memory_db")
+    else:
+        listener = StartedCommands()
+        target = AsyncMongoClient(request.getfixturevalue("mongo_uri"), event_listeners=[listener], tz_aware=True)
+    consumers = [make_queue(target=target) for _ in range(3)]
+    for q in consumers:
+        await _idle(q)
+    # Before: two streams per queue object (its buckets and its Q.control), six here.
+    assert _watches_opened(backend, target, listener) == 2
+    await consumers[0].close()
+    await asyncio.sleep(0.3)
+    assert all(q._wakeup.streaming for q in consumers[1:])
+    await make_queue().push("after a close")
+    reserves = [asyncio.ensure_future(q.reserve(timeout=WAKE_S)) for q in consumers[1:]]
+    done, waiting = await asyncio.wait(reserves, return_when=asyncio.FIRST_COMPLETED)
+    for reserve in waiting:
+        reserve.cancel()
+    message = done.pop().result()
+    assert message is not None and message.payload == "after a close"
+    await message.ack()
+    assert _watches_opened(backend, target, listener) == 2
+    if listener is not None:
+        for q in consumers[1:]:
+            await q.close()
+        await target.close()
+
+
+async def test_queue_objects_given_one_uri_share_a_client_closed_with_the_last(make_queue, mongo_uri):
+    first, second = make_queue(), make_queue(name="other")
+    client = first.database.client
+    assert second.database.client is client  # before: a client of its own each
+    await first.push("one")
+    await first.close()
+    assert not client._closed
+    await second.push("two")  # the client the closed queue shared still serves the other
+    message = await second.reserve(timeout=WAKE_S)
+    assert message is not None and message.payload == "two"
+    await message.ack()
+    await second.close()
+    assert client._closed
+    assert make_queue().database.client is not client
+
+
+async def test_a_shared_change_stream_that_fails_sends_each_queue_polling_and_is_opened_again(
+        make_queue, memory_db_or_client, no_safety_poll):
+    target = memory_db_or_client
+    consumers = [make_queue(target=target, poll_interval=0.2) for _ in range(2)]
+    shared, lose = consumers[0]._watches[0], []
+
+    class Failing:  # the buckets' stream, until the test loses it (once), as a server restart would
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+
+        async def try_next(self) -> Any:
+            if lose and not lose[0]:
+                lose[0] = True
+                raise AutoReconnect("connection closed (a server restart)")
+            return await self.stream.try_next()
+
+        async def close(self) -> None:
+            await self.stream.close()
+
+    async def watch(start: Any) -> Failing:
+        return Failing(await shared.watch(start))
+
+    for q in consumers:
+        q._watches[0] = Shared(shared.key, watch)
+        await _idle(q)
+
+    def feeds(q: Any) -> list[Any]:
+        return [feed for feed, _ in q._wakeup._feeds]
+
+    first = feeds(consumers[0])
+    assert feeds(consumers[1]) == first, "one stream per collection for both queue objects"
+    lose.append(False)
+    await eventually(lambda: first[0].ended, what="the shared stream ending")
+    assert not any(q._wakeup.streaming for q in consumers), "each queue polls"
+    await make_queue().push("while polling")
+    reserves = [asyncio.ensure_future(q.reserve(timeout=WAKE_S)) for q in consumers]
+    done, waiting = await asyncio.wait(reserves, return_when=asyncio.FIRST_COMPLETED)
+    for reserve in waiting:
+        reserve.cancel()
+    message = done.pop().result()
+    assert message is not None and message.payload == "while polling"
+    await message.ack()
+    for q in consumers:  # a claim opens the lost stream again, shared again
+        assert await q.reserve(timeout=0) is None
+    await eventually(lambda: all(q._wakeup.streaming for q in consumers), what="the stream opened again")
+    again = feeds(consumers[0])
+    assert feeds(consumers[1]) == again and again[0] is not first[0] and again[1] is first[1]
