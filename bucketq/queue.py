@@ -79,9 +79,10 @@ class Queue:
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup,
                                   before_claim=self._before_claim)
         # the change streams a consumer keeps open (``_before_claim``): made once, not at every claim. The queue
-        # objects of a process on one client share them, one per collection (``wakeup.ChangeFeed``).
+        # objects of a process on one client share them, one per collection (``wakeup.ChangeFeed``); a new bucket
+        # wakes one of them that waits, not all.
         on = (id(self.database.client), self.database.name, name)
-        self._watches: list[Watched] = [Shared((*on, "changes"), self._store.watch_changes),
+        self._watches: list[Watched] = [Shared((*on, "changes"), self._store.watch_changes, spread=True),
                                         Shared((*on, "control"), self._store.watch_control, self._store.pause.changed)]
         self._housekeeping = Housekeeping(self._store, self._clock, self.purge_expired)
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,

@@ -59,11 +59,13 @@ class Shared:
     """A watch whose change stream the wake-ups of one process (event loop) share, one per ``key`` (a queue's
     buckets or its ``Q.control``, on one client): its answers go to each (``ChangeFeed``). ``heard``, each
     wake-up's own, is called at each event and when the stream opened, before the wake-up. A ``key`` of None:
-    a stream of the wake-up's own."""
+    a stream of the wake-up's own. ``spread``: an event that calls for a claim now wakes one of the wake-ups
+    waiting (in turn), not all (``ChangeFeed``): a queue's buckets, where one bucket needs one claim."""
 
     key: Hashable
     watch: Watch
     heard: Callable[[], None] | None = None
+    spread: bool = False
 
 
 # A watch, or a watch and what to call at each of its events before the wake-up (a pause gate's ``changed``), or
@@ -77,6 +79,7 @@ class Wakeup:
     def __init__(self, poll_interval: float) -> None:
         self._changed = asyncio.Event()  # set when _woken or _check_at changes: a waiter looks again
         self._woken = False  # a wake-up came since the last check began
+        self.waiting = 0  # the tasks in ``wait`` now
         self._check_at = float("-inf")  # monotonic time of the next poll or known due time
         self._poll_cap = poll_interval
         self._next_poll = POLL_FIRST_S
@@ -139,6 +142,13 @@ class Wakeup:
 
     async def wait(self, limit: float) -> None:
         """Sleep until a check is called for (``ready``) or ``limit`` seconds have passed."""
+        self.waiting += 1
+        try:
+            await self._wait(limit)
+        finally:
+            self.waiting -= 1
+
+    async def _wait(self, limit: float) -> None:
         end = time.monotonic() + limit
         while not self.ready:
             if self.streaming:
@@ -176,7 +186,7 @@ class Wakeup:
         shared = watched if isinstance(watched, Shared) else Shared(None, *(
             watched if isinstance(watched, tuple) else (watched, None)))
         listener = _Listener(self, index, shared.heard, clock)
-        feed = ChangeFeed.of(shared.key, shared.watch, clock, required)
+        feed = ChangeFeed.of(shared.key, shared.watch, clock, required, spread=shared.spread)
         feed.join(listener)
         return feed, listener
 
@@ -215,18 +225,31 @@ class Wakeup:
         self._answered.clear()
         self.streaming = False
 
+    @property
+    def idle(self) -> bool:
+        """Whether a task waits here and no wake-up is on its way to it: the one to wake for a bucket."""
+        return self.waiting > 0 and not self.ready
+
     def _announce(self, event: dict[str, Any], clock: ServerClock) -> None:
         """Wake now, or by the due time the event carries (a delayed push, a nack's retry copy or release); note
         the partition it names, if any."""
-        fields = {**((event.get("updateDescription") or {}).get("updatedFields") or {}),
-                  **(event.get("fullDocument") or {})}
-        due, partition = fields.get("due"), fields.get("pt")
+        due, partition = _fields(event)
         if isinstance(partition, int) and partition not in self._hinted:
             self._hinted.append(partition)
-        if isinstance(due, dt.datetime):
-            self.due(due if due.tzinfo else due.replace(tzinfo=dt.timezone.utc), clock)
+        if due is not None:
+            self.due(due, clock)
         else:
             self.notify()
+
+
+def _fields(event: dict[str, Any]) -> tuple[dt.datetime | None, Any]:
+    """The due time (aware) and the partition an event carries, either possibly None."""
+    fields = {**((event.get("updateDescription") or {}).get("updatedFields") or {}),
+              **(event.get("fullDocument") or {})}
+    due = fields.get("due")
+    if not isinstance(due, dt.datetime):
+        return None, fields.get("pt")
+    return (due if due.tzinfo else due.replace(tzinfo=dt.timezone.utc)), fields.get("pt")
 
 
 class _Listener:
@@ -237,6 +260,10 @@ class _Listener:
         self._index = index
         self._heard = heard
         self._clock = clock
+
+    @property
+    def idle(self) -> bool:
+        return self._wakeup.idle
 
     def opened(self) -> None:
         if self._heard is not None:  # what was read before may be older than the stream's first event: read again
@@ -263,23 +290,28 @@ class ChangeFeed:
     handed to every listener; when it ends (an error, ``end``), each listener hears of it and the feed is done
     with (``ended``): the next ``of`` opens a new one. Shared by key (``of``), it ends with its last listener."""
 
-    def __init__(self, key: Hashable, watch: Watch, clock: ServerClock, required: bool) -> None:
+    def __init__(self, key: Hashable, watch: Watch, clock: ServerClock, required: bool, *,
+                 spread: bool = False) -> None:
         self._key = key
+        self._clock = clock
+        self._spread = spread
+        self._turn = 0  # where the search for an idle listener to wake starts (``spread``)
         self._listeners: list[_Listener] = []
         self._open = False
         self.ended = False
         self._task = asyncio.get_running_loop().create_task(self._run(watch, clock, required), name="bucketq-watch")
 
     @classmethod
-    def of(cls, key: Hashable, watch: Watch, clock: ServerClock, required: bool) -> ChangeFeed:
+    def of(cls, key: Hashable, watch: Watch, clock: ServerClock, required: bool, *,
+           spread: bool = False) -> ChangeFeed:
         """The feed of ``key`` in the running event loop, opened now unless one is open; a private one for a
         ``key`` of None."""
         if key is None:
-            return cls(None, watch, clock, required)
+            return cls(None, watch, clock, required, spread=spread)
         feeds = _SHARED.setdefault(asyncio.get_running_loop(), {})
         feed = feeds.get(key)
         if feed is None or feed.ended:
-            feed = feeds[key] = cls(key, watch, clock, required)
+            feed = feeds[key] = cls(key, watch, clock, required, spread=spread)
         return feed
 
     def join(self, listener: _Listener) -> None:
@@ -299,6 +331,24 @@ class ChangeFeed:
     def end(self) -> None:
         """End the feed now (a stream gone silent): every listener hears of it."""
         self._task.cancel()
+
+    def _one_to_wake(self, event: dict[str, Any] | None) -> _Listener | None:
+        """With ``spread``, for an event that calls for a claim now: the next listener in turn whose wake-up is
+        idle (a task waits there, no wake-up on its way), which alone hears of it (the others hear an empty
+        answer: their stream works); None: every listener hears of it (an event due later sets each one's
+        timer; none idle: each claims at its next reserve)."""
+        if not self._spread or event is None or len(self._listeners) < 2:
+            return None
+        due, _ = _fields(event)
+        if due is not None and due > self._clock.earliest():
+            return None
+        count = len(self._listeners)
+        for step in range(count):
+            listener = self._listeners[(self._turn + step) % count]
+            if listener.idle:
+                self._turn = (self._turn + step + 1) % count
+                return listener
+        return None
 
     def _forget(self) -> None:
         self.ended = True
@@ -321,8 +371,9 @@ class ChangeFeed:
                     asked = time.monotonic()
                     event = await stream.try_next()
                     raise_if_cancelled()  # a cancel the driver swallowed: leave() waits for this task
+                    woken = self._one_to_wake(event)
                     for listener in list(self._listeners):
-                        listener.answered(event)
+                        listener.answered(event if woken is None or listener is woken else None)
                     if event is not None:
                         pause = STREAM_PAUSE_FIRST_S
                     elif time.monotonic() - asked < STREAM_QUICK_EMPTY_S:

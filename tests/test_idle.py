@@ -447,3 +447,35 @@ async def test_a_shared_change_stream_that_fails_sends_each_queue_polling_and_is
     await eventually(lambda: all(q._wakeup.streaming for q in consumers), what="the stream opened again")
     again = feeds(consumers[0])
     assert feeds(consumers[1]) == again and again[0] is not first[0] and again[1] is first[1]
+
+
+async def test_a_burst_wakes_no_more_consumers_of_a_process_than_it_has_buckets(make_queue, memory_db_or_client,
+                                                                               no_safety_poll):
+    """Eight idle consumers on one client, a burst of 3 buckets: each bucket's event wakes one consumer that
+    waits, in turn, not all eight. Bound: the consumers that claimed at all are at most the buckets (each woken
+    one claims its bucket, then once more, finding none); the claims at most 2 a bucket and one more."""
+    consumers = [make_queue(target=memory_db_or_client) for _ in range(8)]
+    for q in consumers:
+        await _idle(q)
+    before = [Counter(q._consumer.claim_counts) for q in consumers]
+    got: list[Any] = []
+
+    async def worker(q: Any) -> None:
+        while (message := await q.reserve(timeout=WAKE_S)) is not None:
+            got.append(message.payload)
+            await message.ack()
+
+    workers = [asyncio.ensure_future(worker(q)) for q in consumers]
+    await asyncio.sleep(0.2)  # every worker waits
+    await make_queue(bucket_max_size=5).push_many(list(range(15)))  # three buckets of 5, inserted at once
+    await eventually(lambda: len(got) == 15, timeout=WAKE_S, what="the burst served")
+    await asyncio.sleep(0.5)  # the claims after it, if any
+    for w in workers:
+        w.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    claims = [q._consumer.claim_counts - b for q, b in zip(consumers, before, strict=True)]
+    woken = sum(1 for c in claims if c)
+    # Before: every event woke all eight, each claimed: 8 consumers, 8 claims or more.
+    assert woken <= 3, f"{woken} consumers claimed for 3 buckets: {claims}"
+    assert sum(sum(c.values()) for c in claims) <= 2 * 3 + 1, claims
+    assert sorted(got) == list(range(15))
