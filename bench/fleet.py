@@ -12,7 +12,9 @@ each queue, and the cell reports the claims per bucket (empty ones included) and
 burst's first message (push to handler).
 
 Counted on the client side (a command listener: driver heartbeats never reach it): commands a second by kind,
-getMores a second, change streams opened (the ``$changeStream`` aggregates) per process. Against the test
+getMores a second, change streams opened (the ``$changeStream`` aggregates) per process; and at the end of the
+window, as the server counts them where it reports them (``serverStatus``, every shape's at once), connections
+and open cursors (change streams among them). Against the test
 server an empty getMore is answered at once (the consumer then pauses up to a second), not held for
 ``maxAwaitTimeMS`` as MongoDB does: getMores a second are the test server's. Results:
 ``bench/results/fleet.json``.
@@ -140,6 +142,7 @@ def run(uri: str, shapes: dict[str, tuple[int, int]], window_s: float, buckets: 
         assert out.get(timeout=600)[0] == "ready"
     phases["go"].set()
     time.sleep(window_s)
+    counted_by_server = _server_counts(uri)
     phases["burst"].set()
     time.sleep(1.0)  # every process has taken its claim counts
     asyncio.run(_burst(uri, [f"fleet_{shape}" for shape in shapes], buckets))
@@ -151,7 +154,18 @@ def run(uri: str, shapes: dict[str, tuple[int, int]], window_s: float, buckets: 
         results[shape].append(result)
     for proc in every:
         proc.join(60)
-    return {shape: _summary(results[shape], *shapes[shape], buckets) for shape in shapes}
+    return {"server_counts": counted_by_server,
+            **{shape: _summary(results[shape], *shapes[shape], buckets) for shape in shapes}}
+
+
+def _server_counts(uri: str) -> dict[str, Any]:
+    """Connections and open cursors (change streams among them) as the server counts them, every shape's at
+    once, where it reports them (``serverStatus``)."""
+    sync: MongoClient = MongoClient(uri)
+    with sync:
+        status = sync.admin.command("serverStatus")
+    cursors = status.get("metrics", {}).get("cursor", {}).get("open", {}).get("total")
+    return {"connections": status.get("connections", {}).get("current"), "open_cursors": cursors}
 
 
 def _summary(results: list[dict], processes: int, per: int, buckets: int) -> dict[str, Any]:
@@ -162,11 +176,15 @@ def _summary(results: list[dict], processes: int, per: int, buckets: int) -> dic
         kinds.update(r["idle"]["kinds"])
     getmores = kinds.pop("getMore", 0)
     watches = kinds.pop("watch", 0)
+    # The housekeeping round's deletes are the queue's, one round a minute however many consume it: a fleet of
+    # 1,000 sends as many as this one. The rest is each consumer's own, scaled to 1,000.
+    per_queue = sum(n for kind, n in kinds.items() if kind.startswith("delete "))
+    per_consumer = sum(kinds.values()) - per_queue
     latencies = sorted(x for r in results for x in r["received"])
     return {
         "processes": processes, "queues_per_process": per, "consumers": consumers, "window_s": round(window, 1),
         "commands_per_s": {kind: round(n / window, 3) for kind, n in kinds.most_common()},
-        "non_getmore_per_s_per_1000": round(sum(kinds.values()) / window * 1000 / consumers, 2),
+        "non_getmore_per_s_per_1000": round((per_consumer * 1000 / consumers + per_queue) / window, 2),
         "getmores_per_s": round(getmores / window, 1), "watches_in_window": watches,
         "change_streams_per_process": max(r["watches"] for r in results),
         "burst_buckets": buckets, "burst_messages": len(latencies),
