@@ -115,7 +115,6 @@ devserver-stop: venv
 bench: venv jars
 	$(PY) -m bench $(BENCH_ARGS)
 	$(PY) -m bench.pages
-	$(PY) -m bench.fleet
 
 bench-quick: venv jars
 	$(PY) -m bench --quick $(BENCH_ARGS)
