@@ -57,13 +57,6 @@ async def eventually(condition: Callable[[], bool | Awaitable[bool]], timeout: f
         await asyncio.sleep(0.01)
 
 
-def free_port() -> int:
-    """A loopback port free now (bound, read, closed), for a server a test starts to listen on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def answers(port: int) -> bool:
     """Whether something accepts connections on the loopback ``port``: how a test knows a server it started
     serves (a log line such as uvicorn's "Application startup complete" comes before the port is bound)."""

@@ -29,7 +29,8 @@ from bson import ObjectId
 import bucketq
 from bucketq.core.claims import owner_name
 from bucketq.web.charts import SERIES_COLORS
-from tests.helpers import answers, eventually, free_port, utc_now
+from devtools.testserver import free_port
+from tests.helpers import answers, eventually, utc_now
 from tests.test_web import TOKEN, fill
 
 pytestmark = [pytest.mark.browser]

@@ -15,7 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import bucketq
-from tests.helpers import answers, eventually, free_port
+from devtools.testserver import free_port
+from tests.helpers import answers, eventually
 
 pytestmark = pytest.mark.backends("memory", "server")
 ROOT = Path(__file__).resolve().parent.parent
