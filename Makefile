@@ -115,6 +115,7 @@ devserver-stop: venv
 bench: venv jars
 	$(PY) -m bench $(BENCH_ARGS)
 	$(PY) -m bench.pages
+	$(PY) -m bench.fleet
 
 bench-quick: venv jars
 	$(PY) -m bench --quick $(BENCH_ARGS)

@@ -17,7 +17,8 @@ COLORS = {"bucketq": "tab:blue", "keuss": "tab:orange", "naive": "tab:green", "f
           "encode": "tab:gray", "decode": "tab:brown"}
 # The idle goal: 1,000 idle consumers send fewer than 100 queries a second besides their change streams.
 IDLE_COMMANDS_PER_MINUTE = 100 / 1000 * 60
-SAFETY_POLL_KINDS = ("claims", "pause_reads", "next_due")  # an idle consumer's safety poll: one of each
+# An idle consumer's safety poll: one of each (it reads the pause document only after a change-stream event)
+SAFETY_POLL_KINDS = ("claims", "next_due")
 # An idle stream reader's safety poll is a look at its group (1 partition): the group, the counters, the window
 # and the group's claims there, all "other" (a claim only when it finds a bucket).
 STREAM_LOOK_KINDS, STREAM_LOOK_COMMANDS = ("other",), 4

@@ -1,14 +1,17 @@
 """Turn what the user passes (a URI, an ``AsyncMongoClient``, an ``AsyncDatabase``, a Motor client or
 database, or an in-memory one from ``bucketq.memory``) into a database handle, and remember whether bucketq
 owns (and must close) the client. Every client bucketq makes from a URI is made by ``client_of`` (the async
-shells, the CLI, the batch and Spark shells), after ``check_uri``; URIs reach messages only through ``redact``."""
+shells, the CLI, the batch and Spark shells), after ``check_uri``; URIs reach messages only through ``redact``.
+The async shells made in one event loop from the same URI share one client (``connect``), closed with the last."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -116,19 +119,62 @@ def reaching(uri: str | None, what: str, limit: str = "", client: Any = None) ->
 
 
 @dataclass
+class _SharedClient:
+    client: AsyncMongoClient
+    users: int = 0
+
+
+# The clients made from a URI in each event loop (a client is bound to the loop it first ran in), by URI, with
+# the number of connections that use each: queue objects of one process given the same URI share one.
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _SharedClient]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _take_client(uri: str) -> AsyncMongoClient:
+    """The running loop's client of ``uri``, made now unless there is one; one of its own outside a loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop yet to tell which client would work in it
+        return client_of(uri)
+    clients = _CLIENTS.setdefault(loop, {})
+    shared = clients.get(uri)
+    if shared is None:
+        shared = clients[uri] = _SharedClient(client_of(uri))
+    shared.users += 1
+    return shared.client
+
+
+def _released(client: AsyncMongoClient) -> bool:
+    """One user fewer of ``client``: whether it had no other (and must be closed now)."""
+    for clients in _CLIENTS.values():
+        for uri, shared in clients.items():
+            if shared.client is client:
+                shared.users -= 1
+                if shared.users:
+                    return False
+                del clients[uri]
+                return True
+    return True  # made outside a loop: its own
+
+
+@dataclass
 class Connection:
     database: Any  # AsyncDatabase, MotorDatabase or MemoryDatabase
-    owned_client: AsyncMongoClient | None = None
+    owned_client: AsyncMongoClient | None = None  # made by bucketq from a URI (maybe shared: ``connect``)
     uri: str | None = field(default=None, repr=False)  # as the user passed it: shown only through ``redact``
 
     async def close(self) -> None:
-        if self.owned_client is not None:
-            await self.owned_client.close()
+        """Close the client bucketq made, once no other connection of the loop uses it."""
+        client, self.owned_client = self.owned_client, None
+        if client is not None and _released(client):
+            await client.close()
 
 
 def connect(target: Any, db: str | None = None) -> Connection:
+    """A connection to ``target`` (see the module's docstring); a URI's client is the one already made from the
+    same URI in the running event loop, if any (one client per URI per process)."""
     if isinstance(target, str):
-        client: AsyncMongoClient = client_of(target)
+        client: AsyncMongoClient = _take_client(target)
         database = client[db] if db else client.get_default_database(DEFAULT_DB)
         return Connection(database, owned_client=client, uri=target)
     if isinstance(target, AsyncMongoClient):

@@ -1,6 +1,6 @@
 """The pause gate that consumers consult before each claim (``Queue.pause``, ``bucketq pause``): the queue's
 ``Q.control`` document, read at most once a ``PAUSE_REFRESH_S``, or with a change stream on ``Q.control``
-after each write it announces (``PauseGate.changed``)."""
+only after each write it announces (``PauseGate.changed``) and once after the stream opened."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from collections.abc import Awaitable, Callable
 # Without a change stream, a consumer reads the pause document at most this often, so it stops claiming within
 # this many seconds of a pause (plus one round trip); a paused one reads it again this often, so it starts
 # again within this many seconds of a resume (plus one round trip). With one, a pause or resume announces
-# itself (``PauseGate.changed``), and the document is read only after such an event or at a safety poll.
+# itself (``PauseGate.changed``), and the document is read only after such an event: an idle consumer reads
+# nothing. A stream lost (a server restart) or silent (``wakeup.STREAM_SILENT_S``) ends the watching, and the
+# reads once a second come back until a new stream opens (after which the document is read once more).
 PAUSE_REFRESH_S = 1.0
-# ... and with one, at most this often all the same (at the consumer's safety poll): what an event lost with a
-# change stream (a server restart) would have announced.
-PAUSE_WATCHED_REFRESH_S = 40.0
 
 
 class PauseGate:
@@ -31,14 +30,14 @@ class PauseGate:
     async def holds(self, *, watched: bool = False) -> bool:
         """True while the queue is paused (as last read): the caller must not claim a bucket. ``watched``: a
         change stream announces every write of the pause document (``changed``), so what was read holds until
-        one does (or ``PAUSE_WATCHED_REFRESH_S`` passed)."""
-        refresh_s = PAUSE_WATCHED_REFRESH_S if watched else self._refresh_s
-        if self._read_at is None or time.monotonic() - self._read_at >= refresh_s:
+        one does."""
+        if self._read_at is None or (not watched and time.monotonic() - self._read_at >= self._refresh_s):
             self.set(await self._read())
         return self._paused
 
     def changed(self) -> None:
-        """The pause document was written (a change-stream event): read it before the next claim."""
+        """The pause document was written (a change-stream event), or a stream on it opened (what was read
+        before may be older than the stream's first event): read it before the next claim."""
         self._read_at = None
 
     def set(self, paused: bool) -> None:

@@ -15,7 +15,7 @@ from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.connection import connect
 from bucketq.consumer import Consumer
-from bucketq.core import claims, sharding, unique_keys
+from bucketq.core import claims, housekeeping, sharding, unique_keys
 from bucketq.core.cancellation import CANCELLED_RECORDS
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
@@ -34,6 +34,7 @@ from bucketq.core.operator_writes import (
 )
 from bucketq.core.stats import shape_groups, shape_stats
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld
+from bucketq.housekeeping import Housekeeping
 from bucketq.lifecycle import Lifecycle
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
@@ -42,9 +43,8 @@ from bucketq.setup import SetUp
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.transaction import check_session, push_in_transaction
 from bucketq.unique import release_keys
-from bucketq.wakeup import Wakeup, Watched
+from bucketq.wakeup import Shared, Wakeup, Watched
 
-HOUSEKEEPING_EVERY_S = 60.0
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
 PURGE_CHUNK = 1000
 log = logging.getLogger("bucketq")
@@ -78,9 +78,13 @@ class Queue:
                                   on_written=self._wakeup.notify, before_write=self._ready, mark_checked=True)
         self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup,
                                   before_claim=self._before_claim)
-        # the change streams a consumer keeps open (``_before_claim``): made once, not at every claim
-        self._watches: list[Watched] = [self._store.watch_changes, (self._store.watch_control,
-                                                                    self._store.pause.changed)]
+        # the change streams a consumer keeps open (``_before_claim``): made once, not at every claim. The queue
+        # objects of a process on one client share them, one per collection (``wakeup.ChangeFeed``); a new bucket
+        # wakes one of them that waits, not all.
+        on = (id(self.database.client), self.database.name, name)
+        self._watches: list[Watched] = [Shared((*on, "changes"), self._store.watch_changes, spread=True),
+                                        Shared((*on, "control"), self._store.watch_control, self._store.pause.changed)]
+        self._housekeeping = Housekeeping(self._store, self._clock, self.purge_expired)
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
                                               self.options.write_timeout))
 
@@ -179,11 +183,13 @@ class Queue:
 
     async def _before_claim(self) -> None:
         """What the consumer awaits before each claim (not before each reserve: a message at hand needs none of
-        it): before the first, set up and start housekeeping; then only what is due (a clock resync, a change
-        stream lost to a server restart)."""
+        it): before the first, set up and start housekeeping (its deletes run in one consumer of the queue at a
+        time: ``Housekeeping``); then only what is due (a clock resync, a change stream lost to a server
+        restart)."""
         if self._life.housekeeping is None or self._clock.stale:
             await self._ready()
-            self._life.keep_house(HOUSEKEEPING_EVERY_S, self.purge_expired, "housekeeping", "bucketq-housekeeping")
+            self._life.keep_house(housekeeping.HOUSEKEEPING_EVERY_S, self._housekeeping.round, "housekeeping",
+                                  "bucketq-housekeeping")
         if self.options.change_streams is not False:
             self._wakeup.start_stream(self._watches, self._clock, required=bool(self.options.change_streams))
 
@@ -273,7 +279,8 @@ class Queue:
 
     async def purge_expired(self) -> dict[str, int]:
         """Apply the retention options: quarantine entries, dedupe keys and finished buckets' tombstones older
-        than them are deleted (a retention of None keeps them forever)."""
+        than them are deleted (a retention of None keeps them forever). Consumers do it every minute, one of
+        each queue at a time (``bucketq.core.housekeeping``)."""
         now = self._clock.now()
         counts = {}
         for key, collection, retention in (("quarantined", self._store.quarantine, self.options.quarantine_retention),
@@ -441,7 +448,7 @@ class Queue:
     async def close(self) -> None:
         """Drain (see ``drain``), then stop every background task and close the connection the queue opened.
         Leaving ``async with`` calls it. Safe to call twice."""
-        await self._life.close(self.drain, self._wakeup.stop, self._connection.close)
+        await self._life.close(self.drain, self._wakeup.stop, self._housekeeping.give_up, self._connection.close)
 
     async def __aenter__(self) -> Queue:
         await self._ready()

@@ -1,11 +1,13 @@
 """A consumer process for the crash tests: ``python -m tests.consumer_proc URI DB QUEUE [--dedupe]
-[--die-after N] [--rate-limit LIMIT/PER]``.
+[--die-after N] [--rate-limit LIMIT/PER] [--housekeeping-every S]``.
 
 Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, served, start, end, tries,
 cancelled}) before it is acked (``served``: the queue's reading of the server's clock when it was handed over;
 ``cancelled``: set after the ack when the consumer had heard of a cancel request by then, so that the ack recorded a
 cancellation, see ``Queue.cancel``). With ``--die-after N`` the process kills itself with SIGKILL right after acking
-its Nth message, while it still holds its bucket with acks not yet flushed: the worst moment for a crash.
+its Nth message, while it still holds its bucket with acks not yet flushed: the worst moment for a crash. With
+``--housekeeping-every S`` its housekeeping rounds come every S seconds, under a lease of 5 S
+(``bucketq.core.housekeeping``), for the tests of the housekeeping lease's hand-over.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from pymongo import AsyncMongoClient
 
 import bucketq
+from bucketq.core import housekeeping
 
 
 async def main() -> None:
@@ -30,7 +33,11 @@ async def main() -> None:
     parser.add_argument("--die-after", type=int, default=0)
     parser.add_argument("--rate-limit", help="LIMIT/PER: the queue's rate limit (bucketq.RateLimit)")
     parser.add_argument("--idle-timeout", type=float, default=3.0, help="seconds idle before it ends")
+    parser.add_argument("--housekeeping-every", type=float, help="seconds between housekeeping rounds")
     args = parser.parse_args()
+    if args.housekeeping_every:
+        housekeeping.HOUSEKEEPING_EVERY_S = args.housekeeping_every
+        housekeeping.HOUSEKEEPER_LEASE_S = 5 * args.housekeeping_every
     client: AsyncMongoClient = AsyncMongoClient(args.uri, tz_aware=True)
     rate_limit = None
     if args.rate_limit:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from bench import fleet
 from bench.plan import Job
 from bench.report import add_ceilings, goals
 from bench.runner import aggregate, median_round
@@ -95,12 +96,12 @@ def test_the_idle_goal_counts_commands_per_consumer_minute_besides_change_stream
 
 def test_a_window_shorter_than_the_safety_poll_counts_the_polls_rate_instead_of_what_it_saw() -> None:
     status, detail = _idle_goal({"claims": 0, "pause_reads": 0, "next_due": 0, "getmores": 120, "other": 4}, 30.0)
-    assert status == "PASS" and detail.startswith("5.60 (")  # 2 other + 3 commands every 50 s on average
+    assert status == "PASS" and detail.startswith("2.40 (")  # 2 other + 2 commands every 300 s on average
 
 
 def test_the_stream_idle_goal_counts_a_readers_safety_poll_as_one_look_at_its_group() -> None:
     status, detail = _idle_goal({"claims": 0, "getmores": 120, "other": 0}, 30.0, "stream_idle")
-    assert status == "PASS" and detail.startswith("4.80 (")  # 4 commands every 50 s on average
+    assert status == "PASS" and detail.startswith("0.80 (")  # 4 commands every 300 s on average
     assert _idle_goal({"claims": 0, "getmores": 120, "other": 16}, 30.0, "stream_idle")[0] == "MISS"  # 8 a minute
 
 
@@ -202,3 +203,21 @@ def test_a_clock_stopped_at_the_last_mark_counts_the_cpu_spent_up_to_it_and_not_
     # With a CPU reading only every progress tick (0.25 s), the CPU between the last reading and the last mark was
     # interpolated over the time to the next reading, idle: here 0.31 of 0.375 s counted.
     assert ctx.result()["cpu_s"] == pytest.approx(spent, abs=0.03)  # a reading every 10 ms: within 0.015 s
+
+
+def test_the_fleet_goals_judge_each_shape_and_compare_wake_ups_with_the_lone_consumer() -> None:
+    def row(rate: float, streams: int, first: float) -> dict:
+        return {"non_getmore_per_s_per_1000": rate, "consumers": 100, "processes": 2, "queues_per_process": 50,
+                "window_s": 190.0, "change_streams_per_process": streams, "first_wakeup_s": first,
+                "claims_per_bucket": 2.0, "consumers_woken": 4, "burst_buckets": 4}
+
+    verdicts = {goal: status for status, goal, _ in fleet.goals(
+        {"single": row(0.0, 2, 0.4), "many": row(14.0, 2, 0.5), "one": row(25.0, 2, 1.0)})}
+    assert verdicts == {
+        "fleet many: <= 20 cmds/s besides getMores per 1,000 idle consumers": "PASS",
+        "fleet one: <= 20 cmds/s besides getMores per 1,000 idle consumers": "MISS",
+        "fleet many: change streams per process, not per queue": "PASS",
+        "fleet many: burst's first wake-up no later than a lone consumer's": "PASS",  # within 1.5x + 0.1 s
+        "fleet one: burst's first wake-up no later than a lone consumer's": "MISS"}
+    many_streams = fleet.goals({"many": row(1.0, 100, 0.5)})
+    assert ("MISS", "fleet many: change streams per process, not per queue") in [(s, g) for s, g, _ in many_streams]

@@ -456,7 +456,7 @@ async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_nex
     """As after a server restart: the buckets' stream fails; the next claim starts it again (only then: a
     consumer asks before each claim, at the cost of one attribute read while nothing was lost)."""
     q = make_queue(bucket_max_wait=0.01)
-    real, lose = q._watches[0], []
+    real, lose = q._watches[0].watch, []
 
     class Failing:  # the stream, until the test loses it (once)
         def __init__(self, stream: Any) -> None:
@@ -477,14 +477,14 @@ async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_nex
     q._watches[0] = watch
     assert await q.reserve(timeout=0.05) is None
     await eventually(lambda: q._wakeup.streaming, what="the change streams answering")
-    first = q._wakeup._tasks[0]
+    first = q._wakeup._feeds[0][0]
     lose.append(False)
-    await eventually(lambda: first.done(), what="the stream's watch ending")
+    await eventually(lambda: first.ended, what="the stream's watch ending")
     assert not q._wakeup.streaming
     await asyncio.sleep(0.05)
-    assert q._wakeup._tasks[0] is first, "started again before any claim"
+    assert q._wakeup._feeds[0][0] is first, "started again before any claim"
     assert await q.reserve(timeout=0) is None  # claims once, wake-up or not
-    assert q._wakeup._tasks[0] is not first
+    assert q._wakeup._feeds[0][0] is not first
     await eventually(lambda: q._wakeup.streaming, what="the restarted stream answering")
     await q.push(1)
     message = await q.reserve(timeout=PATIENCE_S)
@@ -613,6 +613,35 @@ async def test_sigkilled_consumer_loses_nothing(make_queue, sync_db, mongo_uri, 
     else:
         assert 0 < len(duplicated) <= 150, "duplicates must be the victim's acked-but-unflushed messages"
     assert sync_db.events.count_documents({"fin": {"$exists": False}}) == 0
+
+
+@pytest.mark.timeout(120)
+async def test_the_housekeeping_lease_is_handed_over_when_its_holder_is_killed(make_queue, sync_db, mongo_uri, db_name):
+    round_s = 0.5  # the processes' housekeeping rounds, under a lease of 2.5 s
+    await make_queue().push({"i": 0})  # sets the queue up
+    flags = ["--housekeeping-every", str(round_s), "--idle-timeout", "60"]
+
+    def keeper() -> str:
+        doc = sync_db["events.control"].find_one({"_id": "housekeeping"})
+        return doc["owner"] if doc else ""
+
+    holder = _run_consumer(mongo_uri, db_name, *flags)
+    other = None
+    try:
+        await eventually(lambda: keeper().endswith(f":{holder.pid}"), timeout=60, what="a first holder")
+        other = _run_consumer(mongo_uri, db_name, *flags)
+        await asyncio.sleep(4 * 5 * round_s)  # the other's tries meanwhile fail: the holder renews its lease
+        assert other.poll() is None and keeper().endswith(f":{holder.pid}")
+        holder.kill()
+        assert await asyncio.to_thread(holder.wait, 30) == -9
+        # taken over once the lease ends, at the other's next try: within 2 leases and a round
+        await eventually(lambda: keeper().endswith(f":{other.pid}"), timeout=2 * 5 * round_s + round_s + 10,
+                         what="the hand-over to the surviving consumer")
+    finally:
+        for proc in (holder, other):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
 
 
 async def test_reserve_many_takes_what_is_due_up_to_n_across_buckets(make_queue):

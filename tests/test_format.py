@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bucketq import Outgoing
+from bucketq.core import claims
 from bucketq.core.format import (
     FORMAT_VERSION,
     GROUP_FORMAT_VERSION,
@@ -127,8 +128,10 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
     await q.pause()
     await q.resume()
     control = {doc["_id"]: doc for doc in sync_db["events.control"].find()}
-    assert sorted(control) == ["layout", "pause"]
+    assert sorted(control) == ["housekeeping", "layout", "pause"]  # the lease: taken by the consumer's first claim
     check(control["pause"], "control-fields")
+    check(control["housekeeping"], "control-housekeeping-fields")
+    assert control["housekeeping"]["owner"] == claims.owner_name()
     assert control["pause"]["paused"] is False and control["pause"]["by"]
     check(control["layout"], "control-layout-fields")
     tombstones = list(sync_db.events.find({"fin": {"$exists": True}}))

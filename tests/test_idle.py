@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, monitoring
+from pymongo.errors import AutoReconnect
 
 from bucketq.core.claims import claim
 from bucketq.core.sharding import partition_of
-from bucketq.wakeup import Wakeup
-from tests.helpers import StartedCommands, eventually, utc_now
+from bucketq.wakeup import Shared, Wakeup
+from tests.helpers import StartedCommands, eventually, server_proxy, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -55,6 +57,17 @@ async def counted(backend: str, request: pytest.FixtureRequest) -> AsyncIterator
     yield client, lambda: [(event.command_name, event.command.get(event.command_name),
                             event.command.get("query", event.command.get("filter")))
                            for event in listener.events if not _is_change_stream(event)]
+    await client.close()
+
+
+@pytest.fixture
+async def memory_db_or_client(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """The in-memory database, or a client of the test server: a target that queue objects can share."""
+    if backend == "memory":
+        yield request.getfixturevalue("memory_db")
+        return
+    client: AsyncMongoClient = AsyncMongoClient(request.getfixturevalue("mongo_uri"), tz_aware=True)
+    yield client
     await client.close()
 
 
@@ -243,3 +256,226 @@ async def test_a_waiter_wakes_when_another_check_finds_work_or_a_due_time_comes_
     wakeup.due_at(time.monotonic() + 0.1)
     await asyncio.wait_for(waiter, 1)
     assert wakeup.ready
+
+
+ROUND_S = 0.2  # a housekeeping round, shortened (60 s in use)
+
+
+@pytest.fixture
+def quick_housekeeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bucketq.core.housekeeping.HOUSEKEEPING_EVERY_S", ROUND_S)
+    monkeypatch.setattr("bucketq.core.housekeeping.HOUSEKEEPER_LEASE_S", 5 * ROUND_S)
+
+
+async def test_consumers_of_one_queue_run_one_round_of_housekeeping_deletes_a_period_not_one_each(
+        make_queue, counted, quick_housekeeping):
+    target, sent = counted
+    consumers = [make_queue(target=target) for _ in range(5)]
+    for q in consumers:  # each one's first claim starts its housekeeping
+        assert await q.reserve(timeout=0) is None
+    before = len(sent())
+    started = time.monotonic()
+    await asyncio.sleep(10 * ROUND_S)
+    rounds = (time.monotonic() - started) / ROUND_S
+    deletes = Counter(collection for name, collection, _ in sent()[before:] if name == "delete")
+    # Before the lease each consumer ran each round: 5 times as many deletes of each collection.
+    for collection in ("events.quarantine", "events.inbox", "events"):
+        assert 1 <= deletes[collection] <= rounds + 1, f"{deletes[collection]} deletes of {collection} in " \
+                                                       f"{rounds:.1f} rounds of 5 consumers: {dict(deletes)}"
+    # The other consumers spend a try now and then at taking the lease (one a lease, jittered), not a round each.
+    tries = sum(1 for name, collection, _ in sent()[before:] if name == "update" and collection == "events.control")
+    assert tries <= rounds + 1 + 4 * 10 * ROUND_S / (0.5 * 5 * ROUND_S) + 4
+
+
+@pytest.mark.timeout(30 * 60)  # the loop's time, skipped ahead by the fast clock: seconds of real time
+async def test_idle_consumers_cost_about_one_command_a_minute_each_and_read_the_pause_only_after_an_event(
+        make_queue, memory_db):
+    """Over 20 minutes idle (skipped by the in-memory tests' fast clock): no pause read without a pause event, the
+    deletes of housekeeping once per queue, and each consumer's own cost (its safety polls, its tries at the
+    housekeeping lease, its clock's resyncs) about one command a minute."""
+    consumers = [make_queue(target=memory_db) for _ in range(4)]
+    for q in consumers:
+        await _idle(q)
+
+    async def worker(q: Any) -> None:  # a Worker's idle loop
+        while await q.reserve(timeout=10) is None:
+            pass
+
+    start, began = len(memory_db.operations), time.monotonic()
+    workers = [asyncio.ensure_future(worker(q)) for q in consumers]
+    await asyncio.sleep(20 * 60)
+    minutes = (time.monotonic() - began) / 60
+    assert not any(w.done() for w in workers)
+    ops = [op for op in memory_db.operations[start:] if op.method != "watch"]
+    kinds = Counter(f"{op.command} {op.collection}" for op in ops)
+    assert all(q._wakeup.streaming for q in consumers)
+    # Before: each consumer read the pause document at each safety poll (every 40 to 60 s)...
+    assert kinds["find events.control"] == 0, dict(kinds)
+    # ... and ran the retention deletes every minute: 4 consumers, 4 rounds a minute.
+    assert kinds["delete events.quarantine"] <= minutes + 1, dict(kinds)
+    # The rest, but for the lease holder's round each minute (its deletes and the renewal of its lease).
+    own = len(ops) - sum(kinds[f"delete {c}"] for c in ("events.quarantine", "events.inbox", "events")) - minutes
+    per_consumer_minute = own / len(consumers) / minutes
+    assert per_consumer_minute <= 1.2, f"{per_consumer_minute:.2f} commands / consumer / minute: {dict(kinds)}"
+    await make_queue().push("still woken")
+    done, _ = await asyncio.wait(workers, timeout=WAKE_S, return_when=asyncio.FIRST_COMPLETED)
+    assert len(done) == 1, "one consumer (only) got the message"
+    for w in workers:
+        w.cancel()
+
+
+async def test_a_consumer_whose_change_stream_falls_silent_polls_instead(make_queue, mongo_uri, request,
+                                                                         monkeypatch, no_safety_poll):
+    """A getMore that never comes back (a connection that hangs, with no error to say so): the stream counts as
+    lost after ``STREAM_SILENT_S``, and the consumer polls, so a push it hears nothing of still reaches it."""
+    monkeypatch.setattr("bucketq.wakeup.STREAM_SILENT_S", 1.0)
+    proxy = server_proxy(request, make_queue)
+    q = make_queue(target=proxy.uri, poll_interval=0.2)
+    await _idle(q)
+    proxy.delay("getMore", seconds=600, times=1000)  # every stream's next getMore hangs
+    await asyncio.sleep(0.5)  # the getMores under way now hang (each answered within 0.1 s before)
+    await make_queue().push("unannounced")
+    # Before: the consumer waited for the safety poll (600 s here), its streams taken as healthy all along.
+    message = await q.reserve(timeout=WAKE_S)
+    assert message is not None and message.payload == "unannounced"
+    await message.ack()
+    assert not q._wakeup.streaming
+    proxy.disarm()
+
+
+def _watches_opened(backend: str, target: Any, listener: StartedCommands | None) -> int:
+    """The change streams opened so far through ``target``'s client (or the in-memory database)."""
+    if backend == "memory":
+        return len([op for op in target.operations if op.method == "watch"])
+    assert listener is not None
+    return len([event for event in listener.events if event.command_name == "aggregate"
+                and _is_change_stream(event)])
+
+
+async def test_queue_objects_of_one_process_share_one_change_stream_per_collection(make_queue, backend, request):
+    """Three consumers of a queue on one client watch its collection and its ``Q.control`` through two streams,
+    not six; one that closes leaves the others' streams open, and each is still woken."""
+    listener = None
+    if backend == "memory":
+        target = request.getfixturevalue("memory_db")
+    else:
+        listener = StartedCommands()
+        target = AsyncMongoClient(request.getfixturevalue("mongo_uri"), event_listeners=[listener], tz_aware=True)
+    consumers = [make_queue(target=target) for _ in range(3)]
+    for q in consumers:
+        await _idle(q)
+    # Before: two streams per queue object (its buckets and its Q.control), six here.
+    assert _watches_opened(backend, target, listener) == 2
+    await consumers[0].close()
+    await asyncio.sleep(0.3)
+    assert all(q._wakeup.streaming for q in consumers[1:])
+    await make_queue().push("after a close")
+    reserves = [asyncio.ensure_future(q.reserve(timeout=WAKE_S)) for q in consumers[1:]]
+    done, waiting = await asyncio.wait(reserves, return_when=asyncio.FIRST_COMPLETED)
+    for reserve in waiting:
+        reserve.cancel()
+    message = done.pop().result()
+    assert message is not None and message.payload == "after a close"
+    await message.ack()
+    assert _watches_opened(backend, target, listener) == 2
+    if listener is not None:
+        for q in consumers[1:]:
+            await q.close()
+        await target.close()
+
+
+async def test_queue_objects_given_one_uri_share_a_client_closed_with_the_last(make_queue, mongo_uri):
+    first, second = make_queue(), make_queue(name="other")
+    client = first.database.client
+    assert second.database.client is client  # before: a client of its own each
+    await first.push("one")
+    await first.close()
+    assert not client._closed
+    await second.push("two")  # the client the closed queue shared still serves the other
+    message = await second.reserve(timeout=WAKE_S)
+    assert message is not None and message.payload == "two"
+    await message.ack()
+    await second.close()
+    assert client._closed
+    assert make_queue().database.client is not client
+
+
+async def test_a_shared_change_stream_that_fails_sends_each_queue_polling_and_is_opened_again(
+        make_queue, memory_db_or_client, no_safety_poll):
+    target = memory_db_or_client
+    consumers = [make_queue(target=target, poll_interval=0.2) for _ in range(2)]
+    shared, lose = consumers[0]._watches[0], []
+
+    class Failing:  # the buckets' stream, until the test loses it (once), as a server restart would
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+
+        async def try_next(self) -> Any:
+            if lose and not lose[0]:
+                lose[0] = True
+                raise AutoReconnect("connection closed (a server restart)")
+            return await self.stream.try_next()
+
+        async def close(self) -> None:
+            await self.stream.close()
+
+    async def watch(start: Any) -> Failing:
+        return Failing(await shared.watch(start))
+
+    for q in consumers:
+        q._watches[0] = Shared(shared.key, watch)
+        await _idle(q)
+
+    def feeds(q: Any) -> list[Any]:
+        return [feed for feed, _ in q._wakeup._feeds]
+
+    first = feeds(consumers[0])
+    assert feeds(consumers[1]) == first, "one stream per collection for both queue objects"
+    lose.append(False)
+    await eventually(lambda: first[0].ended, what="the shared stream ending")
+    assert not any(q._wakeup.streaming for q in consumers), "each queue polls"
+    await make_queue().push("while polling")
+    reserves = [asyncio.ensure_future(q.reserve(timeout=WAKE_S)) for q in consumers]
+    done, waiting = await asyncio.wait(reserves, return_when=asyncio.FIRST_COMPLETED)
+    for reserve in waiting:
+        reserve.cancel()
+    message = done.pop().result()
+    assert message is not None and message.payload == "while polling"
+    await message.ack()
+    for q in consumers:  # a claim opens the lost stream again, shared again
+        assert await q.reserve(timeout=0) is None
+    await eventually(lambda: all(q._wakeup.streaming for q in consumers), what="the stream opened again")
+    again = feeds(consumers[0])
+    assert feeds(consumers[1]) == again and again[0] is not first[0] and again[1] is first[1]
+
+
+async def test_a_burst_wakes_no_more_consumers_of_a_process_than_it_has_buckets(make_queue, memory_db_or_client,
+                                                                               no_safety_poll):
+    """Eight idle consumers on one client, a burst of 3 buckets: each bucket's event wakes one consumer that
+    waits, in turn, not all eight. Bound: the consumers that claimed at all are at most the buckets (each woken
+    one claims its bucket, then once more, finding none); the claims at most 2 a bucket and one more."""
+    consumers = [make_queue(target=memory_db_or_client) for _ in range(8)]
+    for q in consumers:
+        await _idle(q)
+    before = [Counter(q._consumer.claim_counts) for q in consumers]
+    got: list[Any] = []
+
+    async def worker(q: Any) -> None:
+        while (message := await q.reserve(timeout=WAKE_S)) is not None:
+            got.append(message.payload)
+            await message.ack()
+
+    workers = [asyncio.ensure_future(worker(q)) for q in consumers]
+    await asyncio.sleep(0.2)  # every worker waits
+    await make_queue(bucket_max_size=5).push_many(list(range(15)))  # three buckets of 5, inserted at once
+    await eventually(lambda: len(got) == 15, timeout=WAKE_S, what="the burst served")
+    await asyncio.sleep(0.5)  # the claims after it, if any
+    for w in workers:
+        w.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    claims = [q._consumer.claim_counts - b for q, b in zip(consumers, before, strict=True)]
+    woken = sum(1 for c in claims if c)
+    # Before: every event woke all eight, each claimed: 8 consumers, 8 claims or more.
+    assert woken <= 3, f"{woken} consumers claimed for 3 buckets: {claims}"
+    assert sum(sum(c.values()) for c in claims) <= 2 * 3 + 1, claims
+    assert sorted(got) == list(range(15))

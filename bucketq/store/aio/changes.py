@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bucketq.core import housekeeping
+
 STREAM_AWAIT_MS = 1000  # how long a server holds an empty change-stream getMore
 # A wake-up needs to know that a change happened and when its bucket is due, not what it stored. Without this
 # projection every event carries its whole document (a bucket: up to 16 MiB): a batch of them overflows one
@@ -25,8 +27,14 @@ WAKING_CHANGES = {"$match": {"$or": [
     {"operationType": "update", "updateDescription": {"$exists": False}, "fullDocument.w": ""},
 ]}}
 WATCH_CHANGES = [WAKING_CHANGES, DUE_ONLY]
-# A queue's control collection: a pause or resume (an upsert of the pause document) is what changes there.
-WATCH_CONTROL = [{"$match": {"operationType": {"$in": ["insert", "update", "replace"]}}}, WITHOUT_BODIES]
+# A queue's control collection: a pause or resume (an upsert of the pause document), not the housekeeping lease's
+# renewals (told apart by their field: the test server's update events carry no document key), which would
+# send each consumer to read the pause document once a round. mongo-java-server reports an update's fields under
+# ``fullDocument``, as it does an insert's.
+WATCH_CONTROL = [{"$match": {"operationType": {"$in": ["insert", "update", "replace"]},
+                             f"fullDocument.{housekeeping.UNTIL}": {"$exists": False},
+                             f"updateDescription.updatedFields.{housekeeping.UNTIL}": {"$exists": False}}},
+                 WITHOUT_BODIES]
 # A stream's buckets collection: a bucket (or a gap marker) lands, with its partition (a stream's ``pt``).
 WATCH_STREAM_INSERTS = [{"$match": {"operationType": "insert"}},
                         {"$project": {"operationType": 1, "fullDocument.pt": 1}}]

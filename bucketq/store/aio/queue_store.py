@@ -219,6 +219,19 @@ class AsyncQueueStore:
         """Delete the tombstones ``query`` (``claims.reap``) matches, in every partition."""
         return (await self.buckets.delete_many(every_partition(query, await self.partition_count()))).deleted_count
 
+    async def take_housekeeping(self, query: dict, update: dict) -> bool:
+        """Whether the upsert ``query``, ``update`` (``housekeeping.take``) took or renewed the housekeeping lease:
+        a duplicate ``_id`` says that another consumer holds it."""
+        try:
+            result = await self.control.update_one(query, update, upsert=True)
+        except DuplicateKeyError:
+            return False
+        return result.matched_count == 1 or result.upserted_id is not None
+
+    async def give_up_housekeeping(self, query: dict, update: dict) -> None:
+        """End the housekeeping lease (``housekeeping.give_up``) if this consumer still holds it."""
+        await self.control.update_one(query, update)
+
     async def read_pause(self) -> bool:
         """Whether the queue is paused (``Queue.pause``), read from the server now."""
         return is_paused(await self.control.find_one(PAUSE, {"paused": 1}))
