@@ -339,8 +339,10 @@ class ChangeFeed:
         timer; none idle: each claims at its next reserve)."""
         if not self._spread or event is None or len(self._listeners) < 2:
             return None
+        # Due later only if it is for sure: a bucket pushed now is due at the server's time of its push, which
+        # the earliest reading would put in the future by the clock's error, and every listener would hear it.
         due, _ = _fields(event)
-        if due is not None and due > self._clock.earliest():
+        if due is not None and due > self._clock.latest():
             return None
         count = len(self._listeners)
         for step in range(count):
