@@ -43,11 +43,11 @@ SAFETY_POLL_S = (270.0, 330.0)
 # answers at least once a ``STREAM_AWAIT_MS`` (and a pause, below).
 STREAM_SILENT_S = 30.0
 # Some servers (the test server among them) answer an empty change-stream getMore at once instead of waiting
-# maxAwaitTimeMS; an empty answer that came back in less than half that wait is followed by a pause, from
-# STREAM_PAUSE_FIRST_S, doubling while the stream stays empty up to the wait of a server that holds it
+# maxAwaitTimeMS; after an empty answer the next getMore goes no sooner than a pause after the last one was asked,
+# from STREAM_PAUSE_FIRST_S, doubling while the stream stays empty up to the wait of a server that holds it
 # (STREAM_AWAIT_MS), and back to the first after an event: about one getMore a second while idle, as against
-# a server that holds it. ("At once" can take tens of milliseconds: the test server scans its oplog each time.)
-STREAM_QUICK_EMPTY_S = STREAM_AWAIT_MS / 2000
+# a server that holds it, however long the answer took. (The test server scans its whole oplog for each one: a
+# slow answer must not be followed by another at once.)
 STREAM_PAUSE_FIRST_S = 0.04
 STREAM_PAUSE_MAX_S = STREAM_AWAIT_MS / 1000
 
@@ -378,8 +378,10 @@ class ChangeFeed:
                         listener.answered(event if woken is None or listener is woken else None)
                     if event is not None:
                         pause = STREAM_PAUSE_FIRST_S
-                    elif time.monotonic() - asked < STREAM_QUICK_EMPTY_S:
-                        await asyncio.sleep(pause)
+                    else:
+                        wait = asked + pause - time.monotonic()
+                        if wait > 0:
+                            await asyncio.sleep(wait)
                         pause = min(STREAM_PAUSE_MAX_S, pause * 2)
             finally:
                 await stream.close()
