@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -120,6 +121,10 @@ async def _burst(uri: str, queues: list[str], buckets: int) -> None:
                 await q.push_many([{"t": time.time()} for _ in range(BUCKET_SIZE)])
 
 
+def _progress(text: str) -> None:
+    print(f"fleet: {text}", file=sys.stderr, flush=True)
+
+
 def _shape(text: str) -> tuple[int, int]:
     processes, _, queues = text.partition("x")
     return int(processes), int(queues)
@@ -139,10 +144,16 @@ def run(uri: str, shapes: dict[str, tuple[int, int]], window_s: float, buckets: 
     every = [p for ps in procs.values() for p in ps]
     for proc in every:
         proc.start()
-    for _ in every:
+    for ready in range(1, len(every) + 1):
         assert out.get(timeout=600)[0] == "ready"
+        if ready % 10 == 0 or ready == len(every):
+            _progress(f"{ready}/{len(every)} processes idle, their change streams answering")
     phases["go"].set()
-    time.sleep(window_s)
+    end = time.monotonic() + window_s
+    while (left := end - time.monotonic()) > 0:
+        _progress(f"idle window: {left:.0f} s left")
+        time.sleep(min(30.0, left))
+    _progress("the burst")
     counted_by_server = _server_counts(uri)
     phases["burst"].set()
     time.sleep(1.0)  # every process has taken its claim counts
