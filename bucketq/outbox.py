@@ -70,10 +70,10 @@ from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
 from bucketq.queue import Queue
-from bucketq.redaction import redact
+from bucketq.shell.redaction import redact
+from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.outbox import OutboxStore
-from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq.outbox")
 

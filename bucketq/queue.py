@@ -10,12 +10,11 @@ from typing import Any
 
 from pymongo import ReplaceOne
 
-from bucketq import admin, cancelling, metrics
-from bucketq.clock import ServerClock
+from bucketq import metrics
 from bucketq.codecs import Codec, codec_for, codec_option
-from bucketq.connection import connect
 from bucketq.consumer import Consumer
 from bucketq.core import claims, sharding, unique_keys
+from bucketq.core import dead_letters as admin
 from bucketq.core.cancellation import CANCELLED_RECORDS
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
@@ -34,15 +33,18 @@ from bucketq.core.operator_writes import (
 )
 from bucketq.core.stats import shape_groups, shape_stats
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld
-from bucketq.lifecycle import Lifecycle
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
-from bucketq.producer import Producer
-from bucketq.setup import SetUp
+from bucketq.shell import cancellation as cancelling
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.collection_setup import SetUp
+from bucketq.shell.connection import connect
+from bucketq.shell.lifecycle import Lifecycle
+from bucketq.shell.producer import Producer
+from bucketq.shell.transaction import check_session, push_in_transaction
+from bucketq.shell.unique_keys import release_keys
+from bucketq.shell.wakeup import Wakeup, Watched
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from bucketq.transaction import check_session, push_in_transaction
-from bucketq.unique import release_keys
-from bucketq.wakeup import Wakeup, Watched
 
 HOUSEKEEPING_EVERY_S = 60.0
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile

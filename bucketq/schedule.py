@@ -13,7 +13,7 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from bucketq.core import schedule_ticks as ticks
+from bucketq.core import schedule as ticks
 from bucketq.core.format import bucket_document, encode_slot
 from bucketq.queue import Queue
 

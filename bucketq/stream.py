@@ -22,19 +22,19 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
-from bucketq.connection import connect
 from bucketq.core import stream_protocol as core
 from bucketq.core.format import MAX_BUCKET_SIZE
 from bucketq.core.stream_protocol import GroupState, Lag, Partition, Position, RetentionCut
 from bucketq.errors import InvalidOption
-from bucketq.lifecycle import Lifecycle
 from bucketq.options import StreamOptions, check_database, check_names
-from bucketq.producer import Outgoing, Producer
-from bucketq.setup import SetUp
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.collection_setup import SetUp
+from bucketq.shell.connection import connect
+from bucketq.shell.lifecycle import Lifecycle
+from bucketq.shell.producer import Outgoing, Producer
+from bucketq.shell.stream_reader import StreamReader
 from bucketq.store.aio.stream_store import AsyncStreamStore
-from bucketq.stream_reader import StreamReader
 
 HOUSEKEEPING_EVERY_S = 60.0
 log = logging.getLogger("bucketq")

@@ -21,19 +21,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bucketq import metrics
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
-from bucketq.connection import reaching
 from bucketq.core import unique_keys
 from bucketq.core.accumulator import Accumulator, SealedBucket
 from bucketq.core.format import DOCUMENT_CODEC
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import QueueOptions, check_database, check_names
-from bucketq.producer import PushEncoder
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.connection import reaching
+from bucketq.shell.producer import PushEncoder
+from bucketq.shell.sync_database import SyncTarget, sync_database
+from bucketq.shell.unique_keys import merge_held
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
-from bucketq.sync_database import SyncTarget, sync_database
-from bucketq.unique import merge_held
 
 
 class SyncProducer(PushEncoder):

@@ -270,7 +270,7 @@ async def test_priority_documents_match_the_format(make_queue, sync_db):
 async def test_schedule_documents_match_the_format(make_queue, sync_db):
     """A schedule's state document in ``Q.control`` and the bucket of a tick, with its ``_id``, ``pt`` and key."""
     from bucketq import Schedule
-    from bucketq.core.schedule_ticks import tick_bucket_id
+    from bucketq.core.schedule import tick_bucket_id
 
     start = dt.datetime(2026, 1, 5, 9, 0, 30, tzinfo=dt.timezone.utc)
     await make_queue(partitions=3).push("set up with 3 partitions")

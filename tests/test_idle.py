@@ -15,7 +15,7 @@ from pymongo import AsyncMongoClient, monitoring
 
 from bucketq.core.claims import claim
 from bucketq.core.sharding import partition_of
-from bucketq.wakeup import Wakeup
+from bucketq.shell.wakeup import Wakeup
 from tests.helpers import StartedCommands, eventually, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -60,7 +60,7 @@ async def counted(backend: str, request: pytest.FixtureRequest) -> AsyncIterator
 
 @pytest.fixture
 def no_safety_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bucketq.wakeup.SAFETY_POLL_S", (600.0, 600.0))
+    monkeypatch.setattr("bucketq.shell.wakeup.SAFETY_POLL_S", (600.0, 600.0))
 
 
 @pytest.fixture(autouse=True)
@@ -70,8 +70,8 @@ def short_stream_await(monkeypatch: pytest.MonkeyPatch) -> None:
     server), and every test here waits for that answer (``_streaming``) before it idles."""
     for module in ("changes", "queue_store", "stream_store"):
         monkeypatch.setattr(f"bucketq.store.aio.{module}.STREAM_AWAIT_MS", 100)
-    monkeypatch.setattr("bucketq.wakeup.STREAM_QUICK_EMPTY_S", 0.05)
-    monkeypatch.setattr("bucketq.wakeup.STREAM_PAUSE_MAX_S", 0.1)
+    monkeypatch.setattr("bucketq.shell.wakeup.STREAM_QUICK_EMPTY_S", 0.05)
+    monkeypatch.setattr("bucketq.shell.wakeup.STREAM_PAUSE_MAX_S", 0.1)
 
 
 async def _streaming(q: Any) -> None:

@@ -15,8 +15,8 @@ import pytest
 from pymongo.errors import OperationFailure
 
 import bucketq
-from bucketq.core import schedule_ticks
-from bucketq.core.schedule_ticks import tick_bucket_id
+from bucketq.core import schedule as schedule_ticks
+from bucketq.core.schedule import tick_bucket_id
 from bucketq.schedule import Schedule
 from tests.helpers import drained, eventually, lossy_queue, race_processes
 

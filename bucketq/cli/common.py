@@ -32,12 +32,12 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from bucketq.compatibility import ServerRefused, as_refused
-from bucketq.connection import DEFAULT_DB, ServerUnreachable, client_of, unreachable
-from bucketq.discovery import collection_names, is_queue
 from bucketq.errors import BucketqError, InvalidOption
 from bucketq.queue import Queue
-from bucketq.redaction import redact
+from bucketq.shell.compatibility import ServerRefused, as_refused
+from bucketq.shell.connection import DEFAULT_DB, ServerUnreachable, client_of, unreachable
+from bucketq.shell.discovery import collection_names, is_queue
+from bucketq.shell.redaction import redact
 
 T = TypeVar("T")
 MAX_MESSAGE = 300

@@ -14,8 +14,8 @@ from bucketq.cli.output import age, print_table, table, to_json
 from bucketq.cli.params import parse_duration
 from bucketq.core.format import SEQ_SUFFIX
 from bucketq.core.stream_protocol import Position
-from bucketq.discovery import collection_names
 from bucketq.errors import InvalidOption
+from bucketq.shell.discovery import collection_names
 from bucketq.stream import Stream
 
 

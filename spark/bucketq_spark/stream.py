@@ -33,12 +33,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bucketq.clock import ServerClock
-from bucketq.connection import check_uri, client_of, reaching
 from bucketq.core import stream_protocol as core
 from bucketq.core.claims import owner_name
 from bucketq.core.stream_protocol import GroupState, HoleWatch, Partition, Position
 from bucketq.errors import InvalidOption
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.connection import check_uri, client_of, reaching
 from bucketq.store.sync.stream_store import StreamStore
 from bucketq_spark.reader import CORRUPT_FIELD, ReadOptions, decode_options, payload_struct
 from bucketq_spark.session import require_connector

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bucketq.errors import QueueClosed
-from bucketq.setup import SetUp, every, stop
+from bucketq.shell.collection_setup import SetUp, every, stop
 
 
 class Lifecycle:

@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
 from bucketq.core import stream_protocol as core
 from bucketq.core import stream_step
@@ -34,9 +33,10 @@ from bucketq.core.claims import new_token, owner_name
 from bucketq.core.stream_protocol import GroupState, HeldStreamBucket, HoleWatch, Partition, Position
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.options import StreamOptions, check_timeout
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.stream_store import RECHECK_S, AsyncStreamStore
-from bucketq.wakeup import Wakeup
 
 
 class Stream(Protocol):
