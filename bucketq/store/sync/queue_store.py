@@ -1,6 +1,6 @@
 # Generated from bucketq/store/aio/queue_store.py by devtools/unasync.py; do not edit.
 # Edit the async source and run `python -m devtools.unasync`.
-"""``QueueStore``: every command bucketq sends to a queue's collections, with retries on transient errors.
+"""``AsyncQueueStore``: every command bucketq sends to a queue's collections, with retries on transient errors.
 
 Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``,
 ``name.control`` (operator controls: the pause document), ``name.groups`` (locks of ordered groups), ``name.unique``

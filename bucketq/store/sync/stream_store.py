@@ -1,6 +1,6 @@
 # Generated from bucketq/store/aio/stream_store.py by devtools/unasync.py; do not edit.
 # Edit the async source and run `python -m devtools.unasync`.
-"""``StreamStore``: every command bucketq sends to a stream's collections: ``S`` (buckets and gap markers),
+"""``AsyncStreamStore``: every command bucketq sends to a stream's collections: ``S`` (buckets and gap markers),
 ``S.positions`` (the reader groups), ``S.claims`` (the groups' claims of buckets), ``S.seq`` (the sequence
 counter and retention floor). The filters and updates come from ``bucketq.core.stream_protocol``; this class runs them,
 and every command on the buckets collection is a method here. Written async once; ``bucketq.store.sync``'s
