@@ -298,7 +298,7 @@ def test_the_type_checker_itself(value, expression, ok):
 @pytest.mark.parametrize("partitions", [1, 2])
 async def test_stream_documents_match_the_format(queue_target, db_name, sync_db, partitions):
     import bucketq
-    from bucketq.core.stream_protocol import COUNTER_ID, LAYOUT_ID
+    from bucketq.core.stream_format import COUNTER_ID, LAYOUT_ID
 
     v2 = partitions > 1  # version 2: each table with what docs/FORMAT.md's Partitions changes
     counter_id = f"{COUNTER_ID}.0" if v2 else COUNTER_ID

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bucketq.core.stream_protocol import HoleWatch, advance, missing_sequences
+from bucketq.core.reader_groups import advance
+from bucketq.core.stream_gaps import HoleWatch, missing_sequences
 
 
 @dataclass(frozen=True)
