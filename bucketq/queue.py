@@ -14,7 +14,7 @@ from bucketq import metrics
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.consumer import Consumer
 from bucketq.core import claims, sharding, unique_keys
-from bucketq.core import dead_letters as admin
+from bucketq.core import entries as admin
 from bucketq.core.cancellation import CANCELLED_RECORDS
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket

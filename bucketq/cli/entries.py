@@ -15,7 +15,7 @@ from bucketq.cli.common import Target, confirm, connection_options, open_queue, 
 from bucketq.cli.output import preview, print_table, relative, table, to_json
 from bucketq.cli.params import DURATION
 from bucketq.codecs import codec_named
-from bucketq.core.dead_letters import entry_filter
+from bucketq.core.entries import entry_filter
 
 if TYPE_CHECKING:
     from bucketq.queue import Queue
