@@ -3,7 +3,7 @@
 Two ways, both writing each message as a bucket of its own (``transaction.single_bucket``):
 
 * **In a transaction** (replica sets): ``await queue.push(payload, session=s)`` inside the application's
-  transaction writes the message in that transaction, unbuffered (``bucketq.transaction``). It exists if and
+  transaction writes the message in that transaction, unbuffered (``bucketq.shell.transaction``). It exists if and
   only if the transaction commits.
 
 * **Embedded outbox** (any MongoDB, no transaction), this module: the application adds events made by

@@ -13,8 +13,7 @@ from pymongo import ReplaceOne
 from bucketq import metrics
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.consumer import Consumer
-from bucketq.core import claims, sharding, unique_keys
-from bucketq.core import entries as admin
+from bucketq.core import claims, entries, sharding, unique_keys
 from bucketq.core.cancellation import CANCELLED_RECORDS
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
@@ -35,7 +34,7 @@ from bucketq.core.stats import shape_groups, shape_stats
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
-from bucketq.shell import cancellation as cancelling
+from bucketq.shell import cancellation
 from bucketq.shell.clock import ServerClock
 from bucketq.shell.collection_setup import SetUp
 from bucketq.shell.connection import connect
@@ -92,7 +91,7 @@ class Queue:
         return self._connection.database
 
     async def _ready(self, *, write: bool = True) -> None:
-        """Set up before use (``bucketq.setup``): the server clock, and the indexes before the first write."""
+        """Set up before use (``shell.collection_setup``): the server clock, and the indexes before the first write."""
         await self._life.ready(write=write)
 
     # -- producing -----------------------------------------------------------------------------------------
@@ -288,26 +287,26 @@ class Queue:
     async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:
         await self._ready(write=False)
-        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.latest(),
-                                   error_field=field)
+        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.latest(),
+                                     error_field=field)
         return await self._store.entries(collection, query, limit=limit)
 
     async def _purge(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
                      error_contains: str | None) -> int:
         await self._ready()
-        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
-                                   now=self._clock.latest(), error_field=field)
+        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
+                                     now=self._clock.latest(), error_field=field)
         return await self._store.delete_entries(collection, query)
 
     async def _requeue(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
                        error_contains: str | None) -> int:
         """Copy entries back as buckets, then delete them: a crash in between requeues twice, never loses."""
         await self._ready()
-        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
-                                   now=self._clock.latest(), error_field=field)
+        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
+                                     now=self._clock.latest(), error_field=field)
         total = 0
-        while batch := await self._store.requeue_chunk(collection, query, limit=admin.REQUEUE_CHUNK):
-            docs = admin.requeued_buckets(batch, now=self._clock.now())
+        while batch := await self._store.requeue_chunk(collection, query, limit=entries.REQUEUE_CHUNK):
+            docs = entries.requeued_buckets(batch, now=self._clock.now())
             await self._store.insert_buckets(docs)
             await self._store.delete_requeued(collection, batch)
             total += len(batch)
@@ -319,7 +318,7 @@ class Queue:
 
     async def pause(self) -> None:
         """Pause the queue for every consumer, in every process: they stop claiming buckets once the change
-        stream on ``<name>.control`` announces it (within ``bucketq.pause_gate.PAUSE_REFRESH_S``, 1 s, without
+        stream on ``<name>.control`` announces it (within ``bucketq.shell.pause_gate.PAUSE_REFRESH_S``, 1 s, without
         change streams), go on serving and flushing the buckets they already hold, and
         claim again after ``resume()``. Pushes still work. Stored in the ``<name>.control`` collection."""
         await self._write_pause(True)
@@ -395,7 +394,7 @@ class Queue:
         the Spark driver) do not hear of requests: cancel only pending messages of queues they consume."""
         message_id = check_message_id(message_id)
         await self._ready()
-        return await cancelling.cancel(self._store, self._clock, message_id)
+        return await cancellation.cancel(self._store, self._clock, message_id)
 
     async def purge(self) -> int:
         """Delete every message in the queue (ready, scheduled or in flight) and return how many there were.

@@ -1,5 +1,5 @@
 """``Schedule``: a cron schedule that pushes one message per tick into a queue, exactly once per tick however
-many schedulers run it (docs/guide/schedules.md). The ticks come from ``core.schedule_ticks``; this shell reads and
+many schedulers run it (docs/guide/schedules.md). The ticks come from ``core.schedule``; this shell reads and
 moves the schedule's state document and inserts each tick's bucket, whose ``_id`` is the tick's."""
 
 from __future__ import annotations

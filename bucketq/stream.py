@@ -74,7 +74,7 @@ class Stream:
         return self._connection.database
 
     async def ready(self, *, write: bool = True) -> None:
-        """Set up before use (``bucketq.setup``); before the first write also start housekeeping (retention,
+        """Set up before use (``shell.collection_setup``); before the first write also start housekeeping (retention,
         old claims)."""
         await self._life.ready(write=write)
         await self.store.open()

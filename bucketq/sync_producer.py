@@ -197,7 +197,7 @@ class SyncProducer(PushEncoder):
                     bucket.document["due"] = due
             docs = [bucket.document for bucket in batch]
             holds = list(unique_keys.holds(docs))
-            if holds:  # unique jobs: their keys first (``bucketq.unique``)
+            if holds:  # unique jobs: their keys first (``bucketq.shell.unique_keys``)
                 now = self._clock.now()
                 merged = retrying(lambda _: self._store.hold_keys(holds, now), timeout_s=self.options.write_timeout)
                 docs = merge_held(batch, merged)
@@ -218,7 +218,7 @@ class SyncProducer(PushEncoder):
             self._set_up()
 
     def _set_up(self) -> None:
-        """Before a write: the server clock measured when stale, and the indexes made once (``bucketq.setup``)."""
+        """Before a write: the server clock measured when stale, the indexes made once (``collection_setup``)."""
         with self._setting_up, reaching(self._uri, "setting up the queue",
                                         f"write_timeout {self.options.write_timeout:g} s"):
             if self._clock.stale:

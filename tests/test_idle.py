@@ -66,7 +66,7 @@ def no_safety_poll(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def short_stream_await(monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty change-stream getMores held 0.1 s rather than a second (``STREAM_AWAIT_MS``, and the two times
-    ``bucketq.wakeup`` derives from it): a stream answers first after that wait (the in-memory one, like a real
+    ``bucketq.shell.wakeup`` derives from it): a stream answers first after that wait (the in-memory one, like a real
     server), and every test here waits for that answer (``_streaming``) before it idles."""
     for module in ("changes", "queue_store", "stream_store"):
         monkeypatch.setattr(f"bucketq.store.aio.{module}.STREAM_AWAIT_MS", 100)

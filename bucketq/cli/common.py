@@ -5,7 +5,7 @@ Expected failures become one line on stderr; nothing an operator can cause print
 a failure at run time (no server, an unknown queue, a refusal), 2 for bad usage, whichever check finds it: click's
 (an unknown option, a value of the wrong type) or bucketq's (``InvalidOption``, a malformed id), 130 for Ctrl-C.
 No message, traceback or log line shows a password: they all pass through ``hide``, which redacts the URIs of
-the command line wherever they or pieces of their credentials appear (``bucketq.redaction``).
+the command line wherever they or pieces of their credentials appear (``bucketq.shell.redaction``).
 """
 
 from __future__ import annotations

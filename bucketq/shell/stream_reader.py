@@ -10,7 +10,7 @@ In a partitioned stream a reader looks at the partitions in turn, from the one a
 that the readers of a group spread over them; each partition is read as a stream of its own. What to write
 after a look at a partition is ``bucketq.core.stream_step``'s; this module runs it.
 
-An idle reader looks again only when a wake-up calls for it (``bucketq.wakeup``): a bucket lands (a change
+An idle reader looks again only when a wake-up calls for it (``bucketq.shell.wakeup``): a bucket lands (a change
 stream on the stream's buckets), a hole it waits on is due to be marked as a gap, another reader's lease it saw
 ends, a reader of the same ``Stream`` object hands buckets back; else the slow jittered safety poll. Without
 change streams it polls every ``poll_interval`` or sooner, as before.

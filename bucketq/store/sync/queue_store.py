@@ -336,7 +336,7 @@ class QueueStore:
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
 
     def entries(self, target: Any, query: dict, *, limit: int, skip: int = 0) -> list[dict]:
-        """Up to ``limit`` entries matching ``query`` (``admin.entry_filter``), oldest first, after the first
+        """Up to ``limit`` entries matching ``query`` (``core.entries.entry_filter``), oldest first, after the first
         ``skip`` of them (a page of a listing), in the order of the ``at`` index."""
         return target.find(query, sort=[("at", 1)], skip=skip, limit=limit).to_list(None)
 
