@@ -35,7 +35,7 @@ from typing import Any
 from pymongo import AsyncMongoClient, MongoClient, monitoring
 
 from bench.server import DB, server
-from bucketq.wakeup import SAFETY_POLL_S
+from bucketq.shell.wakeup import SAFETY_POLL_S
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fleet.json"
 IDLE_GOAL_PER_1000 = 20.0  # commands a second besides getMores per 1,000 idle consumers

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.contenders import ALL
 from bench.plan import MAIN_SCENARIOS, human_bytes
-from bucketq.wakeup import SAFETY_POLL_S
+from bucketq.shell.wakeup import SAFETY_POLL_S
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COLORS = {"bucketq": "tab:blue", "keuss": "tab:orange", "naive": "tab:green", "floor": "tab:red",

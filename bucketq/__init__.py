@@ -10,12 +10,9 @@
 __version__ = "0.1.0"
 
 from bucketq.codecs import BsonCodec, Codec, CodecUnavailable, JsonCodec, MsgpackCodec
-from bucketq.compatibility import ServerRefused
-from bucketq.connection import ServerUnreachable
 from bucketq.core.format import FORMAT_VERSION
 from bucketq.core.rate_window import RateLimit
-from bucketq.core.stream_protocol import Position
-from bucketq.discovery import list_queues
+from bucketq.core.stream_format import Position
 from bucketq.errors import (
     AlreadyResolved,
     BucketqError,
@@ -33,11 +30,14 @@ from bucketq.errors import (
 from bucketq.message import Message
 from bucketq.options import QueueOptions, StreamOptions
 from bucketq.outbox import Outbox
-from bucketq.producer import Outgoing
 from bucketq.queue import Queue
 from bucketq.schedule import Schedule
+from bucketq.shell.compatibility import ServerRefused
+from bucketq.shell.connection import ServerUnreachable
+from bucketq.shell.discovery import list_queues
+from bucketq.shell.producer import Outgoing
+from bucketq.shell.stream_reader import StreamMessage, StreamReader
 from bucketq.stream import Stream
-from bucketq.stream_reader import StreamMessage, StreamReader
 from bucketq.sync_producer import SyncProducer
 from bucketq.worker import BatchTiming, Reject, Retry, Worker
 

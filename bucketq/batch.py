@@ -32,8 +32,6 @@ from typing import Any
 from pymongo import MongoClient, ReplaceOne, UpdateOne
 from pymongo.database import Database
 
-from bucketq.clock import ServerClock
-from bucketq.connection import reaching
 from bucketq.core import claims, unique_keys
 from bucketq.core.backoff import Backoff
 from bucketq.core.batch_attempt import AttemptPolicy, BatchStep, ClaimNext, GiveBack, Quarantine, ReleaseWithBackoff
@@ -44,9 +42,11 @@ from bucketq.core.sharding import MAX_PARTITIONS, Rotation, check_partitions, ke
 from bucketq.errors import InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
 from bucketq.options import check_database, check_delay, check_names, check_write_concern, tombstone_default
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.connection import reaching
+from bucketq.shell.sync_database import sync_database
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
-from bucketq.sync_database import sync_database
 
 REAP_EVERY_S = 60.0
 

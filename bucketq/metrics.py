@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 from bucketq.core.held import SlotState
 
 if TYPE_CHECKING:
-    from bucketq.clock import ServerClock
     from bucketq.core.accumulator import SealedBucket
     from bucketq.core.held import FlushPlan
+    from bucketq.shell.clock import ServerClock
 
 
 class Metrics:

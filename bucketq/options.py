@@ -243,7 +243,7 @@ class StreamOptions:
     (between writes of acks, which also extend leases; a bucket's claim is finished at once when its last
     message is acked), ``poll_interval`` (between scans when a reader finds nothing to read) and
     ``tombstone_retention`` (how long retention keeps a gap marker below the floor: see
-    ``core.stream_protocol.retired``).
+    ``core.stream_retention.retired``).
 
     gap_wait: seconds a reader waits for an allocated sequence to land before it marks it a gap for good (a
         producer killed after allocating, or whose write failed). A producer's write landing later is refused

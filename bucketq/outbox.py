@@ -3,7 +3,7 @@
 Two ways, both writing each message as a bucket of its own (``transaction.single_bucket``):
 
 * **In a transaction** (replica sets): ``await queue.push(payload, session=s)`` inside the application's
-  transaction writes the message in that transaction, unbuffered (``bucketq.transaction``). It exists if and
+  transaction writes the message in that transaction, unbuffered (``bucketq.shell.transaction``). It exists if and
   only if the transaction commits.
 
 * **Embedded outbox** (any MongoDB, no transaction), this module: the application adds events made by
@@ -64,16 +64,16 @@ from pymongo.errors import InvalidName, PyMongoError
 
 from bucketq.codecs import Codec, codec_option
 from bucketq.core.format import MAX_BUCKET_BYTES, encode_slot
-from bucketq.core.outbox_plan import REJECTED_SUFFIX, Batch, plan, removals
+from bucketq.core.outbox_plan import REJECTED_SUFFIX, RelayPass, plan, removals
 from bucketq.core.retry import is_transient
 from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
 from bucketq.queue import Queue
-from bucketq.redaction import redact
+from bucketq.shell.redaction import redact
+from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.outbox import OutboxStore
-from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq.outbox")
 
@@ -163,22 +163,22 @@ class Outbox:
         if not docs:
             return 0
         now = self.queue._clock.now()
-        batch = plan(docs, field=self.field, namespace=self.namespace, now=now, after=self._after)
-        if batch.buckets:
-            await self.queue._store.insert_buckets(batch.buckets)  # a duplicate key: that event is already in
+        relay_pass = plan(docs, field=self.field, namespace=self.namespace, now=now, after=self._after)
+        if relay_pass.buckets:
+            await self.queue._store.insert_buckets(relay_pass.buckets)  # a duplicate key: that event is already in
             self.queue._wakeup.notify()
-        await self._remove(batch, now)
-        self._after = batch.next_due
-        self.relayed += len(batch.buckets)
-        self.rejected += len(batch.rejects)
-        for reject in batch.rejects:
-            log.warning("outbox event of %s _id=%r set aside in %s: %s", self.namespace, reject.doc_id,
-                        self.field + REJECTED_SUFFIX, reject.reason)
-        return batch.events
+        await self._remove(relay_pass, now)
+        self._after = relay_pass.next_due
+        self.relayed += len(relay_pass.buckets)
+        self.rejected += len(relay_pass.set_aside)
+        for aside in relay_pass.set_aside:
+            log.warning("outbox event of %s _id=%r set aside in %s: %s", self.namespace, aside.doc_id,
+                        self.field + REJECTED_SUFFIX, aside.reason)
+        return relay_pass.events
 
-    async def _remove(self, batch: Batch, now: dt.datetime) -> None:
+    async def _remove(self, relay_pass: RelayPass, now: dt.datetime) -> None:
         """After the buckets are stored: the pulls and set-asides, retried like any idempotent write."""
-        await self.store.remove(removals(batch, field=self.field, now=now))
+        await self.store.remove(removals(relay_pass, field=self.field, now=now))
 
     async def run(self) -> None:
         """Relay until ``stop()``: a pass whenever a change stream or a poll says events may be waiting. A pass

@@ -10,12 +10,10 @@ from typing import Any
 
 from pymongo import ReplaceOne
 
-from bucketq import admin, cancelling, metrics
-from bucketq.clock import ServerClock
+from bucketq import metrics
 from bucketq.codecs import Codec, codec_for, codec_option
-from bucketq.connection import connect
 from bucketq.consumer import Consumer
-from bucketq.core import claims, housekeeping, sharding, unique_keys
+from bucketq.core import claims, entries, housekeeping, sharding, unique_keys
 from bucketq.core.cancellation import CANCELLED_RECORDS
 from bucketq.core.claims import LIVE, reap
 from bucketq.core.format import as_utc, parse_bucket
@@ -34,16 +32,19 @@ from bucketq.core.operator_writes import (
 )
 from bucketq.core.stats import shape_groups, shape_stats
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld
-from bucketq.housekeeping import Housekeeping
-from bucketq.lifecycle import Lifecycle
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
-from bucketq.producer import Producer
-from bucketq.setup import SetUp
+from bucketq.shell import cancellation
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.collection_setup import SetUp
+from bucketq.shell.connection import connect
+from bucketq.shell.housekeeping import Housekeeping
+from bucketq.shell.lifecycle import Lifecycle
+from bucketq.shell.producer import Producer
+from bucketq.shell.transaction import check_session, push_in_transaction
+from bucketq.shell.unique_keys import release_keys
+from bucketq.shell.wakeup import Shared, Wakeup, Watched
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from bucketq.transaction import check_session, push_in_transaction
-from bucketq.unique import release_keys
-from bucketq.wakeup import Shared, Wakeup, Watched
 
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
 PURGE_CHUNK = 1000
@@ -94,7 +95,7 @@ class Queue:
         return self._connection.database
 
     async def _ready(self, *, write: bool = True) -> None:
-        """Set up before use (``bucketq.setup``): the server clock, and the indexes before the first write."""
+        """Set up before use (``shell.collection_setup``): the server clock, and the indexes before the first write."""
         await self._life.ready(write=write)
 
     # -- producing -----------------------------------------------------------------------------------------
@@ -293,26 +294,26 @@ class Queue:
     async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:
         await self._ready(write=False)
-        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.latest(),
-                                   error_field=field)
+        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.latest(),
+                                     error_field=field)
         return await self._store.entries(collection, query, limit=limit)
 
     async def _purge(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
                      error_contains: str | None) -> int:
         await self._ready()
-        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
-                                   now=self._clock.latest(), error_field=field)
+        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
+                                     now=self._clock.latest(), error_field=field)
         return await self._store.delete_entries(collection, query)
 
     async def _requeue(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
                        error_contains: str | None) -> int:
         """Copy entries back as buckets, then delete them: a crash in between requeues twice, never loses."""
         await self._ready()
-        query = admin.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
-                                   now=self._clock.latest(), error_field=field)
+        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
+                                     now=self._clock.latest(), error_field=field)
         total = 0
-        while batch := await self._store.requeue_chunk(collection, query, limit=admin.REQUEUE_CHUNK):
-            docs = admin.requeued_buckets(batch, now=self._clock.now())
+        while batch := await self._store.requeue_chunk(collection, query, limit=entries.REQUEUE_CHUNK):
+            docs = entries.requeued_buckets(batch, now=self._clock.now())
             await self._store.insert_buckets(docs)
             await self._store.delete_requeued(collection, batch)
             total += len(batch)
@@ -324,7 +325,7 @@ class Queue:
 
     async def pause(self) -> None:
         """Pause the queue for every consumer, in every process: they stop claiming buckets once the change
-        stream on ``<name>.control`` announces it (within ``bucketq.pause_gate.PAUSE_REFRESH_S``, 1 s, without
+        stream on ``<name>.control`` announces it (within ``bucketq.shell.pause_gate.PAUSE_REFRESH_S``, 1 s, without
         change streams), go on serving and flushing the buckets they already hold, and
         claim again after ``resume()``. Pushes still work. Stored in the ``<name>.control`` collection."""
         await self._write_pause(True)
@@ -400,7 +401,7 @@ class Queue:
         the Spark driver) do not hear of requests: cancel only pending messages of queues they consume."""
         message_id = check_message_id(message_id)
         await self._ready()
-        return await cancelling.cancel(self._store, self._clock, message_id)
+        return await cancellation.cancel(self._store, self._clock, message_id)
 
     async def purge(self) -> int:
         """Delete every message in the queue (ready, scheduled or in flight) and return how many there were.

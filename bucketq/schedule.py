@@ -1,5 +1,5 @@
 """``Schedule``: a cron schedule that pushes one message per tick into a queue, exactly once per tick however
-many schedulers run it (docs/guide/schedules.md). The ticks come from ``core.schedule_ticks``; this shell reads and
+many schedulers run it (docs/guide/schedules.md). The ticks come from ``core.schedule``; this shell reads and
 moves the schedule's state document and inserts each tick's bucket, whose ``_id`` is the tick's."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from bucketq.core import schedule_ticks as ticks
+from bucketq.core import schedule as ticks
 from bucketq.core.format import bucket_document, encode_slot
 from bucketq.queue import Queue
 

@@ -22,19 +22,22 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
-from bucketq.connection import connect
-from bucketq.core import stream_protocol as core
+from bucketq.core import reader_groups, stream_retention
 from bucketq.core.format import MAX_BUCKET_SIZE
-from bucketq.core.stream_protocol import GroupState, Lag, Partition, Position, RetentionCut
+from bucketq.core.reader_groups import ReaderGroup
+from bucketq.core.stream_format import Partition, Position
+from bucketq.core.stream_retention import RetentionCut
+from bucketq.core.stream_stats import Lag
 from bucketq.errors import InvalidOption
-from bucketq.lifecycle import Lifecycle
 from bucketq.options import StreamOptions, check_database, check_names
-from bucketq.producer import Outgoing, Producer
-from bucketq.setup import SetUp
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.collection_setup import SetUp
+from bucketq.shell.connection import connect
+from bucketq.shell.lifecycle import Lifecycle
+from bucketq.shell.producer import Outgoing, Producer
+from bucketq.shell.stream_reader import StreamReader
 from bucketq.store.aio.stream_store import AsyncStreamStore
-from bucketq.stream_reader import StreamReader
 
 HOUSEKEEPING_EVERY_S = 60.0
 log = logging.getLogger("bucketq")
@@ -71,7 +74,7 @@ class Stream:
         return self._connection.database
 
     async def ready(self, *, write: bool = True) -> None:
-        """Set up before use (``bucketq.setup``); before the first write also start housekeeping (retention,
+        """Set up before use (``shell.collection_setup``); before the first write also start housekeeping (retention,
         old claims)."""
         await self._life.ready(write=write)
         await self.store.open()
@@ -115,12 +118,12 @@ class Stream:
         """A reader in ``group``; the readers of one group (in any process) share its messages, each read by
         one of them. ``start`` applies only when the group does not exist yet: "beginning" (the oldest
         message retained), "end" (the next message pushed), a position, or a time (as ``reset(at=)``)."""
-        reader = StreamReader(self, core.check_group_name(group), start)
+        reader = StreamReader(self, reader_groups.check_name(group), start)
         self._readers.add(reader)
         return reader
 
     async def start_positions(self, start: str | Position | Iterable[Position] | dt.datetime,
-                              current: GroupState | None = None) -> list[Position]:
+                              current: ReaderGroup | None = None) -> list[Position]:
         """The positions, one per partition, that ``start`` names (see ``reader``): positions name their own
         partitions; the others stay at ``current``'s, or at the end for a new group."""
         counters = await self.store.counters()
@@ -156,15 +159,15 @@ class Stream:
         if (to is None) == (at is None):
             raise InvalidOption("reset takes a position ('beginning', 'end', a Position) or at=, one of them")
         await self.ready()
-        name = core.check_group_name(group)
+        name = reader_groups.check_name(group)
         start = await self.start_positions(at if at is not None else to,  # type: ignore[arg-type]
                                            await self.store.group(name))
-        await self.store.upsert_group({"_id": name}, core.reset_update(start, self.clock.now()))
+        await self.store.upsert_group({"_id": name}, reader_groups.reset_update(start, self.clock.now()))
         for reader in self._readers:  # the group's readers in this process read from the new position at once
             reader.notify()
         return start[0] if len(start) == 1 else start
 
-    async def groups(self) -> list[GroupState]:
+    async def groups(self) -> list[ReaderGroup]:
         """Every reader group of the stream, by name."""
         await self.ready(write=False)
         return await self.store.groups()
@@ -213,7 +216,7 @@ class Stream:
             floors.append(floor)
             deleted += gone
         for group in await self.groups():
-            await self.store.delete_claims(core.claims_behind(group))
+            await self.store.delete_claims(stream_retention.claims_behind(group))
         return {"floor": floors[0] if len(floors) == 1 else floors, "deleted": deleted}  # type: ignore[dict-item]
 
     async def _retain(self, part: Partition) -> tuple[int, int]:
@@ -229,17 +232,17 @@ class Stream:
             for group in await self.groups():
                 await self.expire_group(group, part, cut.floor)
         floor = (await self.store.counter_state(part))[1]
-        gone = core.retired(part, floor, self.clock.now(), self.options.queue.tombstone_retention)
+        gone = stream_retention.retired(part, floor, self.clock.now(), self.options.queue.tombstone_retention)
         return floor, await self.store.delete_retired(gone)
 
-    async def expire_group(self, group: GroupState, part: Partition, floor: int) -> None:
+    async def expire_group(self, group: ReaderGroup, part: Partition, floor: int) -> None:
         """Move a group left below the retention floor of ``part`` up to it, counting what it lost (read before
         deletion: once deleted, it would count as 0)."""
         committed = group.at(part)
         if committed.seq >= floor:
             return
         lost = await self.store.unread_messages(part, committed.seq, floor) - committed.slot
-        await self.store.move_group(*core.expire_update(group, part, floor, max(0, lost), self.clock.now()))
+        await self.store.move_group(*stream_retention.expire_update(group, part, floor, max(0, lost), self.clock.now()))
 
     # -- shutting down -------------------------------------------------------------------------------------
 

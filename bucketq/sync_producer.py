@@ -21,19 +21,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bucketq import metrics
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_option
-from bucketq.connection import reaching
 from bucketq.core import unique_keys
 from bucketq.core.accumulator import Accumulator, SealedBucket
 from bucketq.core.format import DOCUMENT_CODEC
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import QueueOptions, check_database, check_names
-from bucketq.producer import PushEncoder
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.connection import reaching
+from bucketq.shell.producer import PushEncoder
+from bucketq.shell.sync_database import SyncTarget, sync_database
+from bucketq.shell.unique_keys import merge_held
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
-from bucketq.sync_database import SyncTarget, sync_database
-from bucketq.unique import merge_held
 
 
 class SyncProducer(PushEncoder):
@@ -197,7 +197,7 @@ class SyncProducer(PushEncoder):
                     bucket.document["due"] = due
             docs = [bucket.document for bucket in batch]
             holds = list(unique_keys.holds(docs))
-            if holds:  # unique jobs: their keys first (``bucketq.unique``)
+            if holds:  # unique jobs: their keys first (``bucketq.shell.unique_keys``)
                 now = self._clock.now()
                 merged = retrying(lambda _: self._store.hold_keys(holds, now), timeout_s=self.options.write_timeout)
                 docs = merge_held(batch, merged)
@@ -218,7 +218,7 @@ class SyncProducer(PushEncoder):
             self._set_up()
 
     def _set_up(self) -> None:
-        """Before a write: the server clock measured when stale, and the indexes made once (``bucketq.setup``)."""
+        """Before a write: the server clock measured when stale, the indexes made once (``collection_setup``)."""
         with self._setting_up, reaching(self._uri, "setting up the queue",
                                         f"write_timeout {self.options.write_timeout:g} s"):
             if self._clock.stale:

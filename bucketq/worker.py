@@ -37,10 +37,10 @@ from typing import Any
 from bucketq import metrics
 from bucketq.core.logbudget import LogBudget
 from bucketq.errors import BucketqError, HandlerTimeout, InvalidOption, LeaseLost
-from bucketq.handler_threads import HandlerThreads
 from bucketq.message import Message
 from bucketq.options import check_delay
 from bucketq.queue import Queue
+from bucketq.shell.handler_threads import HandlerThreads
 
 log = logging.getLogger("bucketq.worker")
 RESERVE_WAIT_S = 0.5  # how often an idle task looks at the stop flag

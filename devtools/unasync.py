@@ -4,6 +4,10 @@ The store is written once, async; the Spark driver's shell (``bucketq.batch``, `
 the generated copy, as PyMongo generates its synchronous API (its ``tools/synchro.py``). The rewriting is by
 lines and tokens, so the async source keeps to a few rules:
 
+* Only code is rewritten: strings (docstrings among them) and comments are copied as written, so the prose of the
+  generated copy still says what the async source is. An f-string counts as code, fields and text alike (its
+  fields may ``await``).
+
 * ``async def``, ``await``, ``async for`` and ``async with`` lose their ``async``/``await``; ``Async*`` names lose
   the prefix; ``asyncio.sleep`` becomes ``time.sleep``, ``asyncio.Lock`` ``threading.Lock``; the types in
   ``REPLACEMENTS`` become their synchronous counterparts.
@@ -19,9 +23,11 @@ naming them, when a generated file differs from what its source gives.
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +51,11 @@ REPLACEMENTS = [  # (pattern, replacement), applied in order to each line kept
 ASYNC_ONLY_LINE = re.compile(r"#\s*async-only\s*$")
 BEGIN, END = re.compile(r"^\s*#\s*async-only: begin\s*$"), re.compile(r"^\s*#\s*async-only: end\s*$")
 SYNC_LINE = re.compile(r"^(\s*)# sync: (.*)$")
+# Tokens copied as written. An f-string is code whatever the Python: one STRING token before 3.12, from
+# FSTRING_START to FSTRING_END since (strings inside its fields included), so every Python generates the same text.
+PROSE = {tokenize.STRING, tokenize.COMMENT}
+FSTRING_START, FSTRING_END = getattr(tokenize, "FSTRING_START", None), getattr(tokenize, "FSTRING_END", None)
+FSTRING_PREFIX = re.compile(r"^[a-zA-Z]*[fF]")
 
 
 def header(source: Path) -> str:
@@ -67,10 +78,36 @@ def unasync(text: str) -> str:
             continue
         if match := SYNC_LINE.match(line):
             line = match.group(1) + match.group(2)
-        for pattern, replacement in REPLACEMENTS:
-            line = re.sub(pattern, replacement, line)
         out.append(line)
-    return "\n".join(out) + "\n"
+    return rewrite_code("\n".join(out) + "\n")
+
+
+def prose_spans(text: str) -> list[tuple[int, int]]:
+    """The (start, end) offsets in ``text`` of its strings and comments, in order."""
+    line_starts = [0]
+    for line in io.StringIO(text):  # the lines tokenize reads
+        line_starts.append(line_starts[-1] + len(line))
+    spans: list[tuple[int, int]] = []
+    fstring_depth = 0
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        fstring_depth += (token.type == FSTRING_START) - (token.type == FSTRING_END)
+        if token.type in PROSE and fstring_depth == 0 and not FSTRING_PREFIX.match(token.string):
+            start, end = (line_starts[row - 1] + col for row, col in (token.start, token.end))
+            spans.append((start, end))
+    return spans
+
+
+def rewrite_code(text: str) -> str:
+    """``text`` with ``REPLACEMENTS`` applied to its code, between its strings and comments."""
+    out: list[str] = []
+    done = 0
+    for start, end in [*prose_spans(text), (len(text), len(text))]:
+        code = text[done:start]
+        for pattern, replacement in REPLACEMENTS:
+            code = re.sub(pattern, replacement, code)
+        out += [code, text[start:end]]
+        done = end
+    return "".join(out)
 
 
 def sort_imports(text: str, path: Path) -> str:

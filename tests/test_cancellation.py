@@ -8,7 +8,7 @@ import asyncio
 
 from pymongo.errors import AutoReconnect
 
-from bucketq.setup import every
+from bucketq.shell.collection_setup import every
 from bucketq.store.aio.base import retrying
 
 

@@ -21,7 +21,7 @@ from pymongo.errors import ConfigurationError
 
 import bucketq
 from bucketq.batch import BatchQueue
-from bucketq.compatibility import TESTED_PYMONGO
+from bucketq.shell.compatibility import TESTED_PYMONGO
 from devtools.pythons import EXTRA_PINS
 from devtools.testserver import TestServer
 

@@ -18,8 +18,8 @@ from pymongo.errors import AutoReconnect, OperationFailure
 
 import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
+from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from bucketq.wakeup import Wakeup
 from tests.helpers import PATIENCE_S, StartedCommands, eventually, seconds_ago, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -387,7 +387,7 @@ async def test_a_first_claim_of_a_bucket_written_under_load_already_claims_ahead
 async def test_a_consumer_serving_from_held_buckets_resyncs_its_clock_at_its_claims_ahead(make_queue):
     """A reserve with a message at hand does not look at the clock's age: the claims do, the claim ahead too, so
     that a consumer that always has a message at hand still resyncs (``RESYNC_EVERY_S``)."""
-    from bucketq.clock import RESYNC_EVERY_S
+    from bucketq.shell.clock import RESYNC_EVERY_S
 
     q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
     await q.push_many(range(300))
@@ -434,7 +434,7 @@ async def test_idle_consumer_is_woken_by_the_change_stream(make_queue, monkeypat
     """How soon is the bench's; here, that the stream wakes it: no poll comes within 30 s of a claim attempt
     (with a stream the safety poll is 40 s away at least), so a delivery within 10 s came by the stream (a
     generous bound, that a loaded machine cannot miss)."""
-    monkeypatch.setattr("bucketq.wakeup.POLL_FIRST_S", 30.0)
+    monkeypatch.setattr("bucketq.shell.wakeup.POLL_FIRST_S", 30.0)
     consumer = make_queue()
     producer = make_queue(bucket_max_wait=0.2)
     assert await consumer.reserve(timeout=0.3) is None  # idle, change stream running

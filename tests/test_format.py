@@ -273,7 +273,7 @@ async def test_priority_documents_match_the_format(make_queue, sync_db):
 async def test_schedule_documents_match_the_format(make_queue, sync_db):
     """A schedule's state document in ``Q.control`` and the bucket of a tick, with its ``_id``, ``pt`` and key."""
     from bucketq import Schedule
-    from bucketq.core.schedule_ticks import tick_bucket_id
+    from bucketq.core.schedule import tick_bucket_id
 
     start = dt.datetime(2026, 1, 5, 9, 0, 30, tzinfo=dt.timezone.utc)
     await make_queue(partitions=3).push("set up with 3 partitions")
@@ -301,7 +301,7 @@ def test_the_type_checker_itself(value, expression, ok):
 @pytest.mark.parametrize("partitions", [1, 2])
 async def test_stream_documents_match_the_format(queue_target, db_name, sync_db, partitions):
     import bucketq
-    from bucketq.core.stream_protocol import COUNTER_ID, LAYOUT_ID
+    from bucketq.core.stream_format import COUNTER_ID, LAYOUT_ID
 
     v2 = partitions > 1  # version 2: each table with what docs/FORMAT.md's Partitions changes
     counter_id = f"{COUNTER_ID}.0" if v2 else COUNTER_ID

@@ -432,7 +432,7 @@ async def test_a_wall_clock_step_does_not_let_two_consumers_serve_one_bucket(mak
 
 
 def test_a_clock_resync_takes_effect_at_once():
-    from bucketq.clock import ServerClock
+    from bucketq.shell.clock import ServerClock
 
     clock = ServerClock()
     before = clock.now()
@@ -477,7 +477,7 @@ async def test_a_clock_read_slowed_down_does_not_let_two_consumers_serve_one_buc
 
 
 def test_clock_readings_combine_to_the_overlap_of_their_errors():
-    from bucketq.clock import ServerClock
+    from bucketq.shell.clock import ServerClock
 
     clock = ServerClock()
     mono = time.monotonic()
@@ -498,7 +498,7 @@ def test_clock_readings_combine_to_the_overlap_of_their_errors():
 
 
 def test_a_clock_never_reads_earlier_than_it_did_unless_the_server_clock_was_stepped_back():
-    from bucketq.clock import ServerClock
+    from bucketq.shell.clock import ServerClock
 
     clock = ServerClock()
     mono = time.monotonic()
@@ -546,7 +546,7 @@ async def test_a_message_pushed_by_a_clock_ahead_within_its_error_is_due_at_once
 
 
 def test_a_clock_reading_with_a_large_error_is_refined_sooner_than_a_good_one_is_renewed():
-    from bucketq.clock import REFINE_EVERY_S, RESYNC_EVERY_S, ServerClock
+    from bucketq.shell.clock import REFINE_EVERY_S, RESYNC_EVERY_S, ServerClock
 
     base = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     good, rough = ServerClock(), ServerClock()
@@ -567,7 +567,7 @@ def test_a_clock_reading_with_a_large_error_is_refined_sooner_than_a_good_one_is
 def test_clock_latest_is_never_earlier_than_the_reading_plus_its_error():
     """``latest()`` keeps one datetime a millisecond: it must round up, or a holder would serve up to a
     millisecond past what its lease allows."""
-    from bucketq.clock import ServerClock
+    from bucketq.shell.clock import ServerClock
 
     clock = ServerClock()
     mono = time.monotonic()

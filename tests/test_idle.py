@@ -17,7 +17,7 @@ from pymongo.errors import AutoReconnect
 
 from bucketq.core.claims import claim
 from bucketq.core.sharding import partition_of
-from bucketq.wakeup import Shared, Wakeup
+from bucketq.shell.wakeup import Shared, Wakeup
 from tests.helpers import StartedCommands, eventually, server_proxy, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -73,17 +73,17 @@ async def memory_db_or_client(backend: str, request: pytest.FixtureRequest) -> A
 
 @pytest.fixture
 def no_safety_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("bucketq.wakeup.SAFETY_POLL_S", (600.0, 600.0))
+    monkeypatch.setattr("bucketq.shell.wakeup.SAFETY_POLL_S", (600.0, 600.0))
 
 
 @pytest.fixture(autouse=True)
 def short_stream_await(monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty change-stream getMores held 0.1 s rather than a second (``STREAM_AWAIT_MS``, and the longest pause
-    ``bucketq.wakeup`` derives from it): a stream answers first after that wait (the in-memory one, like a real
-    server), and every test here waits for that answer (``_streaming``) before it idles."""
+    ``bucketq.shell.wakeup`` derives from it): a stream answers first after that wait (the in-memory one, like a
+    real server), and every test here waits for that answer (``_streaming``) before it idles."""
     for module in ("changes", "queue_store", "stream_store"):
         monkeypatch.setattr(f"bucketq.store.aio.{module}.STREAM_AWAIT_MS", 100)
-    monkeypatch.setattr("bucketq.wakeup.STREAM_PAUSE_MAX_S", 0.1)
+    monkeypatch.setattr("bucketq.shell.wakeup.STREAM_PAUSE_MAX_S", 0.1)
 
 
 async def _streaming(q: Any) -> None:
@@ -327,7 +327,7 @@ async def test_a_consumer_whose_change_stream_falls_silent_polls_instead(make_qu
                                                                          monkeypatch, no_safety_poll):
     """A getMore that never comes back (a connection that hangs, with no error to say so): the stream counts as
     lost after ``STREAM_SILENT_S``, and the consumer polls, so a push it hears nothing of still reaches it."""
-    monkeypatch.setattr("bucketq.wakeup.STREAM_SILENT_S", 1.0)
+    monkeypatch.setattr("bucketq.shell.wakeup.STREAM_SILENT_S", 1.0)
     proxy = server_proxy(request, make_queue)
     q = make_queue(target=proxy.uri, poll_interval=0.2)
     await _idle(q)

@@ -334,8 +334,8 @@ async def test_outbox_refuses_bad_input_with_clear_errors(make_queue, mongo_uri,
 
 async def test_change_streams_wake_the_relay_and_its_own_pulls_do_not(make_queue, adb, monkeypatch):
     # no poll within the test (the first one comes 30 s after each pass): only the stream can wake the relay
-    monkeypatch.setattr("bucketq.wakeup.POLL_FIRST_S", 30.0)
-    monkeypatch.setattr("bucketq.wakeup.SAFETY_POLL_S", (30.0, 30.0))
+    monkeypatch.setattr("bucketq.shell.wakeup.POLL_FIRST_S", 30.0)
+    monkeypatch.setattr("bucketq.shell.wakeup.SAFETY_POLL_S", (30.0, 30.0))
     q = make_queue()
     relay = Outbox("orders", q, poll_interval=30, change_streams=True)
     wakeups = []

@@ -441,7 +441,7 @@ def test_clock_latest_kept_between_readings_is_the_reading_it_would_compute(serv
     across a new anchor, and so never earlier than the exact reading."""
     from unittest import mock
 
-    from bucketq import clock as clock_module
+    from bucketq.shell import clock as clock_module
 
     mono = anchor_s
     with mock.patch.object(clock_module.time, "monotonic", lambda: mono):

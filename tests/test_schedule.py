@@ -15,8 +15,8 @@ import pytest
 from pymongo.errors import OperationFailure
 
 import bucketq
-from bucketq.core import schedule_ticks
-from bucketq.core.schedule_ticks import tick_bucket_id
+from bucketq.core import schedule as schedule_core
+from bucketq.core.schedule import tick_bucket_id
 from bucketq.schedule import Schedule
 from tests.helpers import drained, eventually, lossy_queue, race_processes
 
@@ -59,7 +59,7 @@ async def test_two_schedulers_racing_over_many_ticks_enqueue_each_tick_exactly_o
     messages = await drained(queues[0])
     assert {m.id for m in messages} == tick_ids("report", every_minute(0, 40))
     assert all(m.payload == {"job": "report"} for m in messages)
-    assert {m.key for m in messages} == {schedule_ticks.tick_key("report", t) for t in every_minute(0, 40)}
+    assert {m.key for m in messages} == {schedule_core.tick_key("report", t) for t in every_minute(0, 40)}
 
 
 async def test_scheduler_processes_racing_enqueue_each_tick_exactly_once(mongo_uri, db_name, sync_db):

@@ -20,8 +20,8 @@ import bucketq
 from bucketq.batch import BatchQueue
 from bucketq.cli import cli
 from bucketq.cli.common import URI_ENV
-from bucketq.connection import unreachable
-from bucketq.redaction import redact
+from bucketq.shell.connection import unreachable
+from bucketq.shell.redaction import redact
 from tests.hostile_uris import CASES, HOSTILE, UNREACHABLE, assert_hidden
 
 # An unreachable server is waited for until the server selection times out: in the async client, with nothing

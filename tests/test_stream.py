@@ -12,7 +12,7 @@ import pytest
 
 import bucketq
 from bucketq import Position
-from bucketq.core.stream_protocol import COUNTER_ID
+from bucketq.core.stream_format import COUNTER_ID
 from tests.helpers import read_all, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")

@@ -1,4 +1,4 @@
-"""Properties of the stream core (bucketq/core/stream_protocol.py): positions, the commit rule, a held bucket's state
+"""Properties of the stream core (the stream modules of bucketq/core): positions, the commit rule, a held bucket's state
 machine, retention cuts and hole watching."""
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bucketq import InvalidOption
-from bucketq.core.stream_protocol import HeldStreamBucket, HoleWatch, Partition, Position, RetentionCut, advance
+from bucketq.core.reader_groups import advance
+from bucketq.core.stream_format import Partition, Position
+from bucketq.core.stream_gaps import HoleWatch
+from bucketq.core.stream_held import HeldStreamBucket
+from bucketq.core.stream_retention import RetentionCut
 
 positions = st.builds(Position, st.integers(0, 2**62), st.integers(0, 65535), st.integers(0, 1023))
 

@@ -14,7 +14,7 @@ import pytest
 
 import bucketq
 from bucketq import Position
-from bucketq.core.stream_protocol import LAYOUT_ID
+from bucketq.core.stream_format import LAYOUT_ID
 from tests.helpers import eventually, read_all
 
 pytestmark = pytest.mark.backends("memory", "server")

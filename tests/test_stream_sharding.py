@@ -11,7 +11,7 @@ import datetime as dt
 from pymongo import AsyncMongoClient, MongoClient
 
 import bucketq
-from bucketq.core.stream_protocol import STREAM_SHARD_KEYS
+from bucketq.core.stream_format import STREAM_SHARD_KEYS
 from bucketq_spark.stream import commit_range, uncommitted_ranges
 from tests.helpers import read_all
 from tests.shardkeys import ShardKeyAudit

@@ -10,7 +10,7 @@ import datetime as dt
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from bucketq.core.stream_protocol import HoleWatch
+from bucketq.core.stream_gaps import HoleWatch
 from bucketq.core.stream_step import Step, Window, step
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)

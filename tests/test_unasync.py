@@ -36,6 +36,22 @@ def test_the_rewriting_rules() -> None:
     assert unasync.unasync(ASYNC) == SYNC
 
 
+def test_strings_and_comments_are_copied_as_written_and_f_strings_rewritten() -> None:
+    source = ('"""``AsyncQueueStore``: ``bucketq.store.aio`` is the source; await nothing."""\n'
+              'async def f(store: AsyncQueueStore) -> str:  # async def, AsyncQueueStore\n'
+              '    return f"{await store.name()} of AsyncX" + "asyncio.sleep"\n')
+    assert unasync.unasync(source) == (
+        '"""``AsyncQueueStore``: ``bucketq.store.aio`` is the source; await nothing."""\n'
+        'def f(store: QueueStore) -> str:  # async def, AsyncQueueStore\n'
+        '    return f"{store.name()} of X" + "asyncio.sleep"\n')
+
+
+def test_the_generated_docstrings_say_where_they_come_from() -> None:
+    """The generated package's docstring names the async source as the source, not itself."""
+    text = unasync.generated()[unasync.TARGET / "__init__.py"]
+    assert "``bucketq.store.aio`` is their source" in text and "``bucketq.store.sync`` is their source" not in text
+
+
 def test_the_generated_sync_store_is_current() -> None:
     expected = unasync.generated()
     assert {path.name for path in expected} == {"__init__.py", "base.py", "queue_store.py", "stream_store.py"}

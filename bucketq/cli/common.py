@@ -5,7 +5,7 @@ Expected failures become one line on stderr; nothing an operator can cause print
 a failure at run time (no server, an unknown queue, a refusal), 2 for bad usage, whichever check finds it: click's
 (an unknown option, a value of the wrong type) or bucketq's (``InvalidOption``, a malformed id), 130 for Ctrl-C.
 No message, traceback or log line shows a password: they all pass through ``hide``, which redacts the URIs of
-the command line wherever they or pieces of their credentials appear (``bucketq.redaction``).
+the command line wherever they or pieces of their credentials appear (``bucketq.shell.redaction``).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from bucketq.compatibility import ServerRefused, as_refused
-from bucketq.connection import DEFAULT_DB, ServerUnreachable, client_of, unreachable
-from bucketq.discovery import collection_names, is_queue
 from bucketq.errors import BucketqError, InvalidOption
 from bucketq.queue import Queue
-from bucketq.redaction import redact
+from bucketq.shell.compatibility import ServerRefused, as_refused
+from bucketq.shell.connection import DEFAULT_DB, ServerUnreachable, client_of, unreachable
+from bucketq.shell.discovery import collection_names, is_queue
+from bucketq.shell.redaction import redact
 
 T = TypeVar("T")
 MAX_MESSAGE = 300

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import click
 from bson import ObjectId
 
-from bucketq.admin import entry_filter
 from bucketq.cli.common import Target, confirm, connection_options, open_queue, run
 from bucketq.cli.output import preview, print_table, relative, table, to_json
 from bucketq.cli.params import DURATION
 from bucketq.codecs import codec_named
+from bucketq.core.entries import entry_filter
 
 if TYPE_CHECKING:
     from bucketq.queue import Queue

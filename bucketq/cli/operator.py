@@ -9,7 +9,7 @@ from bucketq.cli.common import BadUsage, CliError, Target, confirm, connection_o
 from bucketq.core.cancellation import NOT_FOUND
 from bucketq.core.operator_writes import producer_bucket
 from bucketq.errors import MessageHeld
-from bucketq.pause_gate import PAUSE_REFRESH_S
+from bucketq.shell.pause_gate import PAUSE_REFRESH_S
 
 
 @click.command()

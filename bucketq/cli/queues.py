@@ -25,10 +25,10 @@ from bucketq.cli.common import (
 )
 from bucketq.cli.output import age, console, fitted, preview, print_table, relative, table, to_json
 from bucketq.core.stats import STATS_KEYS
-from bucketq.discovery import queue_names
-from bucketq.flow import Flow
 from bucketq.message import Message
 from bucketq.queue import Queue
+from bucketq.shell.discovery import queue_names
+from bucketq.shell.flow import Flow
 
 # -- stats ---------------------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import click
 from bucketq.cli.common import BadUsage
 from bucketq.core.format import STREAM_SUFFIXES  # .positions, .claims, .seq
 from bucketq.core.sharding import MAX_PARTITIONS, QUEUE_UNSHARDED, shard_commands
-from bucketq.core.stream_protocol import STREAM_SHARD_KEYS
+from bucketq.core.stream_format import STREAM_SHARD_KEYS
 from bucketq.errors import InvalidOption
 from bucketq.options import check_names
 

@@ -13,9 +13,9 @@ from bucketq.cli.common import CliError, Target, connection_options, database, r
 from bucketq.cli.output import age, print_table, table, to_json
 from bucketq.cli.params import parse_duration
 from bucketq.core.format import SEQ_SUFFIX
-from bucketq.core.stream_protocol import Position
-from bucketq.discovery import collection_names
+from bucketq.core.stream_format import Position
 from bucketq.errors import InvalidOption
+from bucketq.shell.discovery import collection_names
 from bucketq.stream import Stream
 
 

@@ -18,7 +18,7 @@ from bucketq.core import claims, group_turn, groups
 from bucketq.core.format import parse_bucket
 from bucketq.core.held import ClaimedBucket, SlotState
 from bucketq.errors import MalformedBucket
-from bucketq.pause_gate import PAUSE_REFRESH_S
+from bucketq.shell.pause_gate import PAUSE_REFRESH_S
 
 log = logging.getLogger("bucketq")
 

@@ -22,7 +22,6 @@ from typing import Any
 from pymongo.errors import PyMongoError
 
 from bucketq import metrics
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.consumer.claiming import Claiming
 from bucketq.consumer.decoding import Decoding
@@ -41,9 +40,10 @@ from bucketq.core.sharding import Rotation
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
-from bucketq.permits import Permits
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.rate_window import Permits
+from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from bucketq.wakeup import Wakeup
 
 log = logging.getLogger("bucketq")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bucketq.clock import ServerClock
+from bucketq.shell.clock import ServerClock
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
 

@@ -16,7 +16,7 @@ from bucketq.core import group_turn, groups
 from bucketq.core.held import FlushPlan
 from bucketq.core.retry import is_too_large
 from bucketq.errors import LeaseLost, WriteFailed
-from bucketq.unique import release_keys
+from bucketq.shell.unique_keys import release_keys
 
 log = logging.getLogger("bucketq")
 

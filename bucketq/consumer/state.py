@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from bucketq import metrics
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.consumer.dedupe_keys import KeyRecorder
 from bucketq.consumer.finishing import Finishes
@@ -22,8 +21,9 @@ from bucketq.core.priorities import Turns
 from bucketq.core.sharding import Rotation
 from bucketq.message import Message
 from bucketq.options import QueueOptions
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from bucketq.wakeup import Wakeup
 
 T = TypeVar("T")
 

@@ -70,7 +70,7 @@ def parse_event(value: Any) -> Event:
     return Event(event_id, codec, Slot(payload, headers or None, key), delay, at)
 
 
-class Reject(NamedTuple):
+class SetAside(NamedTuple):
     """An element of a document's events set aside: ``whole`` when the field itself is no array."""
 
     doc_id: Any
@@ -80,30 +80,30 @@ class Reject(NamedTuple):
 
 
 @dataclass
-class Batch:
+class RelayPass:
     """One relay pass: the buckets to insert, then per document the event ids to pull and what to set aside."""
 
     next_due: dt.datetime  # where the next pass's undelayed events start (``plan``)
     buckets: list[dict[str, Any]] = field(default_factory=list)
     pulls: list[tuple[Any, list[ObjectId]]] = field(default_factory=list)
-    rejects: list[Reject] = field(default_factory=list)
+    set_aside: list[SetAside] = field(default_factory=list)
 
     @property
     def events(self) -> int:
-        return sum(len(ids) for _, ids in self.pulls) + len(self.rejects)
+        return sum(len(ids) for _, ids in self.pulls) + len(self.set_aside)
 
 
 def plan(docs: Sequence[Mapping[str, Any]], *, field: str, namespace: str, now: dt.datetime,
-         after: dt.datetime | None = None) -> Batch:
+         after: dt.datetime | None = None) -> RelayPass:
     """The pass over ``docs`` (each with ``_id`` and ``field``). A document's undelayed events are due one
     ``ORDER_STEP`` apart in their order, from ``now`` or, when later, from ``after`` (the previous pass's
     ``next_due``): a document's events reach consumers in the order it holds them, across passes too."""
     start = max(now, after) if after is not None else now
-    batch = Batch(next_due=start)
+    relay_pass = RelayPass(next_due=start)
     for doc in docs:
         events = doc.get(field)
         if not isinstance(events, list):
-            batch.rejects.append(Reject(doc["_id"], events, f"{field} must be an array of events", whole=True))
+            relay_pass.set_aside.append(SetAside(doc["_id"], events, f"{field} must be an array of events", whole=True))
             continue
         due = start
         ids: dict[ObjectId, None] = {}  # a dict: the ids in their order
@@ -111,7 +111,7 @@ def plan(docs: Sequence[Mapping[str, Any]], *, field: str, namespace: str, now: 
             try:
                 parsed = parse_event(value)
             except ValueError as exc:
-                batch.rejects.append(Reject(doc["_id"], value, str(exc)))
+                relay_pass.set_aside.append(SetAside(doc["_id"], value, str(exc)))
                 continue
             if parsed.id in ids:
                 continue  # the same event twice: one bucket, and the pull by id takes both
@@ -122,23 +122,23 @@ def plan(docs: Sequence[Mapping[str, Any]], *, field: str, namespace: str, now: 
                 when = now + dt.timedelta(seconds=parsed.delay)
             else:
                 when, due = due, due + ORDER_STEP
-            batch.buckets.append(bucket_document(event_bucket_id(namespace, doc["_id"], parsed.id), [parsed.slot],
+            relay_pass.buckets.append(bucket_document(event_bucket_id(namespace, doc["_id"], parsed.id), [parsed.slot],
                                                  codec=parsed.codec, created=now, due=when))
         if ids:
-            batch.pulls.append((doc["_id"], list(ids)))
-        batch.next_due = max(batch.next_due, due)
-    return batch
+            relay_pass.pulls.append((doc["_id"], list(ids)))
+        relay_pass.next_due = max(relay_pass.next_due, due)
+    return relay_pass
 
 
-def removals(batch: Batch, *, field: str, now: dt.datetime) -> list[UpdateOne]:
+def removals(relay_pass: RelayPass, *, field: str, now: dt.datetime) -> list[UpdateOne]:
     """The source writes that end a pass, all idempotent: pull the relayed events by id; move each element set
     aside into ``<field>_rejected`` as ``{event, reason, at}``, only while it is still there (two relays record
     it once). Elements are matched whole (``$in``): a document given to ``$pull`` as such would be a query, and
     could match good events too."""
-    ops = [UpdateOne({"_id": doc_id}, {"$pull": {field: {"id": {"$in": ids}}}}) for doc_id, ids in batch.pulls]
-    for reject in batch.rejects:
-        remove = {"$unset": {field: ""}} if reject.whole else {"$pull": {field: {"$in": [reject.value]}}}
-        entry = {"event": reject.value, "reason": reject.reason, "at": now}
-        ops.append(UpdateOne({"_id": reject.doc_id, field: {"$in": [reject.value]}},
+    ops = [UpdateOne({"_id": doc_id}, {"$pull": {field: {"id": {"$in": ids}}}}) for doc_id, ids in relay_pass.pulls]
+    for aside in relay_pass.set_aside:
+        remove = {"$unset": {field: ""}} if aside.whole else {"$pull": {field: {"$in": [aside.value]}}}
+        entry = {"event": aside.value, "reason": aside.reason, "at": now}
+        ops.append(UpdateOne({"_id": aside.doc_id, field: {"$in": [aside.value]}},
                              {**remove, "$push": {field + REJECTED_SUFFIX: entry}}))
     return ops

@@ -1,7 +1,7 @@
 """A stream reader's step in one partition, sans I/O: from what a scan of its group's window found (``Window``),
 what to write next (move the committed position, the buckets to try to claim, the holes to mark as gaps) and
 when to look again though nothing announces a change (a hole's ``gap_wait`` or another reader's lease runs out).
-``bucketq.stream_reader`` reads the window, hands it to ``step`` and runs the ``Step`` it gets back."""
+``bucketq.shell.stream_reader`` reads the window, hands it to ``step`` and runs the ``Step`` it gets back."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bucketq.core.stream_protocol import HoleWatch, advance, missing_sequences
+from bucketq.core.reader_groups import advance
+from bucketq.core.stream_gaps import HoleWatch, missing_sequences
 
 
 @dataclass(frozen=True)

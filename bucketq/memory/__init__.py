@@ -35,10 +35,10 @@ from bucketq.memory.client import (
     MemoryCollection,
     MemoryDatabase,
 )
+from bucketq.memory.data import Cursor, SyncCollection, SyncDatabase
 from bucketq.memory.engine import Unsupported, compare, matches
 from bucketq.memory.faults import Fault, Faults, Operation, OperationLog
 from bucketq.memory.streams import ChangeStream
-from bucketq.memory.sync import Cursor, SyncCollection, SyncDatabase
 
 __all__ = [
     "AsyncCursor", "ChangeStream", "Cursor", "Fault", "Faults", "MemoryClient", "MemoryCollection", "MemoryDatabase",

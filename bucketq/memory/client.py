@@ -24,15 +24,15 @@ from pymongo.results import (
     UpdateResult,
 )
 
-from bucketq.memory.faults import Faults, Operation, OperationLog
-from bucketq.memory.streams import ChangeStream, Streams
-from bucketq.memory.sync import (
+from bucketq.memory.data import (
     Cursor,
     Namespace,
     SyncCollection,
     SyncDatabase,
     ensure_id,
 )
+from bucketq.memory.faults import Faults, Operation, OperationLog
+from bucketq.memory.streams import ChangeStream, Streams
 
 T = TypeVar("T")
 DEFAULT_DB = "bucketq"

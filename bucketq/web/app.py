@@ -21,9 +21,9 @@ from starlette.templating import Jinja2Templates
 from bucketq.cli.common import one_line
 from bucketq.cli.entries import DEAD, QUARANTINE, Kind, count_matching, entries_page, entry_view
 from bucketq.cli.output import age, pretty_json, preview, relative
-from bucketq.connection import unreachable
 from bucketq.errors import MessageHeld
-from bucketq.redaction import redact
+from bucketq.shell.connection import unreachable
+from bucketq.shell.redaction import redact
 from bucketq.web.charts import SERIES_COLORS, group_colors, line_chart
 from bucketq.web.dashboard import ACTIONS, ENTRY_ROWS, NEXT_ROWS, QUEUE_ACTIONS, RESETS, Dashboard, which
 from bucketq.web.messages import PLACES, VERBS, find_message

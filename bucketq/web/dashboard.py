@@ -13,13 +13,13 @@ from typing import Any
 
 from bucketq.cli.common import one_line
 from bucketq.cli.entries import DEAD, QUARANTINE, Kind
-from bucketq.connection import connect, reaching
 from bucketq.core.format import SEQ_SUFFIX
 from bucketq.core.holdings import by_holder
-from bucketq.discovery import queue_names
-from bucketq.flow import Flow
 from bucketq.queue import Queue
-from bucketq.redaction import redact
+from bucketq.shell.connection import connect, reaching
+from bucketq.shell.discovery import queue_names
+from bucketq.shell.flow import Flow
+from bucketq.shell.redaction import redact
 from bucketq.store.aio.catalog import collection_names
 from bucketq.stream import Stream
 from bucketq.web.history import History

@@ -1,6 +1,6 @@
 """One message of a queue, found where it is (a dead letter, a quarantine entry, or pending in a bucket) and
 shaped for its page; and what the dashboard can do to it there (retry, delete), through ``Queue``'s operator
-methods. Reads go through the queue's store, with the filters of ``bucketq.admin`` and
+methods. Reads go through the queue's store, with the filters of ``bucketq.core.entries`` and
 ``bucketq.core.operator_writes`` that the CLI's ``dead``, ``quarantine`` and ``remove`` use."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import argparse
 import json
 import os
 
-from bucketq.compatibility import tested_range
+from bucketq.shell.compatibility import tested_range
 from devtools.jars import CACHE
 from devtools.testserver import TestServer, _wait_gone
 

@@ -32,7 +32,7 @@ from bucketq.batch import Batch, BatchQueue
 from bucketq.core.backoff import Backoff
 from bucketq.core.format import DOCUMENT_CODEC, payload_size, stored_payload_ok
 from bucketq.errors import BucketqError, InvalidOption
-from bucketq.redaction import redact
+from bucketq.shell.redaction import redact
 from bucketq_spark.reader import READ_CODECS, ReadOptions, decode_options, payload_struct, read_messages
 from bucketq_spark.session import require_connector
 from bucketq_spark.sinks import Sink

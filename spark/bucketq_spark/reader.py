@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 
 from bson import json_util
 
-from bucketq.connection import check_uri
 from bucketq.core import claims
 from bucketq.core.format import DOCUMENT_CODEC
 from bucketq.errors import InvalidOption
+from bucketq.shell.connection import check_uri
 from bucketq_spark.session import PAGINATE_INTO_PARTITIONS, SINGLE_PARTITION
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from bucketq.connection import check_uri
+from bucketq.shell.connection import check_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -33,12 +33,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bucketq.clock import ServerClock
-from bucketq.connection import check_uri, client_of, reaching
-from bucketq.core import stream_protocol as core
+from bucketq.core import reader_groups
 from bucketq.core.claims import owner_name
-from bucketq.core.stream_protocol import GroupState, HoleWatch, Partition, Position
+from bucketq.core.reader_groups import ReaderGroup
+from bucketq.core.stream_format import Partition, Position
+from bucketq.core.stream_gaps import HoleWatch
 from bucketq.errors import InvalidOption
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.connection import check_uri, client_of, reaching
 from bucketq.store.sync.stream_store import StreamStore
 from bucketq_spark.reader import CORRUPT_FIELD, ReadOptions, decode_options, payload_struct
 from bucketq_spark.session import require_connector
@@ -103,7 +105,7 @@ class GroupRange:
     """What a group has not committed in one partition, as far as it can be read now: ``start <= position <
     end``."""
 
-    group: GroupState
+    group: ReaderGroup
     part: Partition
     end: Position
 
@@ -117,7 +119,7 @@ class GroupRange:
 
 
 def uncommitted_ranges(database: Any, stream: str, group: str, *, start: str = "beginning",
-                       max_buckets: int = core.SCAN_BUCKETS, gap_wait: float = 35.0,
+                       max_buckets: int = reader_groups.SCAN_BUCKETS, gap_wait: float = 35.0,
                        poll: float = 0.2) -> list[GroupRange]:
     """The group's range in each partition, from its committed position up to the first sequence not stored yet,
     at most ``max_buckets`` buckets (a pymongo ``Database``, or ``bucketq.memory``'s ``SyncDatabase``; the group
@@ -137,13 +139,13 @@ def uncommitted_ranges(database: Any, stream: str, group: str, *, start: str = "
         floor = counters[part.number][1]
         while True:
             while (state := store.group(group)) is None:  # missing, or deleted meanwhile: join it
-                store.upsert_group(*core.join_group(group, first, clock.now()))
+                store.upsert_group(*reader_groups.join(group, first, clock.now()))
             if len(state.positions) == 1 < len(parts):  # joined before the stream was created partitioned
-                store.move_group(*core.spread_group(state, parts))
+                store.move_group(*reader_groups.spread(state, parts))
                 continue
             begin = max(state.at(part).seq, floor)
             present = [part.seq_of(d) for d in store.window(part, begin, max_buckets)]
-            end = core.advance(begin, present, present)
+            end = reader_groups.advance(begin, present, present)
             last = store.counter_state(part)[0]
             if end > begin or end > last:  # something to read, or nothing allocated beyond
                 ranges.append(GroupRange(state, part, Position(end, 0, part.number) if end > begin
@@ -169,14 +171,14 @@ def commit_range(database: Any, stream: str, taken: GroupRange) -> bool:
     False when it moved meanwhile (a reset, another job's commit): nothing is changed then."""
     clock = ServerClock()
     clock.sync_blocking(database)
-    query, update = core.commit(taken.group, taken.part, taken.end.seq, clock.now())
+    query, update = reader_groups.commit(taken.group, taken.part, taken.end.seq, clock.now())
     query.update({taken.part.group_field("s"): taken.start.seq, taken.part.group_field("i"): taken.start.slot})
     return StreamStore(database, stream).move_group(query, update)
 
 
 def run_group_batch(spark: SparkSession, uri: str, database: str, stream: str, group: str,
                     payload_schema: str | StructType, process: Callable[[DataFrame], DataFrame], sink: Sink, *,
-                    start: str = "beginning", max_buckets: int = core.SCAN_BUCKETS, gap_wait: float = 35.0,
+                    start: str = "beginning", max_buckets: int = reader_groups.SCAN_BUCKETS, gap_wait: float = 35.0,
                     read: ReadOptions | None = None, before_commit: Callable[[], None] | None = None
                     ) -> dict[str, Any]:
     """One batch of ``group``: its uncommitted range read, ``process``ed, written to ``sink`` (which must be

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import bucketq
-from bucketq.core.stream_protocol import COUNTER_ID
+from bucketq.core.stream_format import COUNTER_ID
 from bucketq_spark.stream import commit_range, uncommitted_range, uncommitted_ranges
 
 pytestmark = pytest.mark.backends("memory", "server")

@@ -73,7 +73,7 @@ async def test_group_batch_commits_after_the_sink_and_a_crash_between_rewrites_t
 
 async def test_a_hole_at_the_start_of_the_range_becomes_a_gap_after_gap_wait(spark, mongo_uri, db_name,
                                                                              sync_db) -> None:
-    from bucketq.core.stream_protocol import COUNTER_ID
+    from bucketq.core.stream_format import COUNTER_ID
     from bucketq_spark.sinks import MongoSink
     from bucketq_spark.stream import run_group_batch
 

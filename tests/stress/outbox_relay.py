@@ -17,7 +17,7 @@ import signal
 from pymongo import AsyncMongoClient
 
 import bucketq
-from bucketq.core.outbox_plan import Batch
+from bucketq.core.outbox_plan import RelayPass
 from bucketq.outbox import Outbox
 
 
@@ -34,7 +34,7 @@ async def main() -> None:
     queue = bucketq.Queue(client, name=args.queue, db=args.db)
     relay = Outbox(args.source, queue, batch_size=args.batch_size)
     if args.die_before_pull:
-        async def die(batch: Batch, now: dt.datetime) -> None:
+        async def die(batch: RelayPass, now: dt.datetime) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
         relay._remove = die  # type: ignore[method-assign]

@@ -34,7 +34,7 @@ from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
-from bucketq.pause_gate import PauseGate  # async-only
+from bucketq.shell.pause_gate import PauseGate  # async-only
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
 
@@ -376,7 +376,7 @@ class AsyncQueueStore:
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
 
     async def entries(self, target: Any, query: dict, *, limit: int, skip: int = 0) -> list[dict]:
-        """Up to ``limit`` entries matching ``query`` (``admin.entry_filter``), oldest first, after the first
+        """Up to ``limit`` entries matching ``query`` (``core.entries.entry_filter``), oldest first, after the first
         ``skip`` of them (a page of a listing), in the order of the ``at`` index."""
         return await target.find(query, sort=[("at", 1)], skip=skip, limit=limit).to_list(None)
 
@@ -436,7 +436,7 @@ class AsyncQueueStore:
         await retrying(lambda _: self.buckets.bulk_write(ops, ordered=False), timeout_s=self.op_timeout_s)
     # async-only: begin
 
-    # -- schedules (core.schedule_ticks): one state document per schedule in ``name.control`` -------------
+    # -- schedules (core.schedule): one state document per schedule in ``name.control`` -------------
 
     async def read_schedule(self, state: dict) -> dict | None:
         return await self.control.find_one(state)

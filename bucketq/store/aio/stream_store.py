@@ -1,12 +1,13 @@
 """``AsyncStreamStore``: every command bucketq sends to a stream's collections: ``S`` (buckets and gap markers),
 ``S.positions`` (the reader groups), ``S.claims`` (the groups' claims of buckets), ``S.seq`` (the sequence
-counter and retention floor). The filters and updates come from ``bucketq.core.stream_protocol``; this class runs them,
-and every command on the buckets collection is a method here. Written async once; ``bucketq.store.sync``'s
+counter and retention floor). The filters and updates come from the stream modules of ``bucketq.core``
+(``stream_format``, ``reader_groups``, ``stream_claims``, ``stream_gaps``, ``stream_retention``); this class runs
+them, and every command on the buckets collection is a method here. Written async once; ``bucketq.store.sync``'s
 ``StreamStore`` is generated from it (``devtools/unasync.py``) for the Spark shells' range reads.
 
-Every command on ``S`` names one partition (``core.Partition``): in a partitioned stream its filter pins ``pt``,
-the shard key's first field (``core.STREAM_SHARD_KEYS``), so that a mongos targets that partition's shard; the
-one exception is ``count_buckets``, an operator's count marked as a scan.
+Every command on ``S`` names one partition (``stream_format.Partition``): in a partitioned stream its filter pins
+``pt``, the shard key's first field (``stream_format.STREAM_SHARD_KEYS``), so that a mongos targets that partition's
+shard; the one exception is ``count_buckets``, an operator's count marked as a scan.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from bucketq.core import stream_protocol as core
+from bucketq.core import stream_format, stream_gaps, stream_retention
 from bucketq.core.format import CLAIMS_SUFFIX, POSITIONS_SUFFIX, SEQ_SUFFIX
+from bucketq.core.reader_groups import ReaderGroup
 from bucketq.core.scans import SCAN
-from bucketq.core.stream_protocol import GroupState, Partition
+from bucketq.core.stream_format import Partition
 from bucketq.store.aio.base import collections, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_STREAM_INSERTS  # async-only
 
@@ -56,7 +58,7 @@ class AsyncStreamStore:
         self._opening = asyncio.Lock()
 
     async def open(self) -> list[Partition]:
-        """The stream's partitions (``core.stored_partitions``); a new partitioned stream's layout is written.
+        """The stream's partitions (``stream_format.stored_partitions``); a new partitioned stream's layout is written.
         Until the stream exists (a layout, or a version-1 counter) this looks again, at most every
         ``RECHECK_S``: a reader started before the stream's first producer learns its partitions once there are
         any."""
@@ -75,15 +77,15 @@ class AsyncStreamStore:
 
     async def _look(self) -> None:
         """``open``'s look at ``S.seq``."""
-        layout = await self.counter.find_one({"_id": core.LAYOUT_ID})
-        has_counter = layout is None and await self.counter.find_one({"_id": core.COUNTER_ID}) is not None
+        layout = await self.counter.find_one({"_id": stream_format.LAYOUT_ID})
+        has_counter = layout is None and await self.counter.find_one({"_id": stream_format.COUNTER_ID}) is not None
         if layout is None and not has_counter and (self.wanted or 1) > 1:  # a new partitioned stream
-            await self.counter.update_one(*core.layout_doc(self.wanted or 1), upsert=True)
-            layout = await self.counter.find_one({"_id": core.LAYOUT_ID})
-        count = core.stored_partitions(layout, has_counter, self.wanted)
+            await self.counter.update_one(*stream_format.layout_doc(self.wanted or 1), upsert=True)
+            layout = await self.counter.find_one({"_id": stream_format.LAYOUT_ID})
+        count = stream_format.stored_partitions(layout, has_counter, self.wanted)
         if len(self.parts) != count:
             self._next_part = random.randrange(count)
-            self.parts = core.partitions_of(count)
+            self.parts = stream_format.partitions_of(count)
         self._settled = layout is not None or has_counter
         self._checked_at = time.monotonic()
 
@@ -102,12 +104,12 @@ class AsyncStreamStore:
         parts = await self.open()
         docs = {d["_id"]: d async for d in self.counter.find({"_id": {"$in": [p.counter_id for p in parts]}})}
         return {p.number: (int(docs.get(p.counter_id, {}).get("last", 0)),
-                           int(docs.get(p.counter_id, {}).get("floor", core.FIRST_SEQUENCE))) for p in parts}
+                           int(docs.get(p.counter_id, {}).get("floor", stream_format.FIRST_SEQUENCE))) for p in parts}
 
     async def counter_state(self, part: Partition) -> tuple[int, int]:
         """(last sequence allocated, retention floor) of ``part``."""
         doc = await self.counter.find_one({"_id": part.counter_id}) or {}
-        return int(doc.get("last", 0)), int(doc.get("floor", core.FIRST_SEQUENCE))
+        return int(doc.get("last", 0)), int(doc.get("floor", stream_format.FIRST_SEQUENCE))
 
     # async-only: begin
     async def watch_inserts(self, start: Any) -> Any:
@@ -131,7 +133,7 @@ class AsyncStreamStore:
         await self._allocate([d for d in docs if "b" not in d])
         failed: dict[Any, BaseException] = {}
         for _attempt in range(ALLOCATION_ATTEMPTS):
-            stored = {id(d): core.stream_bucket(d, parts[d["pt"]]) for d in docs}
+            stored = {id(d): stream_format.stream_bucket(d, parts[d["pt"]]) for d in docs}
             failures = await insert_new(self.buckets, list(stored.values()), duplicate_is_mine=self._is_mine)
             failed = {d["_id"]: failures[stored[id(d)]["_id"]] for d in docs if stored[id(d)]["_id"] in failures}
             taken = [d for d in docs if d["_id"] in failed and await self.buckets.find_one(
@@ -151,7 +153,7 @@ class AsyncStreamStore:
         async with self._allocating:  # writers allocate in the order they start: a producer's order is kept
             part = self.parts[self._next_part]
             self._next_part = (self._next_part + 1) % len(self.parts)
-            query, update = core.allocate(part, len(fresh))
+            query, update = stream_format.allocate(part, len(fresh))
             counter = await self.counter.find_one_and_update(query, update, upsert=True,
                                                              return_document=ReturnDocument.AFTER)
             self._settled = True  # the counter exists now: the stream does
@@ -162,7 +164,7 @@ class AsyncStreamStore:
 
     async def _is_mine(self, doc: dict) -> bool:
         part = self.parts[doc.get("pt", 0)]
-        own = core.own_bucket(part, part.seq_of(doc), doc["b"])
+        own = stream_format.own_bucket(part, part.seq_of(doc), doc["b"])
         return await self.buckets.find_one(own, {"_id": 1}) is not None
 
     # -- buckets -------------------------------------------------------------------------------------------
@@ -188,7 +190,7 @@ class AsyncStreamStore:
         """Mark a hole as a gap (docs/FORMAT.md, the hole rule); False when the producer's bucket landed after
         all (a duplicate key)."""
         try:
-            await self.buckets.insert_one(core.gap_marker(part, seq, now, owner))
+            await self.buckets.insert_one(stream_gaps.gap_marker(part, seq, now, owner))
             return True
         except DuplicateKeyError:
             return False
@@ -199,7 +201,7 @@ class AsyncStreamStore:
         return sum([d.get("n", 0) async for d in cursor])
 
     async def buckets_from(self, part: Partition, start: int) -> list[dict]:
-        """The documents of ``part`` from sequence ``start`` on, with what ``core.Lag`` needs."""
+        """The documents of ``part`` from sequence ``start`` on, with what ``stream_stats.Lag`` needs."""
         projection = {part.seq_field: 1, "n": 1, "created": 1, "gap": 1}
         return [d async for d in self.buckets.find(part.seqs({"$gte": start}), projection)]
 
@@ -207,34 +209,37 @@ class AsyncStreamStore:
         return await self.buckets.count_documents({}, **SCAN)
 
     def newest_first(self, part: Partition) -> Any:
-        """A cursor over the buckets of ``part`` from the newest back, with what ``core.RetentionCut`` needs."""
+        """A cursor over the buckets of ``part`` from the newest back, with what ``stream_retention.RetentionCut``
+        needs."""
         query = {"pt": part.number} if part.partitioned else {}
         return self.buckets.find(query, {part.seq_field: 1, "created": 1, "n": 1, "bytes": 1},
                                  sort=[(part.seq_field, -1)])
 
     async def raise_floor(self, part: Partition, floor: int) -> None:
-        await self.counter.update_one(*core.raise_floor(part, floor))
+        await self.counter.update_one(*stream_retention.raise_floor(part, floor))
 
     async def delete_retired(self, query: dict) -> int:
-        """Delete the documents ``core.retired`` names; how many."""
+        """Delete the documents ``stream_retention.retired`` names; how many."""
         return (await self.buckets.delete_many(query)).deleted_count
 
     # -- reader groups and their claims --------------------------------------------------------------------
 
-    async def group(self, name: str) -> GroupState | None:
+    async def group(self, name: str) -> ReaderGroup | None:
         doc = await self.positions.find_one({"_id": name})
-        return None if doc is None else GroupState.parse(doc)
+        return None if doc is None else ReaderGroup.parse(doc)
 
-    async def groups(self) -> list[GroupState]:
+    async def groups(self) -> list[ReaderGroup]:
         """Every reader group, by name."""
-        return [GroupState.parse(doc) async for doc in self.positions.find({}, sort=[("_id", 1)])]
+        return [ReaderGroup.parse(doc) async for doc in self.positions.find({}, sort=[("_id", 1)])]
 
     async def upsert_group(self, query: dict, update: dict) -> None:
-        """Create a group or move it (``core.join_group``: only when missing; ``core.reset_update``: always)."""
+        """Create a group or move it (``reader_groups.join``: only when missing; ``reader_groups.reset_update``:
+        always)."""
         await self.positions.update_one(query, update, upsert=True)
 
     async def move_group(self, query: dict, update: dict) -> bool:
-        """A conditional move of a group (``core.commit``, ``core.expire_update``); True when it applied."""
+        """A conditional move of a group (``reader_groups.commit``, ``stream_retention.expire_update``); True when it
+        applied."""
         return (await self.positions.update_one(query, update)).matched_count == 1
 
     async def delete_group(self, name: str) -> bool:
@@ -242,7 +247,7 @@ class AsyncStreamStore:
         await self.claims.delete_many({"g": name})
         return (await self.positions.delete_one({"_id": name})).deleted_count == 1
 
-    async def group_claims(self, group: GroupState, part: Partition, start: int, size: int | None,
+    async def group_claims(self, group: ReaderGroup, part: Partition, start: int, size: int | None,
                            projection: dict) -> list[dict]:
         """The claims of ``group``'s epoch in ``part`` from sequence ``start`` on (``size`` of them at most, when
         given)."""
@@ -252,7 +257,7 @@ class AsyncStreamStore:
                                                   projection)]
 
     async def claim(self, query: dict, update: dict) -> dict | None:
-        """Claim a bucket for a reader (``core.claim``); None when another reader holds or finished it. Not
+        """Claim a bucket for a reader (``stream_claims.claim``); None when another reader holds or finished it. Not
         retried: a claim whose reply was lost expires with its lease."""
         try:
             return await self.claims.find_one_and_update(query, update, upsert=True,
@@ -264,9 +269,9 @@ class AsyncStreamStore:
         await self.claims.delete_many(query)
 
     async def update_claim(self, query: dict, update: dict, *, mine: dict | None = None) -> bool:
-        """A write to a claim fenced by the reader's token (``core.claimed_by``); True when applied, False when
+        """A write to a claim fenced by the reader's token (``stream_claims.claimed_by``); True when applied, False when
         refused (the lease was lost). A retry after an ambiguous error that matches nothing counts as applied
-        only if ``mine`` (``core.finished_by``: this token's own finish) matches."""
+        only if ``mine`` (``stream_claims.finished_by``: this token's own finish) matches."""
 
         async def op(retry: bool) -> bool:
             result = await self.claims.update_one(query, update)

@@ -1,6 +1,6 @@
 # Generated from bucketq/store/aio/queue_store.py by devtools/unasync.py; do not edit.
 # Edit the async source and run `python -m devtools.unasync`.
-"""``QueueStore``: every command bucketq sends to a queue's collections, with retries on transient errors.
+"""``AsyncQueueStore``: every command bucketq sends to a queue's collections, with retries on transient errors.
 
 Collections of queue ``name``: ``name`` (buckets), ``name.dead``, ``name.quarantine``, ``name.inbox``,
 ``name.control`` (operator controls: the pause document), ``name.groups`` (locks of ordered groups), ``name.unique``
@@ -349,7 +349,7 @@ class QueueStore:
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
 
     def entries(self, target: Any, query: dict, *, limit: int, skip: int = 0) -> list[dict]:
-        """Up to ``limit`` entries matching ``query`` (``admin.entry_filter``), oldest first, after the first
+        """Up to ``limit`` entries matching ``query`` (``core.entries.entry_filter``), oldest first, after the first
         ``skip`` of them (a page of a listing), in the order of the ``at`` index."""
         return target.find(query, sort=[("at", 1)], skip=skip, limit=limit).to_list(None)
 

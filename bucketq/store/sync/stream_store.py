@@ -1,14 +1,15 @@
 # Generated from bucketq/store/aio/stream_store.py by devtools/unasync.py; do not edit.
 # Edit the async source and run `python -m devtools.unasync`.
-"""``StreamStore``: every command bucketq sends to a stream's collections: ``S`` (buckets and gap markers),
+"""``AsyncStreamStore``: every command bucketq sends to a stream's collections: ``S`` (buckets and gap markers),
 ``S.positions`` (the reader groups), ``S.claims`` (the groups' claims of buckets), ``S.seq`` (the sequence
-counter and retention floor). The filters and updates come from ``bucketq.core.stream_protocol``; this class runs them,
-and every command on the buckets collection is a method here. Written async once; ``bucketq.store.sync``'s
+counter and retention floor). The filters and updates come from the stream modules of ``bucketq.core``
+(``stream_format``, ``reader_groups``, ``stream_claims``, ``stream_gaps``, ``stream_retention``); this class runs
+them, and every command on the buckets collection is a method here. Written async once; ``bucketq.store.sync``'s
 ``StreamStore`` is generated from it (``devtools/unasync.py``) for the Spark shells' range reads.
 
-Every command on ``S`` names one partition (``core.Partition``): in a partitioned stream its filter pins ``pt``,
-the shard key's first field (``core.STREAM_SHARD_KEYS``), so that a mongos targets that partition's shard; the
-one exception is ``count_buckets``, an operator's count marked as a scan.
+Every command on ``S`` names one partition (``stream_format.Partition``): in a partitioned stream its filter pins
+``pt``, the shard key's first field (``stream_format.STREAM_SHARD_KEYS``), so that a mongos targets that partition's
+shard; the one exception is ``count_buckets``, an operator's count marked as a scan.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from bucketq.core import stream_protocol as core
+from bucketq.core import stream_format, stream_gaps, stream_retention
 from bucketq.core.format import CLAIMS_SUFFIX, POSITIONS_SUFFIX, SEQ_SUFFIX
+from bucketq.core.reader_groups import ReaderGroup
 from bucketq.core.scans import SCAN
-from bucketq.core.stream_protocol import GroupState, Partition
+from bucketq.core.stream_format import Partition
 from bucketq.store.sync.base import collections, insert_new, retrying
 
 ALLOCATION_ATTEMPTS = 5
@@ -55,7 +57,7 @@ class StreamStore:
         self._opening = threading.Lock()
 
     def open(self) -> list[Partition]:
-        """The stream's partitions (``core.stored_partitions``); a new partitioned stream's layout is written.
+        """The stream's partitions (``stream_format.stored_partitions``); a new partitioned stream's layout is written.
         Until the stream exists (a layout, or a version-1 counter) this looks again, at most every
         ``RECHECK_S``: a reader started before the stream's first producer learns its partitions once there are
         any."""
@@ -74,15 +76,15 @@ class StreamStore:
 
     def _look(self) -> None:
         """``open``'s look at ``S.seq``."""
-        layout = self.counter.find_one({"_id": core.LAYOUT_ID})
-        has_counter = layout is None and self.counter.find_one({"_id": core.COUNTER_ID}) is not None
+        layout = self.counter.find_one({"_id": stream_format.LAYOUT_ID})
+        has_counter = layout is None and self.counter.find_one({"_id": stream_format.COUNTER_ID}) is not None
         if layout is None and not has_counter and (self.wanted or 1) > 1:  # a new partitioned stream
-            self.counter.update_one(*core.layout_doc(self.wanted or 1), upsert=True)
-            layout = self.counter.find_one({"_id": core.LAYOUT_ID})
-        count = core.stored_partitions(layout, has_counter, self.wanted)
+            self.counter.update_one(*stream_format.layout_doc(self.wanted or 1), upsert=True)
+            layout = self.counter.find_one({"_id": stream_format.LAYOUT_ID})
+        count = stream_format.stored_partitions(layout, has_counter, self.wanted)
         if len(self.parts) != count:
             self._next_part = random.randrange(count)
-            self.parts = core.partitions_of(count)
+            self.parts = stream_format.partitions_of(count)
         self._settled = layout is not None or has_counter
         self._checked_at = time.monotonic()
 
@@ -101,12 +103,12 @@ class StreamStore:
         parts = self.open()
         docs = {d["_id"]: d for d in self.counter.find({"_id": {"$in": [p.counter_id for p in parts]}})}
         return {p.number: (int(docs.get(p.counter_id, {}).get("last", 0)),
-                           int(docs.get(p.counter_id, {}).get("floor", core.FIRST_SEQUENCE))) for p in parts}
+                           int(docs.get(p.counter_id, {}).get("floor", stream_format.FIRST_SEQUENCE))) for p in parts}
 
     def counter_state(self, part: Partition) -> tuple[int, int]:
         """(last sequence allocated, retention floor) of ``part``."""
         doc = self.counter.find_one({"_id": part.counter_id}) or {}
-        return int(doc.get("last", 0)), int(doc.get("floor", core.FIRST_SEQUENCE))
+        return int(doc.get("last", 0)), int(doc.get("floor", stream_format.FIRST_SEQUENCE))
 
     # -- producer ------------------------------------------------------------------------------------------
 
@@ -122,7 +124,7 @@ class StreamStore:
         self._allocate([d for d in docs if "b" not in d])
         failed: dict[Any, BaseException] = {}
         for _attempt in range(ALLOCATION_ATTEMPTS):
-            stored = {id(d): core.stream_bucket(d, parts[d["pt"]]) for d in docs}
+            stored = {id(d): stream_format.stream_bucket(d, parts[d["pt"]]) for d in docs}
             failures = insert_new(self.buckets, list(stored.values()), duplicate_is_mine=self._is_mine)
             failed = {d["_id"]: failures[stored[id(d)]["_id"]] for d in docs if stored[id(d)]["_id"] in failures}
             taken = [d for d in docs if d["_id"] in failed and self.buckets.find_one(
@@ -142,7 +144,7 @@ class StreamStore:
         with self._allocating:  # writers allocate in the order they start: a producer's order is kept
             part = self.parts[self._next_part]
             self._next_part = (self._next_part + 1) % len(self.parts)
-            query, update = core.allocate(part, len(fresh))
+            query, update = stream_format.allocate(part, len(fresh))
             counter = self.counter.find_one_and_update(query, update, upsert=True,
                                                              return_document=ReturnDocument.AFTER)
             self._settled = True  # the counter exists now: the stream does
@@ -153,7 +155,7 @@ class StreamStore:
 
     def _is_mine(self, doc: dict) -> bool:
         part = self.parts[doc.get("pt", 0)]
-        own = core.own_bucket(part, part.seq_of(doc), doc["b"])
+        own = stream_format.own_bucket(part, part.seq_of(doc), doc["b"])
         return self.buckets.find_one(own, {"_id": 1}) is not None
 
     # -- buckets -------------------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ class StreamStore:
         """Mark a hole as a gap (docs/FORMAT.md, the hole rule); False when the producer's bucket landed after
         all (a duplicate key)."""
         try:
-            self.buckets.insert_one(core.gap_marker(part, seq, now, owner))
+            self.buckets.insert_one(stream_gaps.gap_marker(part, seq, now, owner))
             return True
         except DuplicateKeyError:
             return False
@@ -190,7 +192,7 @@ class StreamStore:
         return sum([d.get("n", 0) for d in cursor])
 
     def buckets_from(self, part: Partition, start: int) -> list[dict]:
-        """The documents of ``part`` from sequence ``start`` on, with what ``core.Lag`` needs."""
+        """The documents of ``part`` from sequence ``start`` on, with what ``stream_stats.Lag`` needs."""
         projection = {part.seq_field: 1, "n": 1, "created": 1, "gap": 1}
         return [d for d in self.buckets.find(part.seqs({"$gte": start}), projection)]
 
@@ -198,34 +200,37 @@ class StreamStore:
         return self.buckets.count_documents({}, **SCAN)
 
     def newest_first(self, part: Partition) -> Any:
-        """A cursor over the buckets of ``part`` from the newest back, with what ``core.RetentionCut`` needs."""
+        """A cursor over the buckets of ``part`` from the newest back, with what ``stream_retention.RetentionCut``
+        needs."""
         query = {"pt": part.number} if part.partitioned else {}
         return self.buckets.find(query, {part.seq_field: 1, "created": 1, "n": 1, "bytes": 1},
                                  sort=[(part.seq_field, -1)])
 
     def raise_floor(self, part: Partition, floor: int) -> None:
-        self.counter.update_one(*core.raise_floor(part, floor))
+        self.counter.update_one(*stream_retention.raise_floor(part, floor))
 
     def delete_retired(self, query: dict) -> int:
-        """Delete the documents ``core.retired`` names; how many."""
+        """Delete the documents ``stream_retention.retired`` names; how many."""
         return (self.buckets.delete_many(query)).deleted_count
 
     # -- reader groups and their claims --------------------------------------------------------------------
 
-    def group(self, name: str) -> GroupState | None:
+    def group(self, name: str) -> ReaderGroup | None:
         doc = self.positions.find_one({"_id": name})
-        return None if doc is None else GroupState.parse(doc)
+        return None if doc is None else ReaderGroup.parse(doc)
 
-    def groups(self) -> list[GroupState]:
+    def groups(self) -> list[ReaderGroup]:
         """Every reader group, by name."""
-        return [GroupState.parse(doc) for doc in self.positions.find({}, sort=[("_id", 1)])]
+        return [ReaderGroup.parse(doc) for doc in self.positions.find({}, sort=[("_id", 1)])]
 
     def upsert_group(self, query: dict, update: dict) -> None:
-        """Create a group or move it (``core.join_group``: only when missing; ``core.reset_update``: always)."""
+        """Create a group or move it (``reader_groups.join``: only when missing; ``reader_groups.reset_update``:
+        always)."""
         self.positions.update_one(query, update, upsert=True)
 
     def move_group(self, query: dict, update: dict) -> bool:
-        """A conditional move of a group (``core.commit``, ``core.expire_update``); True when it applied."""
+        """A conditional move of a group (``reader_groups.commit``, ``stream_retention.expire_update``); True when it
+        applied."""
         return (self.positions.update_one(query, update)).matched_count == 1
 
     def delete_group(self, name: str) -> bool:
@@ -233,7 +238,7 @@ class StreamStore:
         self.claims.delete_many({"g": name})
         return (self.positions.delete_one({"_id": name})).deleted_count == 1
 
-    def group_claims(self, group: GroupState, part: Partition, start: int, size: int | None,
+    def group_claims(self, group: ReaderGroup, part: Partition, start: int, size: int | None,
                            projection: dict) -> list[dict]:
         """The claims of ``group``'s epoch in ``part`` from sequence ``start`` on (``size`` of them at most, when
         given)."""
@@ -243,7 +248,7 @@ class StreamStore:
                                                   projection)]
 
     def claim(self, query: dict, update: dict) -> dict | None:
-        """Claim a bucket for a reader (``core.claim``); None when another reader holds or finished it. Not
+        """Claim a bucket for a reader (``stream_claims.claim``); None when another reader holds or finished it. Not
         retried: a claim whose reply was lost expires with its lease."""
         try:
             return self.claims.find_one_and_update(query, update, upsert=True,
@@ -255,9 +260,9 @@ class StreamStore:
         self.claims.delete_many(query)
 
     def update_claim(self, query: dict, update: dict, *, mine: dict | None = None) -> bool:
-        """A write to a claim fenced by the reader's token (``core.claimed_by``); True when applied, False when
+        """A write to a claim fenced by the reader's token (``stream_claims.claimed_by``); True when applied, False when
         refused (the lease was lost). A retry after an ambiguous error that matches nothing counts as applied
-        only if ``mine`` (``core.finished_by``: this token's own finish) matches."""
+        only if ``mine`` (``stream_claims.finished_by``: this token's own finish) matches."""
 
         def op(retry: bool) -> bool:
             result = self.claims.update_one(query, update)

@@ -25,7 +25,7 @@ from typing import Any
 from bson import Timestamp
 from pymongo.errors import PyMongoError
 
-from bucketq.clock import ServerClock
+from bucketq.shell.clock import ServerClock
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.changes import STREAM_AWAIT_MS
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from bucketq.clock import ServerClock
 from bucketq.core import claims, housekeeping
+from bucketq.shell.clock import ServerClock
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
 log = logging.getLogger("bucketq")

@@ -7,7 +7,6 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from bucketq.clock import ServerClock
 from bucketq.core.cancellation import (
     CANCELLED,
     NOT_FOUND,
@@ -23,8 +22,9 @@ from bucketq.core.held import SlotState
 from bucketq.core.operator_writes import holders, live_lease, pending_slots, removal
 from bucketq.core.retry import is_transient
 from bucketq.errors import MessageHeld
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.unique_keys import release_keys
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from bucketq.unique import release_keys
 
 ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming or finishing them meanwhile
 

@@ -17,7 +17,6 @@ from itertools import repeat
 from typing import Any, cast
 
 from bucketq import metrics
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec
 from bucketq.core.accumulator import Accumulator, SealedBucket, Waiter
 from bucketq.core.format import (
@@ -31,10 +30,11 @@ from bucketq.core.format import (
 from bucketq.core.priorities import MAX_PRIORITY, check_priority
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.unique_keys import hold_keys, unique_until
 from bucketq.store.aio.base import retrying
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.store.aio.stream_store import AsyncStreamStore
-from bucketq.unique import hold_keys, unique_until
 
 BUCKETS_PER_WRITE = 8
 _DUE_NOW = (None, 0)  # push_many's route of a message due now: no group, level 0

@@ -7,9 +7,9 @@ from typing import Any
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from bucketq.connection import client_of
 from bucketq.errors import InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
+from bucketq.shell.connection import client_of
 
 SyncTarget = str | MongoClient | Database | SyncDatabase | MemoryDatabase | MemoryClient
 

@@ -22,11 +22,11 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ConfigurationError, ServerSelectionTimeoutError
 from pymongo.uri_parser import parse_uri
 
-from bucketq.compatibility import as_refused
 from bucketq.errors import BucketqError, InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase
 from bucketq.motor_adapter import MotorDatabase, is_motor
-from bucketq.redaction import redact
+from bucketq.shell.compatibility import as_refused
+from bucketq.shell.redaction import redact
 
 DEFAULT_DB = "bucketq"
 C = TypeVar("C")

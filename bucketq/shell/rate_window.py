@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from pymongo.errors import PyMongoError
 
-from bucketq.clock import ServerClock
 from bucketq.core import rate_window
 from bucketq.core.rate_window import RateLimit
+from bucketq.shell.clock import ServerClock
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
 log = logging.getLogger("bucketq")

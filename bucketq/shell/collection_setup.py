@@ -12,9 +12,9 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from bucketq.clock import ServerClock
-from bucketq.connection import Connection, reaching
-from bucketq.redaction import redact
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.connection import Connection, reaching
+from bucketq.shell.redaction import redact
 from bucketq.store.aio.base import raise_if_cancelled, retrying
 
 log = logging.getLogger("bucketq")

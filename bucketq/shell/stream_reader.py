@@ -10,7 +10,7 @@ In a partitioned stream a reader looks at the partitions in turn, from the one a
 that the readers of a group spread over them; each partition is read as a stream of its own. What to write
 after a look at a partition is ``bucketq.core.stream_step``'s; this module runs it.
 
-An idle reader looks again only when a wake-up calls for it (``bucketq.wakeup``): a bucket lands (a change
+An idle reader looks again only when a wake-up calls for it (``bucketq.shell.wakeup``): a bucket lands (a change
 stream on the stream's buckets), a hole it waits on is due to be marked as a gap, another reader's lease it saw
 ends, a reader of the same ``Stream`` object hands buckets back; else the slow jittered safety poll. Without
 change streams it polls every ``poll_interval`` or sooner, as before.
@@ -26,17 +26,19 @@ from typing import Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from bucketq.clock import ServerClock
 from bucketq.codecs import Codec, codec_for
-from bucketq.core import stream_protocol as core
-from bucketq.core import stream_step
+from bucketq.core import reader_groups, stream_claims, stream_step
 from bucketq.core.claims import new_token, owner_name
-from bucketq.core.stream_protocol import GroupState, HeldStreamBucket, HoleWatch, Partition, Position
+from bucketq.core.reader_groups import ReaderGroup
+from bucketq.core.stream_format import Partition, Position
+from bucketq.core.stream_gaps import HoleWatch
+from bucketq.core.stream_held import HeldStreamBucket
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.options import StreamOptions, check_timeout
+from bucketq.shell.clock import ServerClock
+from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.stream_store import RECHECK_S, AsyncStreamStore
-from bucketq.wakeup import Wakeup
 
 
 class Stream(Protocol):
@@ -51,9 +53,9 @@ class Stream(Protocol):
     async def ready(self, *, write: bool = True) -> None: ...
 
     async def start_positions(self, start: str | Position | Iterable[Position] | dt.datetime,
-                              current: GroupState | None = None) -> list[Position]: ...
+                              current: ReaderGroup | None = None) -> list[Position]: ...
 
-    async def expire_group(self, group: GroupState, part: Partition, floor: int) -> None: ...
+    async def expire_group(self, group: ReaderGroup, part: Partition, floor: int) -> None: ...
 
     def forget(self, reader: StreamReader) -> None: ...
 
@@ -152,7 +154,7 @@ class StreamReader:
         if not self._joined:
             start = await self._stream.start_positions(self._start)
             now = self._stream.clock.now()
-            await self._store.upsert_group(*core.join_group(self.group, start, now))
+            await self._store.upsert_group(*reader_groups.join(self.group, start, now))
             self._joined = True
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-stream-acks")
@@ -173,12 +175,12 @@ class StreamReader:
 
     # -- claiming ------------------------------------------------------------------------------------------
 
-    async def _group(self) -> GroupState:
+    async def _group(self) -> ReaderGroup:
         while (group := await self._store.group(self.group)) is None:  # deleted meanwhile: join it again
             self._joined = False
             await self._ready()
         if len(group.positions) == 1 < len(self._store.parts):  # joined before the stream was created partitioned
-            await self._store.move_group(*core.spread_group(group, self._store.parts))
+            await self._store.move_group(*reader_groups.spread(group, self._store.parts))
             return await self._group()
         if group.epoch != self._epoch:  # reset: what this reader holds belongs to the old epoch
             self._held.clear()
@@ -202,7 +204,7 @@ class StreamReader:
             self._wakeup.due_at(time.monotonic() + RECHECK_S)
         return False
 
-    async def _claim_in(self, group: GroupState, part: Partition, last: int, floor: int) -> bool:
+    async def _claim_in(self, group: ReaderGroup, part: Partition, last: int, floor: int) -> bool:
         """``_claim_next`` in one partition: ``stream_step.step`` says what to write."""
         if group.at(part).seq < floor:
             await self._stream.expire_group(group, part, floor)
@@ -229,20 +231,21 @@ class StreamReader:
             self._wakeup.due(step.lease_ends, self._stream.clock)
         return bool(step.gaps)
 
-    async def _commit(self, group: GroupState, part: Partition, seq: int) -> None:
-        """Move the group's committed position in ``part`` forward to ``seq`` (never back: ``core.commit``)."""
-        await self._store.move_group(*core.commit(group, part, seq, self._stream.clock.now()))
+    async def _commit(self, group: ReaderGroup, part: Partition, seq: int) -> None:
+        """Move the group's committed position in ``part`` forward to ``seq`` (never back: ``reader_groups.commit``)."""
+        await self._store.move_group(*reader_groups.commit(group, part, seq, self._stream.clock.now()))
 
-    async def _scan(self, group: GroupState, part: Partition, last: int = 0) -> stream_step.Window:
+    async def _scan(self, group: ReaderGroup, part: Partition, last: int = 0) -> stream_step.Window:
         """The group's window in ``part``: its documents and the group's claims there."""
         start = group.at(part).seq
-        docs = await self._store.window(part, start, core.SCAN_BUCKETS)
-        claims = await self._store.group_claims(group, part, start, core.SCAN_BUCKETS, {"s": 1, "fin": 1, "lease": 1})
+        docs = await self._store.window(part, start, reader_groups.SCAN_BUCKETS)
+        claims = await self._store.group_claims(group, part, start, reader_groups.SCAN_BUCKETS,
+                                                {"s": 1, "fin": 1, "lease": 1})
         return stream_step.Window.read(start, last, [part.seq_of(d) for d in docs],
                                        [part.seq_of(d) for d in docs if d.get("gap")], claims)
 
-    async def _claim(self, group: GroupState, part: Partition, seq: int, now: dt.datetime) -> bool:
-        query, update = core.claim(group, part, seq, now, self._options.queue.lease, self._token, self._owner)
+    async def _claim(self, group: ReaderGroup, part: Partition, seq: int, now: dt.datetime) -> bool:
+        query, update = stream_claims.claim(group, part, seq, now, self._options.queue.lease, self._token, self._owner)
         claim = await self._store.claim(query, update)
         if claim is None:  # another reader holds it, or finished it meanwhile
             return False
@@ -279,9 +282,9 @@ class StreamReader:
     async def _finish(self, held: HeldStreamBucket) -> None:
         """Write the bucket's claim as finished (fenced by this reader's token), then commit what it settles."""
         self._held.pop(held.key, None)
-        applied = await self._store.update_claim(core.claimed_by(held.cid, held.token),
-                                                 core.finish_claim(held.token, sorted(held.done | held.acked)),
-                                                 mine=core.finished_by(held.cid, held.token))
+        applied = await self._store.update_claim(stream_claims.claimed_by(held.cid, held.token),
+                                                 stream_claims.finish_claim(held.token, sorted(held.done | held.acked)),
+                                                 mine=stream_claims.finished_by(held.cid, held.token))
         if not applied:
             raise LeaseLost(f"the lease on bucket {held.position} of group {self.group!r} expired before its last ack "
                             "was written; its unacked messages will be read again")
@@ -297,11 +300,12 @@ class StreamReader:
         reader of the group takes the unacked messages at once). Returns the positions (slot 0) of the buckets
         whose lease was lost since the last call (by this flush or a background one): they were dropped, and their
         messages whose acks were not written yet will be read again."""
-        until = core.NEVER if release else self._stream.clock.now() + dt.timedelta(seconds=self._options.queue.lease)
+        lease = dt.timedelta(seconds=self._options.queue.lease)
+        until = stream_claims.NEVER if release else self._stream.clock.now() + lease
         for held in list(self._held.values()):
             unwritten = held.unwritten()
-            applied = await self._store.update_claim(core.claimed_by(held.cid, held.token),
-                                                     core.extend_claim(until, unwritten))
+            applied = await self._store.update_claim(stream_claims.claimed_by(held.cid, held.token),
+                                                     stream_claims.extend_claim(until, unwritten))
             if applied:
                 held.written(unwritten)
             elif self._held.get(held.key) is held:

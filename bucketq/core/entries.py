@@ -8,10 +8,10 @@ from typing import Any
 
 from bson import ObjectId
 
+from bucketq.core.backoff import check_delay
 from bucketq.core.format import Slot, as_utc, bucket_documents, parse_bucket
 from bucketq.core.priorities import stored_priority
 from bucketq.errors import InvalidOption, MalformedBucket
-from bucketq.options import check_delay
 
 REQUEUE_CHUNK = 1000
 

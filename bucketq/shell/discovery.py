@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bucketq.connection import connect, reaching
 from bucketq.core.format import QUEUE_SUFFIXES, SIDE_COLLECTION_SUFFIXES, STREAM_SUFFIXES
+from bucketq.shell.connection import connect, reaching
 from bucketq.store.aio.catalog import collection_names, first_document
 
 BUCKET_FIELDS = ("v", "due", "lease")  # in every bucket and every tombstone (docs/FORMAT.md)
