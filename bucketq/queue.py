@@ -198,12 +198,13 @@ class Queue:
 
     async def stats(self) -> dict[str, Any]:
         """``ready``, ``scheduled``, ``in_flight``, ``dead``, ``quarantined``, ``buckets``,
-        ``oldest_ready_age_s``: messages by state, counted on the server; ``pending``: the autoscaling signal,
-        messages that need a worker now (``ready + in_flight``; see ``bucketq.metrics.pending_messages``), also
-        recorded for the ``bucketq.pending`` gauge; and ``groups``: ordered groups with messages left by what
-        they wait for (``served``, ``ready``, ``retry``, ``waiting``: see ``bucketq.core.stats.GROUP_STATES``),
-        each ``{groups, messages, until}``; ``cancelled``: the records of cancelled messages (``cancel``), among
-        ``dead``. Writes nothing."""
+        ``oldest_ready_age_s``: messages by state, counted on the server; ``ready_by_priority``: the ready
+        messages by priority level, ``{level: count}`` for each level with any, highest first; ``pending``: the
+        autoscaling signal, messages that need a worker now (``ready + in_flight``; see
+        ``bucketq.metrics.pending_messages``), also recorded for the ``bucketq.pending`` gauge; and ``groups``:
+        ordered groups with messages left by what they wait for (``served``, ``ready``, ``retry``, ``waiting``:
+        see ``bucketq.core.stats.GROUP_STATES``), each ``{groups, messages, until}``; ``cancelled``: the records
+        of cancelled messages (``cancel``), among ``dead``. Writes nothing."""
         await self._ready(write=False)
         # By the latest reading of the server's clock: a message another client pushed a moment ago, due by its
         # own reading, counts as ready here even when this host's estimate is a millisecond behind that one's.
@@ -215,8 +216,9 @@ class Queue:
         return {**row, "groups": shape_groups(groups)}
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
-        """The next ``n`` unfinished messages in due order, without claiming them (nor writing anything). This is
-        the order of claims except for priorities: claims take the due messages of higher levels first."""
+        """The next ``n`` unfinished messages in due order, without claiming them (nor writing anything): each
+        with its ``id``, ``due``, ``tries``, ``priority`` (its level, 0 by default) and ``payload``. This is the
+        order of claims except for priorities: claims take the due messages of higher levels first."""
         if n <= 0:
             return []
         await self._ready(write=False)
@@ -233,7 +235,7 @@ class Queue:
                 if slot in bucket.done:
                     continue
                 entry: dict[str, Any] = {"id": bucket.message_id(slot), "due": as_utc(doc["due"]),
-                                         "tries": bucket.base_tries[slot]}
+                                         "tries": bucket.base_tries[slot], "priority": bucket.priority}
                 try:
                     entry["payload"] = codec.load(bucket.payloads[slot])
                 except Exception as exc:

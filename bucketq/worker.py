@@ -25,7 +25,6 @@ running are cancelled and waited for before their messages are retried and the q
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import inspect
 import logging
 import signal
@@ -84,7 +83,8 @@ def _check_reason(reason: object, kind: str) -> str:
 
 @dataclass(frozen=True)
 class BatchTiming:
-    """Passed to ``after_batch``: sizes and times of one handled message or batch."""
+    """Passed to ``after_batch``: sizes and times of one handled message or batch. A message's queue time runs
+    from its enqueue to its handler's start, by the server's clock (as its enqueue time is stamped)."""
 
     size: int
     failed: int
@@ -264,7 +264,7 @@ class Worker:
 
     async def _handle(self, batch: list[Message]) -> None:
         started = time.monotonic()
-        now = dt.datetime.now(dt.timezone.utc)
+        now = self.queue._clock.now()  # enqueue times are the server's: so is the time they are measured to
         queue_times = [max(0.0, (now - m.enqueued_at).total_seconds()) for m in batch]
         failures: dict[str, BaseException] = {}
         try:

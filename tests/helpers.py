@@ -35,6 +35,33 @@ def seconds_ago(seconds: float = 5) -> dt.datetime:
     return utc_now() - dt.timedelta(seconds=seconds)
 
 
+def step_local_clock(monkeypatch: Any, seconds: float) -> None:
+    """Step this host's wall clock by ``seconds``, as an NTP step or a hand would: ``time.time`` and
+    ``datetime.now`` (and ``utcnow``) read it moved for the rest of the test; the monotonic clock, and so
+    bucketq's reading of the server's clock once measured, do not move. ``datetime.datetime`` becomes a subclass
+    whose ``isinstance`` checks still take every real datetime (those the driver decodes)."""
+    real_time, real_datetime, step = time.time, dt.datetime, dt.timedelta(seconds=seconds)
+
+    class _Real(type):
+        def __instancecheck__(cls, value: object) -> bool:
+            return isinstance(value, real_datetime)
+
+        def __subclasscheck__(cls, other: type) -> bool:
+            return issubclass(other, real_datetime)
+
+    class SteppedDatetime(dt.datetime, metaclass=_Real):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> dt.datetime:  # type: ignore[override]
+            return real_datetime.now(tz) + step
+
+        @classmethod
+        def utcnow(cls) -> dt.datetime:  # type: ignore[override]
+            return real_datetime.now(dt.timezone.utc).replace(tzinfo=None) + step
+
+    monkeypatch.setattr(time, "time", lambda: real_time() + seconds)
+    monkeypatch.setattr(dt, "datetime", SteppedDatetime)
+
+
 def examples(n: int) -> int:
     """A property test's ``max_examples``: ``n`` under Hypothesis's default profile (100 examples), scaled like the
     loaded profile's (tests/conftest.py: a tenth for make unit)."""

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from bucketq.cli.params import parse_duration
 from bucketq.core import claims
 from bucketq.core.stats import STATS_KEYS
 from tests import cli_handlers
-from tests.helpers import utc_now
+from tests.helpers import step_local_clock, utc_now
 
 REPO = Path(__file__).resolve().parent.parent
 BQ = [sys.executable, "-m", "bucketq.cli"]
@@ -840,3 +841,28 @@ def test_shard_prints_the_sharding_commands_of_a_queue_and_connects_to_nothing()
     stream = CliRunner().invoke(cli, ["shard", "ev", "--stream", "--partitions", "2", "--db", "app"]).output
     assert 'sh.shardCollection("app.ev", {pt: 1, s: 1})' in stream and "inbox" not in stream
     assert 'sh.updateZoneKeyRange("app.ev", {pt: 1, s: MinKey}, {pt: MaxKey, s: MaxKey}, "app.ev-z1")' in stream
+
+
+def test_peek_and_dead_list_count_ages_by_the_server_clock_and_show_levels(monkeypatch: pytest.MonkeyPatch,
+                                                                           mongo_uri: str, db_name: str,
+                                                                           sync_db) -> None:
+    due = utc_now() - dt.timedelta(hours=2, minutes=30)  # by the server's clock: the test server runs on this host
+    sync_db["events"].insert_many([{**_bucket(['{"n": 1}']), "due": due, "pr": 7},
+                                   {**_bucket(['{"n": 2}']), "due": due}])
+    sync_db["events.dead"].insert_one({"_id": f"{ObjectId()}:0", "enc": "json", "p": '"dead"', "h": None,
+                                       "k": None, "tries": 5, "error": "boom", "at": due, "enqueued_at": due,
+                                       "origin": {}, "pr": 4})
+    step_local_clock(monkeypatch, 3600)  # this host's wall clock, then, an hour ahead of the server's
+    runner, target = CliRunner(env={"COLUMNS": "200"}), ["events", "--uri", mongo_uri, "--db", db_name]
+
+    peeked = runner.invoke(cli, ["peek", *target])
+    assert peeked.exit_code == 0, peeked.output
+    assert re.findall(r"\b(\d+)h \d+m ago", peeked.output) == ["2", "2"], "an age took in the local clock's step"
+    rows = re.findall(r" ago +0 +(\d) +\{\"n\":(\d)\}", peeked.output)
+    assert sorted(rows) == [("0", "2"), ("7", "1")], peeked.output
+    as_json = [json.loads(line) for line in runner.invoke(cli, ["peek", "--json", *target]).output.splitlines()]
+    assert sorted(e["priority"] for e in as_json) == [0, 7]
+
+    listed = runner.invoke(cli, ["dead", "list", *target])
+    assert listed.exit_code == 0 and re.search(r"\b2h \d+m ago +5 +boom", listed.output), listed.output
+    assert json.loads(runner.invoke(cli, ["dead", "list", "--json", *target]).output)["priority"] == 4

@@ -79,6 +79,23 @@ async def test_retries_dead_letters_and_requeues_keep_the_level(make_queue, sync
     assert sorted(m.payload for m in await consume_all(q, timeout=0.3)) == ["plain", "urgent"]
 
 
+async def test_peek_and_stats_show_the_levels(make_queue, sync_db):
+    q = make_queue(**QUICK)
+    await q.push_many(["low-1", "low-2"])
+    await q.push_many(["top-1", "top-2", "top-3"], priority=9)
+    await q.push("mid-1", priority=5)
+    await q.push("later", priority=5, delay=3600)
+    peeked = {m["payload"]: m["priority"] for m in await q.peek(10)}
+    assert peeked == {"low-1": 0, "low-2": 0, "top-1": 9, "top-2": 9, "top-3": 9, "mid-1": 5, "later": 5}
+    stats = await q.stats()
+    assert stats["ready_by_priority"] == {9: 3, 5: 1, 0: 2} and list(stats["ready_by_priority"]) == [9, 5, 0]
+    assert (stats["ready"], stats["scheduled"]) == (6, 1)
+    sync_db.events.update_one({"pr": 5, "due": {"$lte": utc_now()}}, {"$set": {"pr": "high"}})  # not a level: as 0
+    assert (await q.stats())["ready_by_priority"] == {9: 3, 0: 3}
+    await consume_all(q)
+    assert (await q.stats())["ready_by_priority"] == {}
+
+
 async def test_bad_priorities_are_refused_and_bad_stored_levels_go_to_quarantine(make_queue, sync_db):
     q = make_queue(**QUICK)
     for bad in (10, -1, True, 1.5, 0.0, False, "1", None):  # 0.0, False and None are falsy: no level 0 for them

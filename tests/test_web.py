@@ -35,7 +35,7 @@ from bucketq.web import check_bind, create_app
 from bucketq.web.charts import SERIES_COLORS, line_chart
 from bucketq.web.history import History
 from bucketq.web.security import SESSION_COOKIE
-from tests.helpers import eventually, utc_now
+from tests.helpers import eventually, step_local_clock, utc_now
 
 ROOT = Path(__file__).resolve().parent.parent
 # The TestClient serves the app from a loop in a thread of its own, which the test waits for: real time.
@@ -334,6 +334,28 @@ async def test_stats_json_adds_pending_and_keeps_its_keys(mongo_uri: str, db_nam
     assert {"ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s",
             "groups"} < set(row)
     assert (row["pending"], row["in_flight"], row["scheduled"]) == (12, 12, 4)
+
+
+def test_pages_count_ages_by_the_server_clock_and_show_levels(mongo_uri: str, db_name: str, sync_db,
+                                                              monkeypatch) -> None:
+    due = utc_now() - dt.timedelta(hours=2, minutes=30)  # by the server's clock: the test server runs on this host
+    bucket = {"v": 1, "enc": "json", "created": due, "due": due, "n": 1, "done": [], "c": 0, "lease": None}
+    sync_db["events"].insert_many([{**bucket, "_id": ObjectId(), "p": ['"top"'], "pr": 7},
+                                   {**bucket, "_id": ObjectId(), "p": ['"plain"']}])
+    sync_db["events.dead"].insert_one({"_id": "dead:0", "enc": "json", "p": '"dead"', "h": None, "k": None,
+                                       "tries": 5, "error": "boom", "at": due, "enqueued_at": due, "origin": {},
+                                       "pr": 4})
+    step_local_clock(monkeypatch, 3600)  # this host's wall clock, then, an hour ahead of the server's
+    with TestClient(create_app(mongo_uri, db=db_name, interval_s=3600)) as client:
+        page = client.get("/queues/events").text
+        message = client.get("/queues/events/messages/dead:0").text
+    next_up = re.search(r'<table id="next-up">.*?</table>', page, re.DOTALL).group()  # type: ignore[union-attr]
+    assert sorted(re.findall(r"<td>(\d+)h \d+m ago</td>\s*<td>0</td><td>(\d)</td>\s*<td[^>]*>&#34;(\w+)&#34;",
+                             next_up)) == [("2", "0", "plain"), ("2", "7", "top")], next_up
+    assert "ready by priority: 7: 1, 0: 1" in page
+    dead = re.search(r'<table id="dead">.*?</table>', page, re.DOTALL).group()  # type: ignore[union-attr]
+    assert re.findall(r"<td>(\d+)h \d+m ago</td>", dead) == ["2"], dead
+    assert re.search(r"<dt>died</dt><dd>2h \d+m ago", message) and "<dt>priority</dt><dd>4</dd>" in message
 
 
 def test_the_readme_mount_example_serves_the_dashboard(mongo_uri: str, db_name: str, monkeypatch) -> None:

@@ -17,7 +17,7 @@ from pymongo.errors import WriteError
 import bucketq
 from bucketq.core.logbudget import LogBudget
 from bucketq.worker import FAILURE_LOG_LIMIT
-from tests.helpers import eventually
+from tests.helpers import eventually, step_local_clock
 
 QUICK = {"bucket_max_wait": 0.005, "change_streams": False, "poll_interval": 0.02, "drain_timeout": 0}
 
@@ -51,6 +51,19 @@ async def test_a_handler_raising_retry_picks_the_delay_and_the_reason_is_kept(ma
     assert 0.25 <= seen[1][1] - seen[0][1] < 15, "retried after the backoff, not the delay the handler chose"
     (dead,) = await q.dead_letters()
     assert "upstream busy" in dead["error"] and dead["tries"] == 2
+
+
+async def test_the_queue_time_is_measured_by_the_server_clock_not_the_local_one(make_queue, monkeypatch):
+    q = make_queue(**QUICK)
+    await q.push("stamped by the server's clock")
+    step_local_clock(monkeypatch, 3600)  # then this host's wall clock jumps an hour ahead
+    timings: list[bucketq.worker.BatchTiming] = []
+
+    async def handler(message: bucketq.Message) -> None:
+        pass
+
+    await _run(bucketq.Worker(q, handler, after_batch=timings.append, handle_signals=False), until=lambda: timings)
+    assert 0 <= timings[0].queue_time_max_s < 600, "the queue time took in the local clock's step"
 
 
 async def test_a_handler_raising_reject_dead_letters_at_once(make_queue):

@@ -2,7 +2,8 @@
 
 One module per family of commands: ``queues`` (stats, peek, drain), ``push``, ``entries`` (dead, quarantine),
 ``worker``, ``relay`` (the outbox relay). Shared pieces: ``common`` (options, connection, finding queues, running,
-one-line redacted errors, signals), ``params`` (durations), ``output`` (JSON and human formats).
+one-line redacted errors, signals), ``params`` (durations), ``output`` (rich tables; the JSON and short human
+forms it shares with the dashboard are ``bucketq.shell.text_views``).
 ``operator`` has the operator controls (pause, resume, remove, cancel, purge); ``streams`` a stream's reader groups;
 ``shard`` prints the commands that shard a queue (docs/SCALING.md); ``web`` serves the dashboard (``bucketq.web``).
 """
@@ -14,7 +15,7 @@ from typing import Any
 import click
 
 from bucketq.cli.common import log_to_stderr, redacted, remember_uris
-from bucketq.cli.entries import DEAD, QUARANTINE, group
+from bucketq.cli.entries import group
 from bucketq.cli.operator import cancel, pause, purge, remove, resume
 from bucketq.cli.push import push
 from bucketq.cli.queues import drain, peek, stats
@@ -23,6 +24,7 @@ from bucketq.cli.shard import shard
 from bucketq.cli.streams import stream
 from bucketq.cli.web import web
 from bucketq.cli.worker import worker
+from bucketq.shell.text_views import DEAD, QUARANTINE
 
 __all__ = ["cli", "main"]
 

@@ -38,9 +38,9 @@ from bucketq.shell.compatibility import ServerRefused, as_refused
 from bucketq.shell.connection import DEFAULT_DB, ServerUnreachable, client_of, unreachable
 from bucketq.shell.discovery import collection_names, is_queue
 from bucketq.shell.redaction import redact
+from bucketq.shell.text_views import one_line
 
 T = TypeVar("T")
-MAX_MESSAGE = 300
 URI_ENV = "BUCKETQ_MONGODB_URI"
 
 
@@ -78,11 +78,6 @@ class BadUsage(CliError):
     as for the values click checks, and the same one line as any other error."""
 
     exit_code = 2
-
-
-def one_line(text: str) -> str:
-    first = text.strip().splitlines()[0] if text.strip() else "unknown error"
-    return first if len(first) <= MAX_MESSAGE else first[:MAX_MESSAGE - 1] + "…"
 
 
 def describe(exc: BaseException, uri: str = "") -> str | None:

@@ -1,44 +1,27 @@
 """``bucketq dead`` and ``bucketq quarantine``: list, requeue and purge, filtered by age, error text or id; and
-the entries as plain dicts (for JSON) and as a table."""
+the entries as a table (the entries themselves, as plain dicts, are ``bucketq.shell.text_views``')."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
-from bson import ObjectId
 
 from bucketq.cli.common import Target, confirm, connection_options, open_queue, run
-from bucketq.cli.output import preview, print_table, relative, table, to_json
+from bucketq.cli.output import print_table, table
 from bucketq.cli.params import DURATION
-from bucketq.codecs import codec_named
-from bucketq.core.entries import entry_filter
-
-if TYPE_CHECKING:
-    from bucketq.queue import Queue
-
-
-@dataclass(frozen=True)
-class Kind:
-    command: str  # also the queue store's collection of these entries (``store.dead``, ``store.quarantine``)
-    one: str
-    many: str
-    reason: str  # the field the --error filter searches
-    methods: tuple[str, str, str]  # Queue methods: list, requeue, purge
-    about: str
-
-    def count(self, n: int) -> str:
-        return f"{n:,} {self.one if n == 1 else self.many}"
-
-
-DEAD = Kind("dead", "dead letter", "dead letters", "error", ("dead_letters", "requeue_dead", "purge_dead"),
-            "Dead letters: messages that failed max_attempts deliveries, kept with their last error.")
-QUARANTINE = Kind("quarantine", "quarantined entry", "quarantined entries", "reason",
-                  ("quarantined", "requeue_quarantined", "purge_quarantined"),
-                  "Quarantine: buckets or messages that could not be decoded, kept with the reason.")
+from bucketq.shell.text_views import (
+    Kind,
+    count_matching,
+    entry_ids,
+    entry_view,
+    preview,
+    relative,
+    server_now,
+    to_json,
+)
 
 
 def _filters(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,6 +60,7 @@ def _list_command(kind: Kind) -> click.Command:
 async def _list(kind: Kind, target: Target, name: str, *, as_json: bool, **filters: Any) -> None:
     async with open_queue(target, name) as queue:
         entries = await getattr(queue, kind.methods[0])(**filters)
+        now = server_now(queue)
     views = [entry_view(e) for e in entries]
     if as_json:
         for view in views:
@@ -84,7 +68,7 @@ async def _list(kind: Kind, target: Target, name: str, *, as_json: bool, **filte
     elif not views:
         click.echo(f"no {kind.many} match")
     else:
-        print_table(entry_table(views, kind.reason))
+        print_table(entry_table(views, kind.reason, now))
 
 
 def _action_command(kind: Kind, verb: str, done: str, summary: str) -> click.Command:
@@ -114,60 +98,9 @@ async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, y
     click.echo(f"{done} {kind.count(n)} of queue {name!r}")
 
 
-def _query(queue: Queue, kind: Kind, older_than: float | None, error_contains: str | None,
-           ids: list[Any] | None) -> dict[str, Any]:
-    return entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids, now=queue._clock.latest(),
-                        error_field=kind.reason)
-
-
-async def count_matching(queue: Queue, kind: Kind, *, older_than: float | None = None,
-                         error_contains: str | None = None, ids: list[Any] | None = None) -> int:
-    """How many of ``queue``'s entries of ``kind`` match the filters a requeue or purge is given."""
-    store = queue._store
-    return await store.count_entries(getattr(store, kind.command),
-                                     _query(queue, kind, older_than, error_contains, ids))
-
-
-async def entries_page(queue: Queue, kind: Kind, *, skip: int, limit: int, error_contains: str | None = None,
-                       ids: list[Any] | None = None) -> list[dict[str, Any]]:
-    """The entries of ``kind`` matching the filters, oldest first, from the ``skip``-th on: a page of a listing."""
-    store = queue._store
-    return await store.entries(getattr(store, kind.command), _query(queue, kind, None, error_contains, ids),
-                               limit=limit, skip=skip)
-
-
-def entry_ids(ids: tuple[str, ...]) -> list[Any] | None:
-    """Dead-letter ids are strings; a quarantined bucket's id is an ObjectId: match a hex id either way."""
-    if not ids:
-        return None
-    return [v for i in ids for v in ([ObjectId(i), i] if ObjectId.is_valid(i) else [i])]
-
-
-# -- views ---------------------------------------------------------------------------------------------------
-
-def entry_view(entry: dict[str, Any]) -> dict[str, Any]:
-    """A dead letter (``error``) or quarantine entry (``reason``, ``kind``) with its payload decoded."""
-    view: dict[str, Any] = {"id": entry["_id"]}
-    for field in ("kind", "at", "tries", "error", "reason", "enqueued_at"):
-        if field in entry:
-            view[field] = entry[field]
-    for field, name in (("h", "headers"), ("k", "key")):
-        if entry.get(field) is not None:
-            view[name] = entry[field]
-    if entry.get("kind") == "bucket":
-        doc = entry.get("doc") or {}
-        view["messages"] = len(doc.get("p") or [])
-    elif "p" in entry:
-        try:
-            view["payload"] = codec_named(entry.get("enc", "json")).load(entry["p"])
-        except Exception as exc:
-            view["undecodable"] = f"{type(exc).__name__}: {exc}"
-    return view
-
-
-def entry_table(views: list[dict[str, Any]], reason: str) -> Any:
+def entry_table(views: list[dict[str, Any]], reason: str, now: dt.datetime) -> Any:
+    """The entries as a table, their ages counted from ``now``: the server's time."""
     from rich.markup import escape
-    now = dt.datetime.now(dt.timezone.utc)
     quarantine = reason == "reason"
     grid = table()
     for column in ("id", "at", "kind" if quarantine else "tries", reason, "payload"):

@@ -1,54 +1,9 @@
-"""Rendering: JSON lines for machines, short human forms (ages, payload previews) and rich consoles."""
+"""Rendering on a terminal: rich tables, fitted to the console's width, and consoles. The short forms the
+dashboard shows as well (JSON, ages, payload previews) are in ``bucketq.shell.text_views``."""
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
 from typing import Any
-
-import orjson
-from bson import ObjectId
-
-
-def to_json(value: Any) -> str:
-    """Compact JSON; dates as ISO 8601, ObjectIds as hex, binary as base64."""
-    return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS).decode()
-
-
-def pretty_json(value: Any) -> str:
-    """``to_json`` indented by two spaces, for a page showing one value whole."""
-    return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_INDENT_2).decode()
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, ObjectId):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    return str(value)
-
-
-def preview(value: Any, width: int = 80) -> str:
-    text = to_json(value)
-    return text if len(text) <= width else text[:width - 1] + "…"
-
-
-def age(seconds: float) -> str:
-    """``42s``, ``3m 5s``, ``2h 10m``, ``4d 3h``."""
-    s = int(max(0.0, seconds))
-    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
-        if s >= size:
-            return f"{s // size}{unit} {s % size // sub_size}{sub}"
-    return f"{s}s"
-
-
-def relative(when: dt.datetime | None, now: dt.datetime) -> str:
-    if when is None:
-        return "-"
-    delta = (when - now).total_seconds()
-    return "now" if abs(delta) < 1 else f"in {age(delta)}" if delta > 0 else f"{age(-delta)} ago"
 
 
 def table(**kwargs: Any) -> Any:

@@ -17,23 +17,23 @@ from bucketq.cli.common import (
     Target,
     connection_options,
     database,
-    one_line,
     open_queue,
     require_queue,
     run,
     stop_on_signals,
 )
-from bucketq.cli.output import age, console, fitted, preview, print_table, relative, table, to_json
-from bucketq.core.stats import STATS_KEYS
+from bucketq.cli.output import console, fitted, print_table, table
 from bucketq.message import Message
 from bucketq.queue import Queue
 from bucketq.shell.discovery import queue_names
 from bucketq.shell.flow import Flow
+from bucketq.shell.text_views import age, one_line, preview, relative, server_now, to_json
 
 # -- stats ---------------------------------------------------------------------------------------------------
 
 COLUMNS = {"ready": "ready", "scheduled": "scheduled", "in_flight": "in flight", "dead": "dead",
            "quarantined": "quarantined", "buckets": "buckets", "oldest_ready_age_s": "oldest"}
+COUNTS = tuple(COLUMNS)[:-1]  # the columns of counts; the last is an age
 
 
 @click.command()
@@ -131,14 +131,14 @@ def _show(out: Any, live: Any, rows: dict[str, dict[str, Any]], paused: set[str]
 def _stats_table(rows: dict[str, dict[str, Any]], paused: set[str], db: str) -> Any:
     grid = table(title=f"{db} · {dt.datetime.now().strftime('%H:%M:%S')}", title_justify="left")
     grid.add_column("queue", no_wrap=True)
-    for key in STATS_KEYS:
-        grid.add_column(COLUMNS[key], justify="right")
+    for heading in COLUMNS.values():
+        grid.add_column(heading, justify="right")
     watching = any("rates" in row for row in rows.values())
     if watching:
         grid.add_column("in/s", justify="right")
         grid.add_column("out/s", justify="right")
     for name, row in rows.items():
-        cells = [f"{row[k]:,}" for k in STATS_KEYS[:-1]]
+        cells = [f"{row[k]:,}" for k in COUNTS]
         cells.append(age(row["oldest_ready_age_s"]) if row["ready"] else "-")
         if watching:
             rates = row.get("rates")
@@ -165,12 +165,14 @@ def _group_waits(groups: dict[str, dict[str, Any]]) -> str:
 @click.option("-n", "count", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
               help="How many messages to show.")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per line: id, due, tries and payload (or undecodable / malformed).")
+              help="One JSON object per line: id, due, tries, priority and payload (or undecodable / malformed).")
 @connection_options
 def peek(target: Target, queue: str, count: int, as_json: bool) -> None:
     """Show the next N messages of QUEUE in claim order, without claiming them.
 
     Messages in flight are included (they come back if their consumer fails); nothing changes on the server.
+    A "priority" column shows each message's level when one of them has a level above 0. The ages are
+    counted from the server's clock.
 
     \b
     Examples:
@@ -183,6 +185,7 @@ def peek(target: Target, queue: str, count: int, as_json: bool) -> None:
 async def _peek(target: Target, name: str, count: int, as_json: bool) -> None:
     async with open_queue(target, name) as queue:
         entries = await queue.peek(count)
+        now = server_now(queue)
     if as_json:
         for entry in entries:
             click.echo(to_json(entry))
@@ -190,21 +193,27 @@ async def _peek(target: Target, name: str, count: int, as_json: bool) -> None:
     if not entries:
         click.echo(f"queue {name!r} has no messages")
         return
-    print_table(_peek_table(entries))
+    print_table(_peek_table(entries, now))
 
 
-def _peek_table(entries: list[dict[str, Any]]) -> Any:
+def _peek_table(entries: list[dict[str, Any]], now: dt.datetime) -> Any:
+    """The peeked messages, due times counted from ``now`` (the server's time); a priority column only when a
+    message has a level above 0, so that a queue without priorities shows what it always did."""
     from rich.markup import escape
-    now = dt.datetime.now(dt.timezone.utc)
+    levels = any(e.get("priority") for e in entries)
+    columns = [("id", "left"), ("due", "left"), ("tries", "right"), *([("priority", "right")] if levels else []),
+               ("payload", "left")]
     grid = table()
-    for column, justify in (("id", "left"), ("due", "left"), ("tries", "right"), ("payload", "left")):
+    for column, justify in columns:
         grid.add_column(column, justify=justify, no_wrap=column != "payload")
     for e in entries:
         if "malformed" in e:
-            grid.add_row(str(e.get("bucket")), "-", "-", f"[red]malformed bucket: {escape(e['malformed'])}[/]")
+            grid.add_row(str(e.get("bucket")), "-", "-", *(["-"] if levels else []),
+                         f"[red]malformed bucket: {escape(e['malformed'])}[/]")
             continue
         payload = escape(preview(e["payload"], 200)) if "payload" in e else f"[red]{escape(e['undecodable'])}[/]"
-        grid.add_row(e["id"], relative(e.get("due"), now), str(e["tries"]), payload)
+        grid.add_row(e["id"], relative(e.get("due"), now), str(e["tries"]),
+                     *([str(e["priority"])] if levels else []), payload)
     return grid
 
 

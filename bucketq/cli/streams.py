@@ -10,12 +10,13 @@ from typing import Any
 import click
 
 from bucketq.cli.common import CliError, Target, connection_options, database, run
-from bucketq.cli.output import age, print_table, table, to_json
+from bucketq.cli.output import print_table, table
 from bucketq.cli.params import parse_duration
 from bucketq.core.format import SEQ_SUFFIX
 from bucketq.core.stream_format import Position
 from bucketq.errors import InvalidOption
 from bucketq.shell.discovery import collection_names
+from bucketq.shell.text_views import age, to_json
 from bucketq.stream import Stream
 
 

@@ -8,16 +8,19 @@ from typing import Any
 
 from bucketq.core.claims import LIVE
 from bucketq.core.format import MAX_BUCKET_SIZE, as_utc
+from bucketq.core.priorities import PRIORITY, is_priority
 
 # Dates a real ``created`` lies between; in BSON's order across types, other types fall outside.
 _EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _LATEST = dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)
 
-STATS_KEYS = ("ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s")
+STATS_KEYS = ("ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s",
+              "ready_by_priority")
 
 
 def stats_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
-    """Messages left per bucket (``n - |done|``), summed by state. A claimed bucket's ``due`` is its lease
+    """Messages left per bucket (``n - |done|``), summed by state and priority level (a row per level stored, in
+    the same pass: ``shape_stats`` adds them up). A claimed bucket's ``due`` is its lease
     expiry, so "claimed and due later" is in flight, and an expired lease counts as ready again.
     Tombstones are left out. A malformed document counts as a bucket with no messages: one bad document
     must not make the whole aggregation fail (a string ``n`` would make ``$subtract`` raise)."""
@@ -28,16 +31,17 @@ def stats_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
     dated = {"$and": [{"$gte": ["$created", _EARLIEST]}, {"$lte": ["$created", _LATEST]}]}
     return [
         {"$match": LIVE},
-        {"$project": {"left": left, "is_due": is_due, "leased": leased,
+        {"$project": {"left": left, "is_due": is_due, "leased": leased, PRIORITY: 1,
                       "created": {"$cond": [dated, "$created", None]}}},
         {"$group": {
-            "_id": None,
+            "_id": f"${PRIORITY}",
             "buckets": {"$sum": 1},
             "ready": {"$sum": {"$cond": ["$is_due", "$left", 0]}},
             "scheduled": {"$sum": {"$cond": [{"$or": ["$is_due", "$leased"]}, 0, "$left"]}},
             "in_flight": {"$sum": {"$cond": [{"$and": [{"$not": ["$is_due"]}, "$leased"]}, "$left", 0]}},
             "oldest_ready": {"$min": {"$cond": ["$is_due", "$created", None]}},
         }},
+        {"$sort": {"_id": -1}},  # highest level first: the same rows in the same order on every server
     ]
 
 
@@ -85,15 +89,22 @@ def shape_groups(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 def shape_stats(rows: Sequence[Mapping[str, Any]], *, dead: int, quarantined: int, now: dt.datetime) -> dict[str, Any]:
-    row = rows[0] if rows else {}
-    oldest = row.get("oldest_ready")
+    """The keys of ``STATS_KEYS`` from the rows of ``stats_pipeline``, one per priority level stored: their sums,
+    and ``ready_by_priority``, ``{level: ready messages}`` for each level with any, highest first. A level that
+    is not one (a malformed ``pr``) counts as 0, as claims take it."""
+    by_level: dict[int, int] = {}
+    for row in rows:
+        level = row["_id"] if is_priority(row.get("_id")) else 0
+        by_level[level] = by_level.get(level, 0) + int(row.get("ready", 0))
+    oldest = min((row["oldest_ready"] for row in rows if isinstance(row.get("oldest_ready"), dt.datetime)),
+                 default=None)
     return {
-        "ready": int(row.get("ready", 0)),
-        "scheduled": int(row.get("scheduled", 0)),
-        "in_flight": int(row.get("in_flight", 0)),
+        "ready": sum(int(row.get("ready", 0)) for row in rows),
+        "scheduled": sum(int(row.get("scheduled", 0)) for row in rows),
+        "in_flight": sum(int(row.get("in_flight", 0)) for row in rows),
         "dead": dead,
         "quarantined": quarantined,
-        "buckets": int(row.get("buckets", 0)),
-        "oldest_ready_age_s": max(0.0, (now - as_utc(oldest)).total_seconds())
-        if isinstance(oldest, dt.datetime) else 0.0,
+        "buckets": sum(int(row.get("buckets", 0)) for row in rows),
+        "oldest_ready_age_s": max(0.0, (now - as_utc(oldest)).total_seconds()) if oldest is not None else 0.0,
+        "ready_by_priority": {level: n for level, n in sorted(by_level.items(), reverse=True) if n},
     }

@@ -18,12 +18,22 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from bucketq.cli.common import one_line
-from bucketq.cli.entries import DEAD, QUARANTINE, Kind, count_matching, entries_page, entry_view
-from bucketq.cli.output import age, pretty_json, preview, relative
 from bucketq.errors import MessageHeld
 from bucketq.shell.connection import unreachable
 from bucketq.shell.redaction import redact
+from bucketq.shell.text_views import (
+    DEAD,
+    QUARANTINE,
+    Kind,
+    age,
+    count_matching,
+    entries_page,
+    entry_view,
+    one_line,
+    pretty_json,
+    preview,
+    relative,
+)
 from bucketq.web.charts import SERIES_COLORS, group_colors, line_chart
 from bucketq.web.dashboard import ACTIONS, ENTRY_ROWS, NEXT_ROWS, QUEUE_ACTIONS, RESETS, Dashboard, which
 from bucketq.web.messages import PLACES, VERBS, find_message
@@ -89,7 +99,7 @@ class Pages:
         where = redact(self.dashboard.uri) if self.dashboard.uri else ""
         return templates.TemplateResponse(request, template, status_code=status, context={
             "database": self.dashboard.database.name, "server": where, "guard": self.guard,
-            "csrf": self.guard.csrf(request), "now": dt.datetime.now(dt.timezone.utc), "relative": relative,
+            "csrf": self.guard.csrf(request), "now": self.dashboard.clock.now(), "relative": relative,
             "refresh_s": None, **context})
 
     def render_live(self, request: Request, template: str, **context: Any) -> Response:
@@ -149,6 +159,7 @@ class Pages:
 
     async def overview(self, request: Request) -> Response:
         self.require_reader(request)
+        await self.dashboard.sync_clock()
         queues = await self.dashboard.queue_rows()
         streams = await self.dashboard.stream_rows()
         backlog = {name: self.charts("queue", name, {"pending": "pending", "dead": "dead"}, SERIES_COLORS)
@@ -158,6 +169,7 @@ class Pages:
     async def found(self, request: Request, kind: str) -> tuple[str, Any]:
         """The queue or stream (``kind``) the path names, for a reader allowed in; else an HTTP error."""
         self.require_reader(request)
+        await self.dashboard.sync_clock()
         name = request.path_params["name"]
         handle = await (self.dashboard.queue(name) if kind == "queue" else self.dashboard.stream(name))
         if handle is None:

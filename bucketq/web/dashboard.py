@@ -11,15 +11,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bucketq.cli.common import one_line
-from bucketq.cli.entries import DEAD, QUARANTINE, Kind
 from bucketq.core.format import SEQ_SUFFIX
 from bucketq.core.holdings import by_holder
 from bucketq.queue import Queue
+from bucketq.shell.clock import ServerClock
 from bucketq.shell.connection import connect, reaching
 from bucketq.shell.discovery import queue_names
 from bucketq.shell.flow import Flow
 from bucketq.shell.redaction import redact
+from bucketq.shell.text_views import DEAD, QUARANTINE, Kind, one_line
 from bucketq.store.aio.catalog import collection_names
 from bucketq.stream import Stream
 from bucketq.web.history import History
@@ -84,6 +84,7 @@ class Dashboard:
         self.uri = self._connection.uri
         self.database = self._connection.database
         self.history = History(interval_s)
+        self.clock = ServerClock()  # what the pages count ages from: the server's time, not this host's
         self._queues: dict[str, Queue] = {}
         self._streams: dict[str, Stream] = {}
         self._flows: dict[str, Flow] = {}
@@ -91,6 +92,11 @@ class Dashboard:
         self.measures_rates = True  # False once a queue's change stream could not be opened
 
     # -- reading -------------------------------------------------------------------------------------------
+
+    async def sync_clock(self) -> None:
+        """Measure the server's clock when the last reading is due for renewal (``ServerClock.stale``)."""
+        if self.clock.stale:
+            await self.clock.sync(self.database)
 
     async def queue_names(self) -> list[str]:
         return await queue_names(self.database)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bucketq.cli.entries import DEAD, QUARANTINE, entries_page, entry_ids, entry_view
 from bucketq.codecs import codec_named
 from bucketq.core.format import parse_bucket
 from bucketq.core.operator_writes import holders, live_lease, pending_slots
 from bucketq.queue import Queue
+from bucketq.shell.text_views import DEAD, QUARANTINE, entries_page, entry_ids, entry_view
 
 # what each place offers: verb -> (label, the call on the queue). A pending message has no retry: it is on its way.
 VERBS: dict[str, dict[str, tuple[str, Callable[[Queue, str], Awaitable[Any]]]]] = {
@@ -34,7 +34,7 @@ async def find_message(queue: Queue, message_id: str) -> dict[str, Any] | None:
         if found:
             entry = found[0]
             view = entry_view(entry)
-            for field, name in (("origin", "origin"), ("g", "group"), ("pr", "priority"), ("host", "host"),
+            for field, name in (("origin", "origin"), ("g", "group"), ("host", "host"),
                                 ("cancelled", "cancelled"), ("omitted", "omitted")):
                 if entry.get(field) is not None:
                     view[name] = entry[field]

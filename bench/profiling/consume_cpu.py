@@ -1,5 +1,5 @@
 """CPU seconds a consumed message costs the client, split into user, system and garbage-collection time:
-what the instruction counts of ``devtools.consume_instructions`` leave out (the kernel's share, and how fast the
+what the instruction counts of ``bench.profiling.consume_instructions`` leave out (the kernel's share, and how fast the
 instructions run: the collector's walks of the heap miss the caches).
 
 For each of two queue sizes: fill a queue with 1 KiB messages (buckets of 1,024; untimed), then consume all of it in
@@ -9,7 +9,7 @@ subtracted from the larger, so that start-up, imports and set-up cancel out. ``-
 turn that many times (the machine's load moved the floor's figure by a third between runs); the medians are printed,
 with each figure over the floor's.
 
-    python -m devtools.consume_cpu [--rounds 3] [--messages 16384,81920]
+    python -m bench.profiling.consume_cpu [--rounds 3] [--messages 16384,81920]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from devtools.consume_instructions import DB, consume, consume_floor, fill
+from bench.profiling.consume_instructions import DB, consume, consume_floor, fill
 
 MODES = {"floor": (0, False), "reserve + ack": (1, False), "reserve_many(100) + ack_many": (100, True)}
 FIGURES = ("user", "system", "gc")

@@ -4,7 +4,7 @@ database (``bucketq.testing``), after its claim. What it leaves out, against the
 flushes (the driver), the collector's walks of new buckets. It counts each payload's decoding, which a consumer does
 as it serves a message of a bucket its queue's producer marked checked (docs/FORMAT.md).
 
-    python -m devtools.consume_path [--messages 20000] [--runs 7]
+    python -m bench.profiling.consume_path [--messages 20000] [--runs 7]
 
 Prints the median and every run, in ns a message (``time.process_time``).
 """

@@ -1,16 +1,16 @@
 """Where a consumed message's CPU goes, library by library and function by function, beside the floor's:
-what ``devtools.consume_cpu`` splits into user, system and collector time, split by ``perf``'s samples instead.
+what ``bench.profiling.consume_cpu`` splits into user, system and collector time, split by ``perf``'s samples instead.
 
 For each consumer (the floor, ``reserve`` + ``ack``, ``reserve_many(100)`` + ``ack_many``) and each of two queue
-sizes: fill a queue with 1 KiB messages (untimed), then run ``devtools.consume_cpu``'s child, which consumes all of
-it and reports its user and system CPU seconds, under ``perf record -F 10000``. The smaller run is subtracted from
-the larger, library (DSO) by library and symbol by symbol, so that start-up and imports cancel out; each one's share
-of the samples is then applied to the child's own CPU seconds (its ``getrusage``, which perf's sampling rate does not
-skew) and turned into µs a message. Prints each library's share, then the symbols whose share a bucketq consumer
-exceeds the floor's by most. Needs ``perf`` (``linux-perf``) and leave to use it (root, or
+sizes: fill a queue with 1 KiB messages (untimed), then run ``bench.profiling.consume_cpu``'s child, which consumes
+all of it and reports its user and system CPU seconds, under ``perf record -F 10000``. The smaller run is subtracted
+from the larger, library (DSO) by library and symbol by symbol, so that start-up and imports cancel out; each one's
+share of the samples is then applied to the child's own CPU seconds (its ``getrusage``, which perf's sampling rate
+does not skew) and turned into µs a message. Prints each library's share, then the symbols whose share a bucketq
+consumer exceeds the floor's by most. Needs ``perf`` (``linux-perf``) and leave to use it (root, or
 ``kernel.perf_event_paranoid`` at most 1).
 
-    python -m devtools.consume_perf [--messages 16384,81920] [--top 25]
+    python -m bench.profiling.consume_perf [--messages 16384,81920] [--top 25]
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from devtools.consume_cpu import MODES
-from devtools.consume_instructions import fill
+from bench.profiling.consume_cpu import MODES
+from bench.profiling.consume_instructions import fill
 
 # "  12.34%   567  libpython3.11.so.1.0  [.] _PyEval_EvalFrameDefault" (perf report -n --sort dso,sym)
 _ROW = re.compile(r"^\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[[.k]\]\s+(.+?)\s*$")
@@ -45,7 +45,8 @@ def sampled(uri: str, queue: str, batch: int, ack_many: bool) -> Run:
     with tempfile.TemporaryDirectory() as tmp:
         data = str(Path(tmp) / "perf.data")
         child = subprocess.run(["perf", "record", "-q", "-F", "10000", "-o", data, "--", sys.executable, "-m",
-                                "devtools.consume_cpu", "--child", uri, queue, str(batch), "1" if ack_many else "0"],
+                                "bench.profiling.consume_cpu", "--child", uri, queue, str(batch),
+                                "1" if ack_many else "0"],
                                capture_output=True, text=True, check=True)
         report = subprocess.run(["perf", "report", "-i", data, "--stdio", "-n", "--sort", "dso,sym"],
                                 capture_output=True, text=True, check=True).stdout

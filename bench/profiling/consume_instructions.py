@@ -9,7 +9,7 @@ payload). The smaller run is subtracted from the larger, so that start-up, impor
 ``BUCKETQ_MONGODB_URI`` or an embedded test server (``bench.server``). ``PYTHONPATH`` chooses the code measured,
 e.g. a copy of main's tree for "before".
 
-    python -m devtools.consume_instructions [--batch 1] [--ack-many] [--messages 8192,24576]
+    python -m bench.profiling.consume_instructions [--batch 1] [--ack-many] [--messages 8192,24576]
 """
 
 from __future__ import annotations

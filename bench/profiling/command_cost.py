@@ -3,7 +3,7 @@ through ``MongoClient`` (what the bench's floor uses), against the test server: 
 ``--calls`` commands after 200 to warm up, each an ``update_one`` of one small document, and, async only, a
 ``ping``. Uses ``BUCKETQ_MONGODB_URI`` when set, else starts the embedded test server.
 
-    python -m devtools.command_cost [--calls 2000]
+    python -m bench.profiling.command_cost [--calls 2000]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Measure payload layouts for a bucket document (the figures in docs/FORMAT.md): encode and decode time
-of 1024 payloads and the document size, for each candidate layout. ``python -m devtools.measure_layout``."""
+of 1024 payloads and the document size, for each candidate layout. ``python -m bench.profiling.measure_layout``."""
 
 from __future__ import annotations
 

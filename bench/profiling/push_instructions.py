@@ -1,5 +1,5 @@
 """Instructions a pushed message costs the client, counted by callgrind as
-``devtools.consume_instructions`` counts a consumed one.
+``bench.profiling.consume_instructions`` counts a consumed one.
 
 For each of two message counts, a child process run under ``valgrind --tool=callgrind`` pushes that many 1 KiB
 messages into an empty queue (buckets of 1,024) as the bench's roles do, then drains: ``--mode nowait``, the
@@ -9,7 +9,7 @@ floor's ``insert_many`` of 4 buckets of 1,024 at a time through the sync driver,
 process beforehand and read by the child from a file (as the floor builds them before its clock starts). The
 smaller run is subtracted from the larger. Against ``BUCKETQ_MONGODB_URI`` or an embedded test server.
 
-    python -m devtools.push_instructions [--mode nowait|many|floor] [--messages 8192,24576]
+    python -m bench.profiling.push_instructions [--mode nowait|many|floor] [--messages 8192,24576]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import datetime as dt
 import tempfile
 from pathlib import Path
 
-from devtools.consume_instructions import DB, PAD, counted, per_message
+from bench.profiling.consume_instructions import DB, PAD, counted, per_message
 
 WINDOW = 4096  # the bench's un-acknowledged pushes at most, and its push_many call size
 BUCKET = 1024
