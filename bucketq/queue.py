@@ -389,8 +389,9 @@ class Queue:
           that outcome. Call ``cancel`` again to see which;
         - ``"not_found"``: no pending message has this id (unknown, finished, or not yet written).
 
-        Finding retry copies scans the queue's buckets, as ``remove`` does. Batch consumers (``BatchQueue``,
-        the Spark driver) do not hear of requests: cancel only pending messages of queues they consume."""
+        Finding retry copies scans the queue's buckets, as ``remove`` does. A batch consumer (``BatchQueue``, the
+        Spark driver) ends a message as cancelled when the request is on its bucket at the claim; it does not hear
+        of one made while it holds the bucket."""
         message_id = check_message_id(message_id)
         await self._ready()
         return await cancelling.cancel(self._store, self._clock, message_id)

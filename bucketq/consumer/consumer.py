@@ -34,6 +34,7 @@ from bucketq.consumer.group_turns import OrderedGroupTurns
 from bucketq.consumer.holding import Holding
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
+from bucketq.core.claim_step import Claimer
 from bucketq.core.held import Policy, SlotState
 from bucketq.core.priorities import Turns
 from bucketq.core.retry import is_transient
@@ -65,6 +66,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         self._background: set[asyncio.Task[Any]] = set()
         self._draining = False
         self._owner = claims.owner_name()
+        self._claimer = Claimer(self._owner, self._policy, quarantine_malformed=options.malformed == "quarantine",
+                                dedupe=options.dedupe)
         # Claims in a row that took a bucket: from two on (or one of a bucket written under load, see
         # BACKLOG_BUCKET_SIZE), the queue has a backlog and claiming ahead pays. A consumer that empties each
         # bucket before the next is written alternates found and empty claims, and claiming ahead would only add

@@ -15,6 +15,7 @@ from bucketq.consumer.dedupe_keys import KeyRecorder
 from bucketq.consumer.finishing import Finishes
 from bucketq.consumer.holding import Holding
 from bucketq.core.backoff import Backoff
+from bucketq.core.claim_step import Claimer
 from bucketq.core.format import StoredBucket
 from bucketq.core.group_turn import GroupStep
 from bucketq.core.held import ClaimedBucket, Policy
@@ -37,6 +38,7 @@ class ConsumerState:
     _before_claim: Callable[[], Awaitable[None]]
     _backoff: Backoff
     _policy: Policy
+    _claimer: Claimer
     _holdings: list[Holding]
     _claim_lock: asyncio.Lock
     _flusher: asyncio.Task[None] | None  # the flush loop
@@ -72,7 +74,7 @@ class ConsumerState:
 
         async def _quarantine_bucket(self, doc: dict, token: str, reason: str) -> None: ...
 
-        async def _skip_known_keys(self, holding: Holding) -> None: ...
+        async def _group_step(self, step: GroupStep) -> Any: ...
 
         async def _converse(self, conversation: Generator[GroupStep, Any, T]) -> T: ...
 
