@@ -1,6 +1,7 @@
-"""The consumer's claims: one due bucket at a time, partitions in turn, one bucket ahead while the queue has a
-backlog, and the wake-up when the next bucket falls due; a claimed bucket is decoded, its ordered group's turn taken and
-its known dedupe keys skipped before its messages are served."""
+"""The consumer's claims: one due bucket at a time, one bucket ahead while the queue has a backlog, and the wake-up
+when the next bucket falls due. What a claim's reply decides (partitions in turn, quarantine, the ordered group's
+turn, cancelled messages, known dedupe keys) is the claim step's (``core.claim_step``), which this part carries to
+the store, decoding the bucket when the step asks to open it."""
 
 from __future__ import annotations
 
@@ -81,13 +82,13 @@ class Claiming(ConsumerState):
         if claimed.outcome is Outcome.NONE_DUE and self._wakeup.streaming and only is None:
             assert claimed.expired_by is not None
             await self._wake_when_due(claimed.expired_by)
-        step: Claimed | None = claimed
-        while step is not None:  # the claim, and the one made instead of it (an ordered group was free)
-            if step.outcome is Outcome.NONE_DUE:
+        made: Claimed | None = claimed
+        while made is not None:  # the claim, and the one made instead of it (an ordered group was free)
+            if made.outcome is Outcome.NONE_DUE:
                 self._found_in_a_row = 0
-            elif step.taken and step.outcome is not Outcome.UNCLAIMABLE:
+            elif made.taken and made.outcome is not Outcome.UNCLAIMABLE:
                 self._found_in_a_row += 1
-            step = step.instead
+            made = made.instead
         return claimed.taken
 
     async def _claim_step(self, step: ClaimStep) -> Any:
