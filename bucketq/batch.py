@@ -1,17 +1,18 @@
 """``BatchQueue``: the synchronous shell for batch consumers such as a Spark driver (pymongo ``MongoClient``).
 
-A batch is up to ``max_buckets`` buckets claimed one by one with the shared claim (``core.claims.claim``) under
-a single token and lease. The caller processes them (e.g. Spark reads ``{"lease.token": token}``), then
-``commit`` copies the messages it could not decode (``Batch.malformed``) to ``<queue>.quarantine`` and replaces
-the buckets by tombstones (``core.claims.finish``), or ``release`` hands them back after a failure (tries + 1,
-backoff) and moves a bucket that has used up ``max_attempts`` to ``<queue>.quarantine``. Every write after the
-claim is fenced by the token; a write retried after a lost reply counts as applied only if the bucket carries
-this token's mark (``finished_by``, ``released_by``), never merely because the bucket changed or is gone. Copies
-to quarantine come after the consumer's fenced guard (``claims.guard``): a batch whose lease passed to another
-copies nothing.
+A batch is up to ``max_buckets`` buckets claimed one by one with the async consumer's claim step
+(``core.claim_step``) under a single token and lease: a message whose cancellation was requested before the claim
+ends as cancelled there (its record, its slot done), never handed out. The caller processes them (e.g. Spark
+reads ``{"lease.token": token}``), then ``commit`` copies the messages it could not decode (``Batch.malformed``)
+to ``<queue>.quarantine`` and replaces the buckets by tombstones (``core.claims.finish``), or ``release`` hands
+them back after a failure (tries + 1, backoff) and moves a bucket that has used up ``max_attempts`` to
+``<queue>.quarantine``. Every write after the claim is fenced by the token; a write retried after a lost reply
+counts as applied only if the bucket carries this token's mark (``finished_by``, ``released_by``), never merely
+because the bucket changed or is gone. Copies to quarantine come after the consumer's fenced guard
+(``claims.guard``): a batch whose lease passed to another copies nothing.
 
 Which buckets a batch takes, which go to quarantine and what a failed batch releases is decided in
-``core.batch_attempt``; this shell carries its steps to the store.
+``core.batch_attempt`` and ``core.claim_step``; this shell carries their steps to the store.
 
 Batch claims skip group buckets (``push(group=...)``): a batch is processed in parallel, with no order, so the
 ordered groups are left to the async consumers (``claims.ungrouped``).
@@ -32,16 +33,25 @@ from typing import Any
 from pymongo import MongoClient, ReplaceOne, UpdateOne
 from pymongo.database import Database
 
-from bucketq.core import claims, unique_keys
+from bucketq.core import claim_step, claims, unique_keys
 from bucketq.core.backoff import Backoff
 from bucketq.core.batch_attempt import AttemptPolicy, BatchStep, ClaimNext, GiveBack, Quarantine, ReleaseWithBackoff
+from bucketq.core.claim_step import Claimer, ClaimStep, Opened
 from bucketq.core.conversation import carry
 from bucketq.core.format import StoredBucket, as_utc, parse_bucket, quarantined_bucket, quarantined_message
+from bucketq.core.held import ClaimedBucket, Policy
 from bucketq.core.priorities import DEFAULT_FAIRNESS, Turns
 from bucketq.core.sharding import MAX_PARTITIONS, Rotation, check_partitions, key
 from bucketq.errors import InvalidOption
 from bucketq.memory import MemoryClient, MemoryDatabase, SyncDatabase
-from bucketq.options import check_database, check_delay, check_names, check_write_concern, tombstone_default
+from bucketq.options import (
+    QueueOptions,
+    check_database,
+    check_delay,
+    check_names,
+    check_write_concern,
+    tombstone_default,
+)
 from bucketq.shell.clock import ServerClock
 from bucketq.shell.connection import reaching
 from bucketq.shell.sync_database import sync_database
@@ -122,6 +132,10 @@ class BatchQueue:
         self.policy = AttemptPolicy(max_attempts, backoff or Backoff(), frozenset(codecs))
         self.op_timeout_s = op_timeout_s
         self.owner = claims.owner_name()
+        # The claim step's (the consumer's), skipping ordered groups: a batch is processed in parallel, with no order.
+        # Its state machine only ends the messages cancelled before the claim: no nack makes a retry copy.
+        self._claimer = Claimer(self.owner, Policy(self.lease, max_attempts, QueueOptions.due_granularity),
+                                ordered=False)
         self._host = self.owner.rsplit(":", 1)[0]
         self._clock = ServerClock()
         self.tombstone_retention = float(tombstone_retention)
@@ -158,9 +172,6 @@ class BatchQueue:
         paused (``Queue.pause``)."""
         if max_buckets < 1:
             raise InvalidOption("max_buckets must be at least 1")
-        with self._reaching():
-            if retrying(lambda _: self.store.read_pause(), timeout_s=self.op_timeout_s):
-                return None  # paused by an operator (Queue.pause): claim nothing, as the async consumers do
         if self._reaped_at is None or time.monotonic() - self._reaped_at > REAP_EVERY_S:
             self.reap_tombstones()
         batch = Batch(claims.new_token(), self.now() + dt.timedelta(seconds=self.lease))
@@ -173,8 +184,9 @@ class BatchQueue:
     def _batch_step(self, token: str, step: BatchStep) -> Any:
         """One step of ``core.batch_attempt``'s conversations, for the batch of ``token``, carried to the store."""
         match step:
-            case ClaimNext():
-                return self._claim_one(token)
+            case ClaimNext(check_pause):
+                return carry(claim_step.claim(self._claimer, self._rotation, self._turns, token=token,
+                                              check_pause=check_pause), functools.partial(self._claim_step, token))
             case Quarantine(doc, reason):
                 return self._quarantine(doc, token, reason)
             case GiveBack(doc):
@@ -190,24 +202,45 @@ class BatchQueue:
                                     claims.released_by)
         raise AssertionError(f"unknown step {step!r}")
 
-    def _claim_one(self, token: str) -> tuple[dict[str, Any] | None, str | None]:
-        """One claim under ``token`` (``QueueStore.claim``, the consumer's), in one partition at a time, in turn
-        (``sharding.Rotation``, as the consumers): (the bucket, None), (None, None) when none is due in any, or
-        (the bucket, why it must go to quarantine)."""
-        clock = self._synced()
-        with self._reaching():  # the queue's count: read (retried, as the pause) until the queue has a layout
-            partitions = retrying(lambda _: self.store.partition_count(), timeout_s=self.op_timeout_s)
-        sort = self._turns.sort()
-        for partition in self._rotation.round(partitions):
-            spec = claims.ungrouped(claims.claim(clock.now(), self.lease, token, self.owner,
-                                                 expired_by=clock.earliest(), partition=partition, sort=sort))
-            with self._reaching():
-                doc, reason = self.store.claim(spec)
-            if doc is not None:
-                self._rotation.claimed(partition)
-                self._turns.took(sort)
-                return doc, reason
-        return None, None
+    def _claim_step(self, token: str, step: ClaimStep) -> Any:
+        """One step of the claim step's conversation (``core.claim_step``, the consumer's), for the batch of
+        ``token``, carried to the store. A batch skips ordered groups: no step of a group's turn comes."""
+        match step:
+            case claim_step.ReadPause():  # paused by an operator (Queue.pause): claim nothing, as the consumers do
+                with self._reaching():
+                    return retrying(lambda _: self.store.read_pause(), timeout_s=self.op_timeout_s)
+            case claim_step.ReadClock():
+                clock = self._synced()
+                return clock.now(), clock.earliest()
+            case claim_step.ReadPartitions():
+                with self._reaching():  # the queue's count: read (retried, as the pause) until the queue has a layout
+                    return retrying(lambda _: self.store.partition_count(), timeout_s=self.op_timeout_s)
+            case claim_step.Claim(spec):
+                with self._reaching():
+                    return self.store.claim(spec)
+            case claim_step.Quarantine(doc, _, reason):
+                return self._quarantine(doc, token, reason)
+            case claim_step.Open(bucket, doc):
+                refusal = self.policy.refusal(bucket, doc)
+                return Opened() if refusal is None else refusal
+            case claim_step.Hold(held, _, doc):
+                if held.dirty:  # messages ended at the claim (cancelled): written before Spark reads the bucket
+                    self._write_ended(held, doc)
+                return None
+        raise AssertionError(f"unknown step {step!r}")
+
+    def _write_ended(self, held: ClaimedBucket, doc: dict[str, Any]) -> None:
+        """Write what the claim step resolved in ``held`` (``doc``, as claimed): the records of its cancelled
+        messages, then their slots marked done (or the bucket finished, when nothing is left), as the consumer's
+        flush does; ``doc`` is updated to match, so that the batch counts and hands out only the rest."""
+        plan = held.take_plan(self.now(), host=self._host, pid=os.getpid())
+        with self._reaching():
+            applied = self.store.write_plan(plan)
+        held.outcome(plan, applied)
+        if applied:
+            doc["done"] = sorted({*(doc.get("done") or ()), *plan.slots})
+            if held.bucket.unique:
+                self._free_keys(unique_keys.freed(held.bucket, plan.slots))
 
     # -- after processing ----------------------------------------------------------------------------------
 
@@ -230,7 +263,7 @@ class BatchQueue:
                                     lambda ref: ReplaceOne(claims.fenced(ref, batch.token),
                                                            claims.finish(now, batch.token, ref["pt"])),
                                     claims.finished_by))
-        self._free_keys([doc for doc in batch.buckets if doc["_id"] in finished])
+        self._free_keys(self._held_keys([doc for doc in batch.buckets if doc["_id"] in finished]))
         return len(finished)
 
     def release(self, batch: Batch, error: BaseException | str) -> dict[str, list[Any]]:
@@ -263,19 +296,13 @@ class BatchQueue:
                                                    claims.finish(self.now(), token, ref["pt"])),
                             claims.finished_by):
             return False
-        self._free_keys([doc])
+        self._free_keys(self._held_keys([doc]))
         return True
 
-    def _free_keys(self, finished: list[dict[str, Any]]) -> None:
-        """Free the keys of the unique jobs that the buckets ``finished`` (as claimed, now tombstones) held, as the
-        consumer's finish does: else pushes of those keys would merge into jobs that are over until ``unique_for``
-        passes. A bucket whose fields do not hold together (quarantined as malformed) keeps its keys until then,
-        as does a failed delete (logged)."""
-        held: dict[str, str] = {}
-        for doc in finished:
-            if doc.get("u"):
-                with contextlib.suppress(LookupError, TypeError):
-                    held |= unique_keys.held_by(doc)
+    def _free_keys(self, held: dict[str, str]) -> None:
+        """Free the keys of the unique jobs that finished (``{key: message id}``), as the consumer's finish does:
+        else pushes of those keys would merge into jobs that are over until ``unique_for`` passes. A failed delete
+        leaves them held until then (logged)."""
         if not held:
             return
         try:
@@ -283,6 +310,17 @@ class BatchQueue:
                 self.store.release_keys(held)
         except Exception as exc:
             log.warning("unique keys %s of finished jobs stay held until they expire: %s", sorted(held), exc)
+
+    @staticmethod
+    def _held_keys(finished: list[dict[str, Any]]) -> dict[str, str]:
+        """The keys that the buckets ``finished`` (as claimed, now tombstones) held. A bucket whose fields do not
+        hold together (quarantined as malformed) keeps its keys until ``unique_for`` passes."""
+        held: dict[str, str] = {}
+        for doc in finished:
+            if doc.get("u"):
+                with contextlib.suppress(LookupError, TypeError):
+                    held |= unique_keys.held_by(doc)
+        return held
 
     def _quarantine_messages(self, batch: Batch) -> None:
         """Copy each message of ``batch.malformed`` to quarantine (``kind: "message"``, its payload as stored), for

@@ -40,6 +40,7 @@ from bucketq.shell.collection_setup import SetUp
 from bucketq.shell.connection import connect
 from bucketq.shell.housekeeping import Housekeeping
 from bucketq.shell.lifecycle import Lifecycle
+from bucketq.shell.pause_gate import PauseGate
 from bucketq.shell.producer import Producer
 from bucketq.shell.transaction import check_session, push_in_transaction
 from bucketq.shell.unique_keys import release_keys
@@ -75,16 +76,17 @@ class Queue:
                                       op_timeout_s=self.options.write_timeout, partitions=self.options.partitions)
         self._clock = ServerClock()
         self._wakeup = Wakeup(self.options.poll_interval)
+        self._pause = PauseGate(self._store.read_pause)  # one per queue object: a pause it writes holds at once
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
                                   on_written=self._wakeup.notify, before_write=self._ready, mark_checked=True)
-        self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup,
+        self._consumer = Consumer(self._store, self.codec, self.options, self._clock, self._wakeup, self._pause,
                                   before_claim=self._before_claim)
         # the change streams a consumer keeps open (``_before_claim``): made once, not at every claim. The queue
         # objects of a process on one client share them, one per collection (``wakeup.ChangeFeed``); a new bucket
         # wakes one of them that waits, not all.
         on = (id(self.database.client), self.database.name, name)
         self._watches: list[Watched] = [Shared((*on, "changes"), self._store.watch_changes, spread=True),
-                                        Shared((*on, "control"), self._store.watch_control, self._store.pause.changed)]
+                                        Shared((*on, "control"), self._store.watch_control, self._pause.changed)]
         self._housekeeping = Housekeeping(self._store, self._clock, self.purge_expired)
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
                                               self.options.write_timeout))
@@ -341,14 +343,14 @@ class Queue:
         """Whether the queue is paused, read from the server now. Writes nothing."""
         await self._ready(write=False)
         paused = await self._store.read_pause()
-        self._store.pause.set(paused)
+        self._pause.set(paused)
         return paused
 
     async def _write_pause(self, paused: bool) -> None:
         await self._ready()
         update = set_pause(paused, now=self._clock.now(), by=claims.owner_name())
         await self._store.write_pause(update)
-        self._store.pause.set(paused)  # this process's consumer follows at once
+        self._pause.set(paused)  # this process's consumer follows at once
         if not paused:
             self._wakeup.notify()
 
@@ -399,8 +401,9 @@ class Queue:
           that outcome. Call ``cancel`` again to see which;
         - ``"not_found"``: no pending message has this id (unknown, finished, or not yet written).
 
-        Finding retry copies scans the queue's buckets, as ``remove`` does. Batch consumers (``BatchQueue``,
-        the Spark driver) do not hear of requests: cancel only pending messages of queues they consume."""
+        Finding retry copies scans the queue's buckets, as ``remove`` does. A batch consumer (``BatchQueue``, the
+        Spark driver) ends a message as cancelled when the request is on its bucket at the claim; it does not hear
+        of one made while it holds the bucket."""
         message_id = check_message_id(message_id)
         await self._ready()
         return await cancellation.cancel(self._store, self._clock, message_id)

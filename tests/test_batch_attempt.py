@@ -1,8 +1,8 @@
-"""Property test of the batch consumer's attempt policy (``bucketq.core.batch_attempt``): batches are claimed,
-committed, failed or abandoned (their leases expire) in any order, against a model of the queue's buckets and
-their claim counts. A bucket on its last attempt is in a batch alone, none is taken past its last attempt, a
-failed batch releases each bucket with attempts left after the backoff and quarantines the others, unreadable
-buckets go to quarantine at once, and no bucket is lost or counted twice."""
+"""Property test of the batch consumer's attempt policy (``bucketq.core.batch_attempt``, each claim made by the
+claim step, ``core.claim_step``): batches are claimed, committed, failed or abandoned (their leases expire) in any
+order, against a model of the queue's buckets and their claim counts. A bucket on its last attempt is in a batch
+alone, none is taken past its last attempt, a failed batch releases each bucket with attempts left after the backoff
+and quarantines the others, unreadable buckets go to quarantine at once, and no bucket is lost or counted twice."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from bucketq.core import claim_step
 from bucketq.core.backoff import Backoff
 from bucketq.core.batch_attempt import (
     AttemptPolicy,
@@ -25,13 +26,18 @@ from bucketq.core.batch_attempt import (
     ReleaseWithBackoff,
     attempts,
 )
+from bucketq.core.claim_step import Claimer, ClaimStep, Opened
 from bucketq.core.conversation import carry
 from bucketq.core.format import Slot, bucket_document, parse_bucket
+from bucketq.core.held import Policy
+from bucketq.core.priorities import DEFAULT_FAIRNESS, Turns
+from bucketq.core.sharding import Rotation
 from tests.helpers import examples
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 POLICY = AttemptPolicy(max_attempts=3, backoff=Backoff(base=1.0, factor=2.0, maximum=60.0, jitter=0.0),
                        codecs={"json"})
+CLAIMER = Claimer("batch-host:1", Policy(lease=60.0, max_attempts=3, granularity=1.0), ordered=False)
 
 
 class BatchAttemptMachine(RuleBasedStateMachine):
@@ -50,15 +56,29 @@ class BatchAttemptMachine(RuleBasedStateMachine):
     def run(self, conversation: Generator[BatchStep, Any, Any]) -> Any:
         return carry(conversation, self.execute)
 
-    def execute(self, step: BatchStep) -> Any:
+    def execute(self, step: BatchStep | ClaimStep) -> Any:
         match step:
-            case ClaimNext():
+            case ClaimNext(check_pause):  # the claim step, as the batch queue carries it
+                return carry(claim_step.claim(CLAIMER, Rotation(), Turns(DEFAULT_FAIRNESS), token="batch",
+                                              check_pause=check_pause), self.execute)
+            case claim_step.ReadPause():
+                return False
+            case claim_step.ReadClock():
+                return T0, T0
+            case claim_step.ReadPartitions():
+                return 1
+            case claim_step.Claim():
                 if not self.waiting:
                     return None, None
                 doc = self.waiting.pop(next(iter(self.waiting)))
                 doc["c"] = doc.get("c", 0) + 1
                 return doc, None
-            case Quarantine(doc, reason):
+            case claim_step.Open(bucket, doc):
+                refusal = POLICY.refusal(bucket, doc)
+                return Opened() if refusal is None else refusal
+            case claim_step.Hold():
+                return None
+            case Quarantine(doc, reason) | claim_step.Quarantine(doc, _, reason):
                 if doc["_id"] in self.lost_leases:
                     return False
                 assert doc["_id"] not in self.quarantined and doc["_id"] not in self.finished

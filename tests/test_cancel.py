@@ -10,6 +10,7 @@ import datetime as dt
 import functools
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -21,10 +22,11 @@ from hypothesis import strategies as st
 
 import bucketq
 import bucketq.testing
+from bucketq.batch import Batch, BatchQueue
 from bucketq.core.cancellation import still_pending
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.held import ClaimedBucket, Policy, SlotState
-from tests.helpers import eventually, examples, lossy_queue
+from tests.helpers import PATIENCE_S, eventually, examples, lossy_queue
 from tests.test_format import check, check_bucket
 from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
 
@@ -279,6 +281,48 @@ async def test_a_crash_between_the_record_and_the_removal_leaves_the_next_claima
     assert await served(make_queue(**QUICK)) == ["keep"]
     assert _record(sync_db, ids[1])["cancelled"] is True
     assert await q.cancel(ids[1]) == "cancelled"
+
+
+# -- batch consumers ---------------------------------------------------------------------------------------------
+
+def _batch_claim(queue_target: Any, db_name: str) -> tuple[Batch | None, list[Any]]:
+    """A ``BatchQueue`` claim, once the released bucket is due by its clock (see tests/spark/test_batch_queue.py,
+    ``_claim_released``); the claimed documents as stored once the claim returned."""
+    with BatchQueue(queue_target, name="events", db=db_name) as bq:
+        deadline = time.monotonic() + PATIENCE_S
+        while (batch := bq.claim(10)) is None and bq.store.buckets.count_documents({"fin": None}):
+            assert time.monotonic() < deadline, f"no bucket came due in {PATIENCE_S} s"
+            time.sleep(0.005)
+        return batch, [] if batch is None else list(bq.store.buckets.find({"_id": {"$in": batch.ids}}))
+
+
+async def test_a_batch_claim_never_hands_out_a_message_whose_cancellation_was_requested(make_queue, sync_db,
+                                                                                      queue_target, db_name):
+    """The request reached the bucket while a consumer held it, and the consumer stopped before it heard of it: the
+    next claimant is a batch job's, whose claim ends the message as cancelled (its record, its slot done) rather
+    than handing it to Spark, and hands out the rest."""
+    consumer = make_queue(**QUICK)
+    ids = await consumer.push_many(["served", "cancel me", "for the batch"])
+    message = await consumer.reserve(timeout=5)
+    assert message is not None and message.id == ids[0]
+    await message.ack(wait=True)
+    assert await consumer.cancel(ids[1]) == "requested"
+    await consumer.drain()  # the bucket is released with the request on it
+    batch, docs = _batch_claim(queue_target, db_name)
+    assert batch is not None and batch.messages == 1
+    assert [sorted(doc["done"]) for doc in docs] == [[0, 1]]  # what Spark reads: slot 2 alone
+    assert _record(sync_db, ids[1])["cancelled"] is True
+
+
+async def test_a_batch_claim_of_a_bucket_whose_every_message_was_cancelled_finishes_it(make_queue, sync_db,
+                                                                                      queue_target, db_name):
+    q = make_queue(**QUICK)
+    ids = await q.push_many(["cancel me"])
+    sync_db["events"].update_one({}, {"$addToSet": {"x": 0}})  # the request got through, then the canceller died
+    batch, _ = _batch_claim(queue_target, db_name)
+    assert batch is None
+    assert "fin" in sync_db["events"].find_one()
+    assert _record(sync_db, ids[0])["cancelled"] is True
 
 
 # -- racing ------------------------------------------------------------------------------------------------------

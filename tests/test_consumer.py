@@ -350,7 +350,7 @@ async def test_claim_ahead_goes_out_while_handlers_that_never_await_io_serve(mak
     for _ in range(100):  # the first bucket
         await (await q.reserve(timeout=PATIENCE_S)).ack()
     if pause_read_due:  # as after an event on the control document: the claim ahead reads the pause state first
-        q._store.pause.changed()
+        q._pause.changed()
     seen = []
 
     def claimed_ahead_within(seconds: float) -> bool:

@@ -182,7 +182,7 @@ async def test_a_paused_idle_consumer_reads_the_pause_rarely_and_a_resume_elsewh
 
     await _idle(q)
     await operator.pause()  # announced to q by its change stream on events.control
-    await eventually(lambda: q._store.pause._read_at is None, what="the pause announced")
+    await eventually(lambda: q._pause._read_at is None, what="the pause announced")
     before = pause_reads()
     for i in range(6):  # each insert wakes q: it reads the pause once (announced), and claims nothing
         await operator.push("held back" if i == 0 else f"later {i}")

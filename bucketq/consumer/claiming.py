@@ -1,6 +1,7 @@
-"""The consumer's claims: one due bucket at a time, partitions in turn, one bucket ahead while the queue has a
-backlog, and the wake-up when the next bucket falls due; a claimed bucket is decoded, its ordered group's turn taken and
-its known dedupe keys skipped before its messages are served."""
+"""The consumer's claims: one due bucket at a time, one bucket ahead while the queue has a backlog, and the wake-up
+when the next bucket falls due. What a claim's reply decides (partitions in turn, quarantine, the ordered group's
+turn, cancelled messages, known dedupe keys) is the claim step's (``core.claim_step``), which this part carries to
+the store, decoding the bucket when the step asks to open it."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ import asyncio
 import datetime as dt
 import logging
 import time
+from typing import Any
 
 from pymongo.errors import PyMongoError
 
 from bucketq.codecs import codec_for
 from bucketq.consumer.holding import Holding
 from bucketq.consumer.state import ConsumerState
-from bucketq.core import claims, group_turn, groups
-from bucketq.core.format import parse_bucket
-from bucketq.core.held import ClaimedBucket, SlotState
+from bucketq.core import claim_step
+from bucketq.core.claim_step import Claimed, ClaimStep, Opened, Outcome
+from bucketq.core.conversation import carry_async
+from bucketq.core.format import StoredBucket
+from bucketq.core.held import ClaimedBucket
 from bucketq.errors import MalformedBucket
 from bucketq.shell.pause_gate import PAUSE_REFRESH_S
 
@@ -68,87 +72,79 @@ class Claiming(ConsumerState):
             await asyncio.wait([self._ahead])
 
     async def _claim(self, only: dict | None = None) -> bool:
-        """Claim one due bucket (``only``: the bucket of that shard key, if due), trying the partitions in turn
-        (``sharding.Rotation``: each at most once). Returns whether a bucket was taken (even one that went to
+        """Claim one due bucket (``only``: the bucket of that shard key, if due) and follow its claim up: the claim
+        step (``core.claim_step``), carried to the store. Returns whether a bucket was taken (even one that went to
         quarantine or had to wait for its group)."""
         hinted = self._wakeup.checking() if only is None else []
-        # paused by an operator (Queue.pause): held buckets are still served
-        if await self._store.pause.holds(watched=self._wakeup.streaming):
-            if not self._wakeup.streaming:  # no event tells of a resume: read again
-                self._wakeup.due_at(time.monotonic() + PAUSE_REFRESH_S)
-            return False
-        now, expired_by = self._clock.now(), self._clock.earliest()
-        token = claims.new_token()
-        ordered_groups_held = self._ordered_groups_held()
-        doc = unclaimable = None
-        sort = self._turns.sort()  # by priority, or by age to keep lower levels from starving
-        partitions = await self._store.partition_count()  # the queue's, learned at set-up
-        for partition in self._rotation.round(partitions, first=hinted) if only is None else [only["pt"]]:
-            spec = groups.skip(claims.claim(now, self._options.lease, token, self._owner, expired_by=expired_by,
-                                            partition=partition, sort=sort), ordered_groups_held)
-            if only is not None:
-                spec = groups.instead(spec, only)
-            # A claim ahead's request goes out in this step (unless the pool must open a connection first). Until
-            # here, reserves yield for it (Consumer.reserve): the pause read above may have waited for a reply.
-            self._ahead_unsent = False
-            doc, unclaimable = await self._store.claim(spec)
-            self.claim_counts[doc is not None] += 1
-            if doc is not None:
-                self._rotation.claimed(partition)
-                if only is None:
-                    self._turns.took(sort)
-                break
-        if doc is not None and unclaimable is not None:
-            self._wakeup.hit()
-            await self._quarantine_bucket(doc, token, unclaimable)
-            return True
-        self._found_in_a_row = self._found_in_a_row + 1 if doc is not None else 0
-        if doc is None:
-            if self._wakeup.streaming and only is None:
-                await self._wake_when_due(expired_by)
-            return False
-        self._wakeup.hit()
+        claimed = await carry_async(claim_step.claim(self._claimer, self._rotation, self._turns, hinted=hinted,
+                                                     only=only, groups_held=self._ordered_groups_held()),
+                                    self._claim_step)
+        if claimed.outcome is Outcome.NONE_DUE and self._wakeup.streaming and only is None:
+            assert claimed.expired_by is not None
+            await self._wake_when_due(claimed.expired_by)
+        made: Claimed | None = claimed
+        while made is not None:  # the claim, and the one made instead of it (an ordered group was free)
+            if made.outcome is Outcome.NONE_DUE:
+                self._found_in_a_row = 0
+            elif made.taken and made.outcome is not Outcome.UNCLAIMABLE:
+                self._found_in_a_row += 1
+            made = made.instead
+        return claimed.taken
+
+    async def _claim_step(self, step: ClaimStep) -> Any:
+        """One step of the claim step's conversation, carried to the store; an ordered group's turn to
+        ``_group_step``."""
+        match step:
+            case claim_step.ReadPause():  # paused by an operator (Queue.pause): held buckets are still served
+                paused = await self._pause.holds(watched=self._wakeup.streaming)
+                if paused and not self._wakeup.streaming:  # no event tells of a resume: read again
+                    self._wakeup.due_at(time.monotonic() + PAUSE_REFRESH_S)
+                return paused
+            case claim_step.ReadClock():
+                return self._clock.now(), self._clock.earliest()
+            case claim_step.ReadPartitions():
+                return await self._store.partition_count()  # the queue's, learned at set-up
+            case claim_step.Claim(spec):
+                # A claim ahead's request goes out in this step (unless the pool must open a connection first). Until
+                # here, reserves yield for it (Consumer.reserve): the pause read may have waited for a reply.
+                self._ahead_unsent = False
+                doc, unclaimable = await self._store.claim(spec)
+                self.claim_counts[doc is not None] += 1
+                if doc is not None:
+                    self._wakeup.hit()
+                return doc, unclaimable
+            case claim_step.Quarantine(doc, token, reason):
+                await self._quarantine_bucket(doc, token, reason)
+                return True
+            case claim_step.Open(bucket):
+                return self._open(bucket)
+            case claim_step.ReadKnownKeys(keys):
+                return await self._store.known_keys(keys)
+            case claim_step.Hold(held, opened):
+                holding = Holding(held, opened.payloads, opened.load)
+                self._holdings.append(holding)
+                if held.finished:
+                    self._schedule_flush(holding)
+                return None
+        return await self._group_step(step)
+
+    def _open(self, bucket: StoredBucket) -> Opened | str:
+        """The claim step's ``Open``: the bucket's codec, and its payloads decoded, or why it cannot be read."""
         try:
-            bucket = parse_bucket(doc)
             codec = codec_for(bucket.codec, self._codec)
         except (MalformedBucket, ValueError) as exc:
-            await self._quarantine_bucket(doc, token, str(exc))
-            return True
-        # A bucket its writer checked is decoded a payload at a time as it is served (``_next_message``): decoding
-        # it whole here would keep a thousand new objects alive, which sets off the collector once a bucket.
-        payloads, bad = (bucket.payloads, {}) if bucket.checked else self._decode(bucket, codec)
-        if bad and self._options.malformed == "quarantine":
-            first = ", ".join(f"slot {s}: {reason}" for s, reason in list(bad.items())[:3])
-            await self._quarantine_bucket(doc, token, f"{len(bad)} undecodable message(s) ({first})")
-            return True
-        if bucket.group is not None:
-            turn = await self._converse(group_turn.take_turn(bucket, token, now, self._policy.lease_from(now),
-                                                             expired_by, waited=bool(doc.get("w"))))
-            if not turn.serve:
-                if only is None and turn.claim_instead is not None:
-                    await self._claim(only=turn.claim_instead)  # the ordered group was free: serve its first
-                return True
-        held = ClaimedBucket(bucket, token, self._policy.lease_from(now), self._policy)
-        holding = Holding(held, payloads, codec.load if bucket.checked else None)
-        for slot, reason in bad.items():
-            held.quarantine(slot, f"undecodable: {reason}")
-        if self._options.dedupe:
-            await self._skip_known_keys(holding)
-        self._holdings.append(holding)
-        if held.finished:
-            self._schedule_flush(holding)
-        return True
+            return str(exc)
+        if bucket.checked:
+            # A bucket its writer checked is decoded a payload at a time as it is served (``_next_message``):
+            # decoding it whole here would keep a thousand new objects alive, which sets off the collector once a
+            # bucket.
+            return Opened(bucket.payloads, load=codec.load)
+        payloads, bad = self._decode(bucket, codec)
+        return Opened(payloads, bad)
 
     def _ordered_groups_held(self) -> list[str]:
         """The ordered groups whose turn this consumer holds: their later buckets can only wait for it to end."""
         return [h.held.bucket.group for h in self._holdings if h.held.bucket.group is not None and not h.held.ended]
-
-    async def _skip_known_keys(self, holding: Holding) -> None:
-        held = holding.held
-        keyed = {k: s for s, k in enumerate(held.bucket.keys) if k is not None and held.state[s] is SlotState.PENDING}
-        known = await self._store.known_keys(list(keyed))
-        for key in known:
-            held.ack(keyed[key])
 
     async def _claims_landed(self) -> None:
         """Wait for a claim under way (a reserve's or the claim ahead): its bucket is in ``_holdings`` after."""

@@ -33,6 +33,7 @@ from bucketq.consumer.group_turns import OrderedGroupTurns
 from bucketq.consumer.holding import Holding
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
+from bucketq.core.claim_step import Claimer
 from bucketq.core.held import Policy, SlotState
 from bucketq.core.priorities import Turns
 from bucketq.core.retry import is_transient
@@ -41,6 +42,7 @@ from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
 from bucketq.shell.clock import ServerClock
+from bucketq.shell.pause_gate import PauseGate
 from bucketq.shell.rate_window import Permits
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
@@ -50,8 +52,9 @@ log = logging.getLogger("bucketq")
 
 class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
     def __init__(self, store: AsyncQueueStore, codec: Codec, options: QueueOptions, clock: ServerClock,
-                 wakeup: Wakeup, *, before_claim: Callable[[], Awaitable[None]]) -> None:
+                 wakeup: Wakeup, pause: PauseGate, *, before_claim: Callable[[], Awaitable[None]]) -> None:
         self._store = store
+        self._pause = pause
         self._before_claim = before_claim  # the queue's set-up, clock resync and stream restarts, as they fall due
         self._codec = codec
         self._options = options
@@ -65,6 +68,8 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         self._background: set[asyncio.Task[Any]] = set()
         self._draining = False
         self._owner = claims.owner_name()
+        self._claimer = Claimer(self._owner, self._policy, quarantine_malformed=options.malformed == "quarantine",
+                                dedupe=options.dedupe)
         # Claims in a row that took a bucket: from two on (or one of a bucket written under load, see
         # BACKLOG_BUCKET_SIZE), the queue has a backlog and claiming ahead pays. A consumer that empties each
         # bucket before the next is written alternates found and empty claims, and claiming ahead would only add

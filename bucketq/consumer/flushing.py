@@ -12,7 +12,7 @@ from pymongo.errors import PyMongoError
 
 from bucketq.consumer.holding import Holding
 from bucketq.consumer.state import ConsumerState
-from bucketq.core import group_turn, groups
+from bucketq.core import group_turn
 from bucketq.core.held import FlushPlan
 from bucketq.core.retry import is_too_large
 from bucketq.errors import LeaseLost, WriteFailed
@@ -81,7 +81,7 @@ class Flushing(ConsumerState):
                     and self._backlog(self._holdings[-1].held)):
                 applied = await self._finishes.finish(plan)
             else:
-                applied = await self._execute(plan)
+                applied = await self._store.write_plan(plan)
         except Exception as exc:
             if not is_too_large(exc):
                 raise
@@ -132,21 +132,3 @@ class Flushing(ConsumerState):
             await self._converse(group_turn.end_turn(group, partition, token, self._clock.now()))
         except PyMongoError as exc:
             log.warning("ordered group %r: unlock or hand-off failed; the lock expires with the lease: %s", group, exc)
-
-    async def _execute(self, plan: FlushPlan) -> bool:
-        """Run a flush plan's writes in order; False when the lease turned out to be lost."""
-        store = self._store
-        if plan.lock_until is not None:  # an ordered group's bucket: its lock first, never to expire before the lease
-            assert plan.group is not None
-            if not await store.extend_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
-                return False
-        if plan.guard is not None and not await store.update_fenced(plan.filter, plan.guard):
-            return False
-        for collection, docs in ((store.buckets, plan.retry_docs), (store.dead, plan.dead_docs),
-                                 (store.quarantine, plan.quarantine_docs)):
-            if docs:
-                await store.insert_copies(collection, docs)
-        if plan.kind == "finish":
-            assert plan.mine is not None
-            return await store.finish_fenced(plan.filter, plan.final, plan.mine)
-        return await store.update_fenced(plan.filter, plan.final, mine=plan.mine)

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from bucketq.consumer.state import ConsumerState
 from bucketq.core import group_turn
+from bucketq.core.conversation import carry_async
 from bucketq.core.group_turn import GroupStep
 
 T = TypeVar("T")
@@ -14,19 +15,9 @@ T = TypeVar("T")
 
 class OrderedGroupTurns(ConsumerState):
     async def _converse(self, conversation: Generator[GroupStep, Any, T]) -> T:
-        """Carry an ordered group's conversation (``core.group_turn``) to the store: each step's reply goes back
-        in, each error is thrown in at the step that raised it (the lock may still have to be given back)."""
-        reply: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = conversation.send(reply) if error is None else conversation.throw(error)
-            except StopIteration as done:
-                return done.value
-            try:
-                reply, error = await self._group_step(step), None
-            except BaseException as exc:  # a cancellation too: the conversation unlocks, then raises it
-                reply, error = None, exc
+        """Carry an ordered group's conversation (``core.group_turn``) to the store (``conversation.carry_async``:
+        an error is thrown in at the step that raised it, as the lock may still have to be given back)."""
+        return await carry_async(conversation, self._group_step)
 
     async def _group_step(self, step: GroupStep) -> Any:
         store = self._store

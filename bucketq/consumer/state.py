@@ -14,6 +14,7 @@ from bucketq.consumer.dedupe_keys import KeyRecorder
 from bucketq.consumer.finishing import Finishes
 from bucketq.consumer.holding import Holding
 from bucketq.core.backoff import Backoff
+from bucketq.core.claim_step import Claimer
 from bucketq.core.format import StoredBucket
 from bucketq.core.group_turn import GroupStep
 from bucketq.core.held import ClaimedBucket, Policy
@@ -22,6 +23,7 @@ from bucketq.core.sharding import Rotation
 from bucketq.message import Message
 from bucketq.options import QueueOptions
 from bucketq.shell.clock import ServerClock
+from bucketq.shell.pause_gate import PauseGate
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
@@ -34,9 +36,11 @@ class ConsumerState:
     _options: QueueOptions
     _clock: ServerClock
     _wakeup: Wakeup
+    _pause: PauseGate
     _before_claim: Callable[[], Awaitable[None]]
     _backoff: Backoff
     _policy: Policy
+    _claimer: Claimer
     _holdings: list[Holding]
     _claim_lock: asyncio.Lock
     _flusher: asyncio.Task[None] | None  # the flush loop
@@ -72,7 +76,7 @@ class ConsumerState:
 
         async def _quarantine_bucket(self, doc: dict, token: str, reason: str) -> None: ...
 
-        async def _skip_known_keys(self, holding: Holding) -> None: ...
+        async def _group_step(self, step: GroupStep) -> Any: ...
 
         async def _converse(self, conversation: Generator[GroupStep, Any, T]) -> T: ...
 

@@ -1,6 +1,7 @@
 """A batch consumer's attempt policy (``bucketq.batch.BatchQueue``), sans-I/O: which buckets a batch takes, which
 go to quarantine and why, and what a failed batch releases with which backoff. Generators yield the next store
-call (a ``BatchStep``) and take its reply back; the shell only carries them (``BatchQueue._converse``).
+call (a ``BatchStep``) and take its reply back; the shell only carries them (``BatchQueue._batch_step``). Each
+bucket is claimed by the claim step (``core.claim_step``), the async consumer's, which ``refusal`` answers for.
 
 Attempts of a bucket: ``max(t) + c`` counting the current claim (a message's tries are ``t[slot] + c - 1``). A
 bucket on its last attempt is claimed alone, so a poisoned bucket cannot take good ones to quarantine with it;
@@ -15,15 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketq.core.backoff import Backoff
-from bucketq.core.format import parse_bucket
+from bucketq.core.claim_step import Claimed
+from bucketq.core.format import StoredBucket
 from bucketq.core.sharding import key as shard_key
-from bucketq.errors import MalformedBucket
 
 
 @dataclass(frozen=True)
 class ClaimNext:
-    """Claim one more bucket under the batch's token; reply: (the bucket, None), (None, None) when none is due,
-    or (the bucket, why it must go to quarantine) (``QueueStore.claim``)."""
+    """Claim one more bucket under the batch's token: the claim step (``claim_step.claim``, reading the pause
+    when ``check_pause``); reply: its ``Claimed``."""
+
+    check_pause: bool
 
 
 @dataclass(frozen=True)
@@ -66,12 +69,9 @@ class AttemptPolicy:
     backoff: Backoff
     codecs: Collection[str]
 
-    def refusal(self, doc: dict[str, Any]) -> str | None:
-        """Why a claimed bucket must go to quarantine rather than into a batch, or None."""
-        try:
-            bucket = parse_bucket(doc)
-        except MalformedBucket as exc:
-            return str(exc)
+    def refusal(self, bucket: StoredBucket, doc: dict[str, Any]) -> str | None:
+        """Why a claimed bucket (``doc``, parsed as ``bucket``) must go to quarantine rather than into a batch, or
+        None: the claim step's ``Open``, answered for a batch."""
         if bucket.codec not in self.codecs:
             return f"codec {bucket.codec!r} is not readable by this batch consumer ({', '.join(sorted(self.codecs))})"
         if attempts(doc) > self.max_attempts:
@@ -83,15 +83,19 @@ class AttemptPolicy:
         """Claim up to ``max_buckets`` buckets; returns those taken and the ``_id``s sent to quarantine."""
         taken: list[dict[str, Any]] = []
         quarantined: list[Any] = []
+        check_pause = True  # the first claim reads it: the others fill the batch it began
         while len(taken) < max_buckets:
-            doc, reason = yield ClaimNext()
-            if doc is None:
+            claimed: Claimed = yield ClaimNext(check_pause)
+            check_pause = False
+            if not claimed.taken or claimed.doc is None:
                 break
-            reason = reason or self.refusal(doc)
-            if reason is not None:
-                if (yield Quarantine(doc, reason)):
-                    quarantined.append(doc["_id"])
+            if claimed.held is None:  # sent to quarantine (no ordered group is claimed by a batch)
+                if claimed.stored:
+                    quarantined.append(claimed.doc["_id"])
                 continue
+            if claimed.held.ended:  # every message of it ended at the claim (cancelled), or its lease was lost
+                continue
+            doc = claimed.doc
             last_attempt = attempts(doc) >= self.max_attempts
             if last_attempt and taken:  # the last attempt runs alone: give it back untouched
                 yield GiveBack(doc)

@@ -297,6 +297,14 @@ class ClaimedBucket:
         """Whether this claim knows of a request to cancel ``slot`` (``core.cancellation``)."""
         return slot in self.cancels
 
+    def end_cancelled(self) -> None:
+        """End as cancelled, unserved, every pending message whose cancellation was requested before the claim (the
+        claim's reply had the requests): the claim step's rule, so that no claimant, consumer or batch, hands one
+        out. Their records go with the bucket's next write (a flush)."""
+        for slot in sorted(self.cancels):
+            if self.state[slot] is _PENDING:
+                self._resolve(slot, _cancellation(), allowed=(SlotState.PENDING,))
+
     def cancels_due(self, now: dt.datetime) -> bool:
         """Whether to read the bucket's cancel requests again (half a lease since the last read); if so, the read
         is counted as made."""

@@ -16,12 +16,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bucketq.core.format import message_id
+from bucketq.core.format import StoredBucket, message_id
+from bucketq.core.held import SlotState
 
 # ``verdict`` of a key document found after a duplicate key on insert, besides a live holder's message id:
 OWN = "own"  # this message holds it: an earlier attempt whose reply was lost got through
 GONE = "gone"  # deleted in between (its holder finished): insert again
 EXPIRED = "expired"  # its holder's ``until`` passed: take it over (``takeover``)
+# A message in these states is finished: its key is free again. A nacked one (RETRY) holds it on, under its id.
+FINISHED = frozenset({SlotState.ACKED, SlotState.DEAD, SlotState.QUARANTINED})
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,14 @@ def held_by(doc: Mapping[str, Any]) -> dict[str, str]:
     unique, keys, origins, done = doc.get("u") or (), doc.get("k") or (), doc.get("o") or (), set(doc["done"])
     return {keys[slot]: (origins[slot] if origins and origins[slot] else message_id(doc["_id"], slot))
             for slot, until in enumerate(unique) if until is not None and slot not in done and keys[slot]}
+
+
+def freed(bucket: StoredBucket, slots: Mapping[int, SlotState]) -> dict[str, str]:
+    """The keys that the unique messages among ``slots`` of ``bucket`` (a flush's, just applied) hold, if they are
+    finished (``FINISHED``): ``{key: message id}``, to delete (``finished``)."""
+    unique = bucket.unique or ()
+    return {key: bucket.message_id(slot) for slot, state in slots.items()
+            if state in FINISHED and unique[slot] is not None and (key := bucket.keys[slot]) is not None}
 
 
 def finished(slots: Mapping[str, str]) -> dict[str, Any]:

@@ -21,24 +21,28 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Generator, Iterable
+from typing import Any, Protocol, TypeVar
 
 from pymongo.errors import PyMongoError
 
 from bucketq.codecs import Codec, codec_for
-from bucketq.core import reader_groups, stream_claims, stream_step
+from bucketq.core import reader_groups, stream_claims, stream_read, stream_step
 from bucketq.core.claims import new_token, owner_name
+from bucketq.core.conversation import carry_async
 from bucketq.core.reader_groups import ReaderGroup
 from bucketq.core.stream_format import Partition, Position
 from bucketq.core.stream_gaps import HoleWatch
 from bucketq.core.stream_held import HeldStreamBucket
+from bucketq.core.stream_read import ReadStep
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.options import StreamOptions, check_timeout
 from bucketq.shell.clock import ServerClock
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.stream_store import RECHECK_S, AsyncStreamStore
+
+T = TypeVar("T")
 
 
 class Stream(Protocol):
@@ -152,9 +156,7 @@ class StreamReader:
             raise QueueClosed("the reader is closed")
         await self._stream.ready()
         if not self._joined:
-            start = await self._stream.start_positions(self._start)
-            now = self._stream.clock.now()
-            await self._store.upsert_group(*reader_groups.join(self.group, start, now))
+            await self._converse(stream_read.join(self.group))
             self._joined = True
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-stream-acks")
@@ -175,17 +177,40 @@ class StreamReader:
 
     # -- claiming ------------------------------------------------------------------------------------------
 
+    async def _converse(self, conversation: Generator[ReadStep, Any, T]) -> T:
+        """Carry one of the group's conversations (``core.stream_read``) to the store."""
+        return await carry_async(conversation, self._read_step)
+
+    async def _read_step(self, step: ReadStep) -> Any:
+        store = self._store
+        match step:
+            case stream_read.ReadGroup():
+                group = await store.group(self.group)
+                if group is not None and group.epoch != self._epoch:  # reset: what this reader holds is the old epoch's
+                    self._held.clear()
+                    self._epoch = group.epoch
+                return group
+            case stream_read.StartPositions():
+                return await self._stream.start_positions(self._start)
+            case stream_read.ReadClock():
+                return self._stream.clock.now()
+            case stream_read.UpsertGroup(query, update):
+                return await store.upsert_group(query, update)
+            case stream_read.MoveGroup(query, update):
+                return await store.move_group(query, update)
+            case stream_read.ReadWindow(part, start, size):
+                return await store.window(part, start, size)
+            case stream_read.ReadClaims(group, part, start):
+                return await store.group_claims(group, part, start, reader_groups.SCAN_BUCKETS,
+                                                {"s": 1, "fin": 1, "lease": 1})
+            case stream_read.ReadBucket(part, seq):
+                return await store.bucket(part, seq)
+            case stream_read.UpdateClaim(query, update, mine):
+                return await store.update_claim(query, update, mine=mine)
+        raise AssertionError(f"a reader takes no step {step!r}")
+
     async def _group(self) -> ReaderGroup:
-        while (group := await self._store.group(self.group)) is None:  # deleted meanwhile: join it again
-            self._joined = False
-            await self._ready()
-        if len(group.positions) == 1 < len(self._store.parts):  # joined before the stream was created partitioned
-            await self._store.move_group(*reader_groups.spread(group, self._store.parts))
-            return await self._group()
-        if group.epoch != self._epoch:  # reset: what this reader holds belongs to the old epoch
-            self._held.clear()
-            self._epoch = group.epoch
-        return group
+        return await self._converse(stream_read.current_group(self.group, self._store.parts))
 
     async def _claim_next(self) -> bool:
         """In each partition in turn (those a wake-up named first): commit what the group has settled, then claim
@@ -233,38 +258,21 @@ class StreamReader:
 
     async def _commit(self, group: ReaderGroup, part: Partition, seq: int) -> None:
         """Move the group's committed position in ``part`` forward to ``seq`` (never back: ``reader_groups.commit``)."""
-        await self._store.move_group(*reader_groups.commit(group, part, seq, self._stream.clock.now()))
+        await self._converse(stream_read.commit(group, part, seq))
 
     async def _scan(self, group: ReaderGroup, part: Partition, last: int = 0) -> stream_step.Window:
         """The group's window in ``part``: its documents and the group's claims there."""
-        start = group.at(part).seq
-        docs = await self._store.window(part, start, reader_groups.SCAN_BUCKETS)
-        claims = await self._store.group_claims(group, part, start, reader_groups.SCAN_BUCKETS,
-                                                {"s": 1, "fin": 1, "lease": 1})
-        return stream_step.Window.read(start, last, [part.seq_of(d) for d in docs],
-                                       [part.seq_of(d) for d in docs if d.get("gap")], claims)
+        return await self._converse(stream_read.window(group, part, last))
 
     async def _claim(self, group: ReaderGroup, part: Partition, seq: int, now: dt.datetime) -> bool:
         query, update = stream_claims.claim(group, part, seq, now, self._options.queue.lease, self._token, self._owner)
         claim = await self._store.claim(query, update)
         if claim is None:  # another reader holds it, or finished it meanwhile
             return False
-        # ``group`` was read before the scan. If another reader finished this bucket since and the group committed
-        # past it, its final claim may already be deleted (claims behind the position are, ``apply_retention``),
-        # and this upsert made a fresh one: the bucket would be read twice. The position passes a bucket only once
-        # its claim is final, and such claims are deleted only after that, so the position read now tells. A
-        # claim dropped here is behind the position: no reader looks at it, and retention deletes it.
-        current = await self._group()
-        if current.epoch != group.epoch or current.at(part).seq > seq:
-            return True
-        doc = await self._store.bucket(part, seq)
-        if doc is None:  # deleted by retention since the scan: the next scan moves the group past it
-            return True
-        held = HeldStreamBucket.parse(doc, part, claim, group.epoch, self._token)
-        if held.complete:  # every slot skipped (a reset into this bucket's last slot): nothing to read
-            await self._finish(held)
-            return True
-        self._held[held.key] = held
+        held = await self._converse(stream_read.after_claim(self.group, self._store.parts, group, part, seq, claim,
+                                                            self._token))
+        if held is not None:
+            self._held[held.key] = held
         return True
 
     # -- acks ----------------------------------------------------------------------------------------------
@@ -282,18 +290,7 @@ class StreamReader:
     async def _finish(self, held: HeldStreamBucket) -> None:
         """Write the bucket's claim as finished (fenced by this reader's token), then commit what it settles."""
         self._held.pop(held.key, None)
-        applied = await self._store.update_claim(stream_claims.claimed_by(held.cid, held.token),
-                                                 stream_claims.finish_claim(held.token, sorted(held.done | held.acked)),
-                                                 mine=stream_claims.finished_by(held.cid, held.token))
-        if not applied:
-            raise LeaseLost(f"the lease on bucket {held.position} of group {self.group!r} expired before its last ack "
-                            "was written; its unacked messages will be read again")
-        group = await self._group()
-        part = self._store.parts[held.partition]
-        if group.epoch == held.epoch and group.at(part).seq == held.seq:  # this bucket held the group back
-            window = await self._scan(group, part)
-            if window.committed > window.start:
-                await self._commit(group, part, window.committed)
+        await self._converse(stream_read.finish(self.group, self._store.parts, held))
 
     async def flush(self, *, release: bool = False) -> list[Position]:
         """Write the acks not written yet and extend this reader's leases (``release``: end them, so that another

@@ -55,21 +55,11 @@ def merge_held(batch: list[SealedBucket], merged: Mapping[unique_keys.Hold, str]
     return unique_keys.merge([b.document for b in batch], merged)
 
 
-# A message in these states is finished: its key is free again. A nacked one (RETRY) holds it on, under its id.
-FINISHED = frozenset({SlotState.ACKED, SlotState.DEAD, SlotState.QUARANTINED})
-
-
 async def release_keys(store: AsyncQueueStore, bucket: StoredBucket, slots: Mapping[int, SlotState]) -> None:
     """Free the keys that the unique messages among ``slots`` of ``bucket`` (a flush's, just applied) hold, if
-    they are finished. On failure the keys stay held until their ``until``: a later push of one is merged into a
-    finished job meanwhile, as a log line says."""
-    unique = bucket.unique
-    assert unique is not None  # the caller asks for buckets with unique messages only
-    held: dict[str, str] = {}
-    for slot, state in slots.items():
-        key = bucket.keys[slot]
-        if state in FINISHED and unique[slot] is not None and key is not None:
-            held[key] = bucket.message_id(slot)
+    they are finished (``unique_keys.freed``). On failure the keys stay held until their ``until``: a later push of
+    one is merged into a finished job meanwhile, as a log line says."""
+    held = unique_keys.freed(bucket, slots)
     if not held:
         return
     try:

@@ -33,8 +33,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bucketq.core import reader_groups
+from bucketq.core import reader_groups, stream_read
 from bucketq.core.claims import owner_name
+from bucketq.core.conversation import carry
 from bucketq.core.reader_groups import ReaderGroup
 from bucketq.core.stream_format import Partition, Position
 from bucketq.core.stream_gaps import HoleWatch
@@ -133,28 +134,36 @@ def uncommitted_ranges(database: Any, stream: str, group: str, *, start: str = "
     parts = store.open()
     counters = store.counters()
     first = [Position(floor if start == "beginning" else last + 1, 0, pt) for pt, (last, floor) in counters.items()]
+
+    def execute(step: stream_read.ReadStep) -> Any:
+        match step:
+            case stream_read.ReadGroup():
+                return store.group(group)
+            case stream_read.StartPositions():
+                return first
+            case stream_read.ReadClock():
+                return clock.now()
+            case stream_read.ReadMonotonic():
+                return time.monotonic()
+            case stream_read.UpsertGroup(query, update):
+                return store.upsert_group(query, update)
+            case stream_read.MoveGroup(query, update):
+                return store.move_group(query, update)
+            case stream_read.ReadWindow(part, begin, size):
+                return store.window(part, begin, size)
+            case stream_read.ReadCounter(part):
+                return store.counter_state(part)
+            case stream_read.MarkGap(part, seq):
+                return store.mark_gap(part, seq, clock.now(), owner_name())
+            case stream_read.WaitForHole():
+                return time.sleep(poll)
+        raise AssertionError(f"a batch takes no step {step!r}")
+
     ranges = []
     for part in parts:
-        holes = HoleWatch(gap_wait)
-        floor = counters[part.number][1]
-        while True:
-            while (state := store.group(group)) is None:  # missing, or deleted meanwhile: join it
-                store.upsert_group(*reader_groups.join(group, first, clock.now()))
-            if len(state.positions) == 1 < len(parts):  # joined before the stream was created partitioned
-                store.move_group(*reader_groups.spread(state, parts))
-                continue
-            begin = max(state.at(part).seq, floor)
-            present = [part.seq_of(d) for d in store.window(part, begin, max_buckets)]
-            end = reader_groups.advance(begin, present, present)
-            last = store.counter_state(part)[0]
-            if end > begin or end > last:  # something to read, or nothing allocated beyond
-                ranges.append(GroupRange(state, part, Position(end, 0, part.number) if end > begin
-                                         else state.at(part)))
-                break
-            if holes.due([end], time.monotonic()):
-                store.mark_gap(part, end, clock.now(), owner_name())  # or the producer's bucket landed after all
-                continue
-            time.sleep(poll)
+        state, end = carry(stream_read.uncommitted(group, parts, part, counters[part.number][1], max_buckets,
+                                                   HoleWatch(gap_wait)), execute)
+        ranges.append(GroupRange(state, part, end))
     return ranges
 
 

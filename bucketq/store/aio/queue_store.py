@@ -28,13 +28,13 @@ from bucketq.core.format import (
     RATE_SUFFIX,
     UNIQUE_SUFFIX,
 )
+from bucketq.core.held import FlushPlan
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.priorities import PRIORITY
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
 from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
-from bucketq.shell.pause_gate import PauseGate  # async-only
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
 
@@ -57,10 +57,6 @@ class AsyncQueueStore:
         (self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups, self.unique,
          self.rate) = collections(database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX,
                                   CONTROL_SUFFIX, GROUPS_SUFFIX, UNIQUE_SUFFIX, RATE_SUFFIX)
-        # async-only: begin
-        # shared: a pause this process writes holds for its consumer at once
-        self.pause = PauseGate(self.read_pause)
-        # async-only: end
         self.op_timeout_s = op_timeout_s
 
     async def ensure_indexes(self) -> None:
@@ -214,6 +210,25 @@ class AsyncQueueStore:
         """Move a bucket to quarantine: the copy first, then the fenced finish."""
         await self.insert_copies(self.quarantine, [entry])
         return await self.finish_fenced(query, tombstone, mine)
+
+    async def write_plan(self, plan: FlushPlan) -> bool:
+        """Run a claimed bucket's flush plan (``core.held.FlushPlan``) in order: an ordered group's lock first (never
+        to expire before the lease), the guard, the copies, the fenced final write. False when the lease turned out
+        to be lost."""
+        if plan.lock_until is not None:
+            assert plan.group is not None
+            if not await self.extend_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
+                return False
+        if plan.guard is not None and not await self.update_fenced(plan.filter, plan.guard):
+            return False
+        for collection, docs in ((self.buckets, plan.retry_docs), (self.dead, plan.dead_docs),
+                                 (self.quarantine, plan.quarantine_docs)):
+            if docs:
+                await self.insert_copies(collection, docs)
+        if plan.kind == "finish":
+            assert plan.mine is not None
+            return await self.finish_fenced(plan.filter, plan.final, plan.mine)
+        return await self.update_fenced(plan.filter, plan.final, mine=plan.mine)
 
     async def reap_tombstones(self, query: dict) -> int:
         """Delete the tombstones ``query`` (``claims.reap``) matches, in every partition."""

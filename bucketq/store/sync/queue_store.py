@@ -30,6 +30,7 @@ from bucketq.core.format import (
     RATE_SUFFIX,
     UNIQUE_SUFFIX,
 )
+from bucketq.core.held import FlushPlan
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.priorities import PRIORITY
 from bucketq.core.retry import is_transient
@@ -187,6 +188,25 @@ class QueueStore:
         """Move a bucket to quarantine: the copy first, then the fenced finish."""
         self.insert_copies(self.quarantine, [entry])
         return self.finish_fenced(query, tombstone, mine)
+
+    def write_plan(self, plan: FlushPlan) -> bool:
+        """Run a claimed bucket's flush plan (``core.held.FlushPlan``) in order: an ordered group's lock first (never
+        to expire before the lease), the guard, the copies, the fenced final write. False when the lease turned out
+        to be lost."""
+        if plan.lock_until is not None:
+            assert plan.group is not None
+            if not self.extend_group(groups.held_by(plan.group, plan.token), groups.extend(plan.lock_until)):
+                return False
+        if plan.guard is not None and not self.update_fenced(plan.filter, plan.guard):
+            return False
+        for collection, docs in ((self.buckets, plan.retry_docs), (self.dead, plan.dead_docs),
+                                 (self.quarantine, plan.quarantine_docs)):
+            if docs:
+                self.insert_copies(collection, docs)
+        if plan.kind == "finish":
+            assert plan.mine is not None
+            return self.finish_fenced(plan.filter, plan.final, plan.mine)
+        return self.update_fenced(plan.filter, plan.final, mine=plan.mine)
 
     def reap_tombstones(self, query: dict) -> int:
         """Delete the tombstones ``query`` (``claims.reap``) matches, in every partition."""
