@@ -24,9 +24,8 @@ import bucketq.testing
 from bucketq.core.cancellation import still_pending
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.held import ClaimedBucket, Policy, SlotState
-from tests.helpers import eventually, examples, lossy_queue
-from tests.test_format import check, check_bucket
-from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
+from tests.format_checks import check, check_bucket
+from tests.helpers import eventually, examples, lossy_queue, served
 
 pytestmark = pytest.mark.backends("memory", "server")
 

@@ -24,46 +24,10 @@ from bucketq.cli.params import parse_duration
 from bucketq.core import claims
 from bucketq.core.stats import STATS_KEYS
 from tests import cli_handlers
+from tests.cli_runner import BQ, REPO, Run, cli_env, jsonl, ok, one_line_error
 from tests.helpers import utc_now
 
-REPO = Path(__file__).resolve().parent.parent
-BQ = [sys.executable, "-m", "bucketq.cli"]
-Run = Callable[..., subprocess.CompletedProcess]
 PASSWORD = "pa55-not-to-be-shown"
-
-
-def _env(uri: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "BUCKETQ_MONGODB_URI"}
-    if uri is not None:
-        env["BUCKETQ_MONGODB_URI"] = uri
-    return env
-
-
-@pytest.fixture
-def bq(mongo_uri: str, db_name: str, sync_db) -> Run:  # sync_db: the database is dropped afterwards
-    """``bq("stats", "events", "--json")`` runs the CLI on the test's database; ``input=`` feeds stdin."""
-    def run(*args: str, input: str | None = None, uri: str | None = mongo_uri, db: bool = True,
-            timeout: float = 60) -> subprocess.CompletedProcess:
-        argv = [*BQ, *args, *(["--db", db_name] if db else [])]
-        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, env=_env(uri),
-                              cwd=REPO, stdin=None if input is not None else subprocess.DEVNULL)
-    return run
-
-
-def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    return result
-
-
-def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
-    assert result.returncode != 0, result.stdout
-    assert "Traceback" not in result.stderr, result.stderr
-    message = result.stderr.strip()
-    assert message.startswith("Error: ") and "\n" not in message, result.stderr
-    for fragment in fragments:
-        assert fragment in message
-    return message
 
 
 def on_terminal(bq_argv: list[str], answer: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -82,10 +46,6 @@ def on_terminal(bq_argv: list[str], answer: str, env: dict[str, str]) -> subproc
 
 def stats(bq: Run, queue: str) -> dict:
     return json.loads(ok(bq("stats", queue, "--json")).stdout)
-
-
-def jsonl(text: str) -> list:
-    return [json.loads(line) for line in text.splitlines()]
 
 
 # -- help ------------------------------------------------------------------------------------------------------
@@ -184,7 +144,7 @@ def test_stats_of_every_queue(bq: Run, sync_db) -> None:
 def test_stats_watch_refreshes_until_sigterm(mongo_uri: str, db_name: str, bq: Run) -> None:
     ok(bq("push", "events", "1"))
     proc = subprocess.Popen([*BQ, "stats", "events", "--watch", "--json", "--interval", "0.2", "--db", db_name],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(mongo_uri), cwd=REPO)
     try:
         lines = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
         proc.send_signal(signal.SIGTERM)
@@ -426,11 +386,11 @@ async def test_dead_list_requeue_purge(bq: Run, adb, sync_db, mongo_uri: str, db
     one_line_error(bq("dead", "purge", "events"), "not confirmed", "--yes")  # no terminal to ask on
     one_line_error(bq("dead", "purge", "events", input="y\n"), "not confirmed", "--yes")
     purge = [*BQ, "dead", "purge", "events", "--db", db_name]
-    declined = on_terminal(purge, "n\n", _env(mongo_uri))
+    declined = on_terminal(purge, "n\n", cli_env(mongo_uri))
     assert "Purge 3 dead letters of queue 'events'? [y/N]" in declined.stderr
     assert declined.returncode == 1 and "Error: cancelled; nothing purged" in declined.stderr
     assert sync_db["events.dead"].count_documents({}) == 3
-    assert "purged 1 dead letter" in ok(on_terminal([*purge, "--older-than", "1d"], "y\n", _env(mongo_uri))).stdout
+    assert "purged 1 dead letter" in ok(on_terminal([*purge, "--older-than", "1d"], "y\n", cli_env(mongo_uri))).stdout
     one_id = listed[2]["id"]
     assert "purged 1 dead letter" in ok(bq("dead", "purge", "events", "--id", one_id, "--yes")).stdout
     assert "purged 1 dead letter" in ok(bq("dead", "purge", "events", "--yes")).stdout
@@ -466,7 +426,7 @@ async def test_quarantine_list_requeue_purge(bq: Run, adb, sync_db) -> None:
 def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
     ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
     out = tmp_path / "handled.jsonl"
-    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
     proc, err = _work_until([*BQ, "worker", "tests.cli_handlers:record", "--queue", "tasks", "--concurrency", "2",
                              "--db", db_name], env, lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
     assert proc.returncode == 0, err
@@ -480,7 +440,7 @@ def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: s
 def test_worker_runs_a_sync_handler_on_its_threads(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
     ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
     out = tmp_path / "handled.jsonl"
-    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
     proc, err = _work_until([*BQ, "worker", "tests.cli_handlers:record_sync", "--queue", "tasks", "--concurrency",
                              "2", "--db", db_name], env,
                             lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
@@ -581,7 +541,7 @@ def test_purge_command_asks_unless_yes(bq: Run, mongo_uri: str, db_name: str, sy
     ok(bq("push", "events", "1", "2", "3"))
     ok(bq("push", "events", "4", "--delay", "1h"))
     one_line_error(bq("purge", "events"), "not confirmed", "--yes")
-    declined = on_terminal([*BQ, "purge", "events", "--db", db_name], "n\n", _env(mongo_uri))
+    declined = on_terminal([*BQ, "purge", "events", "--db", db_name], "n\n", cli_env(mongo_uri))
     assert "Purge 4 message(s) (3 ready, 1 scheduled, 0 in flight) of queue 'events'? [y/N]" in declined.stderr
     assert declined.returncode == 1 and "cancelled; nothing purged" in declined.stderr
     assert "purged 4 message(s) of queue 'events'" in ok(bq("purge", "events", "--yes")).stdout
@@ -673,7 +633,7 @@ def test_worker_bad_hooks(bq: Run, hook: list[str], fragment: str) -> None:
 def test_worker_takes_queue_options_and_hooks(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
     ok(bq("push", "tasks", input='{"n": 1}\n{"n": 2, "fail": true}\n{"n": 3}\n'))
     out = tmp_path / "out.jsonl"
-    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
     argv = [*BQ, "worker", "tests.cli_hooks:fail_marked", "--queue", "tasks", "--db", db_name, "--max-attempts", "1",
             "--lease", "20", "--inbox-retention", "none", "--on-error", "tests.cli_hooks:on_error",
             "--after-batch", "tests.cli_hooks:after_batch", "--log-level", "debug"]
@@ -697,7 +657,7 @@ def test_worker_takes_queue_options_and_hooks(mongo_uri: str, db_name: str, bq: 
 async def test_stats_watch_shows_messages_in_and_out_per_second(mongo_uri: str, db_name: str, bq: Run) -> None:
     ok(bq("push", "events", "0"))
     proc = subprocess.Popen([*BQ, "stats", "events", "--watch", "--json", "--interval", "3", "--db", db_name],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(mongo_uri), cwd=REPO)
     queue = Queue(mongo_uri, name="events", db=db_name, bucket_max_wait=0.005)
     try:
         first = json.loads(await asyncio.to_thread(proc.stdout.readline))  # type: ignore[union-attr]
@@ -724,7 +684,7 @@ async def test_stats_watch_shows_messages_in_and_out_per_second(mongo_uri: str, 
 def test_stats_watch_table_has_rate_columns(mongo_uri: str, db_name: str, bq: Run) -> None:
     ok(bq("push", "events", "1"))
     proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.3", "--db", db_name], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**_env(mongo_uri), "COLUMNS": "120"}, cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, env={**cli_env(mongo_uri), "COLUMNS": "120"}, cwd=REPO)
     try:
         rows = []
         while len(rows) < 2:
@@ -781,7 +741,7 @@ def test_tables_fit_80_columns_or_turn_plain(mongo_uri: str, db_name: str, bq: R
     assert "upstream payment service" in dead.output
 
     proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.2", *where], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**_env(None), "COLUMNS": "80"}, cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, env={**cli_env(None), "COLUMNS": "80"}, cwd=REPO)
     try:
         lines: list[str] = []
         while sum("out/s" in line for line in lines) < 2:  # two refreshes, the second with rates

@@ -18,8 +18,7 @@ import bucketq
 from bucketq import Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core import groups
-from tests.helpers import eventually, utc_now
-from tests.test_consumer import consume_all  # every message until none comes, each acked
+from tests.helpers import consume_all, eventually, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 

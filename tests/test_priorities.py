@@ -18,8 +18,7 @@ import bucketq
 from bucketq import InvalidOption, Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core.priorities import BY_AGE, BY_PRIORITY, Turns
-from tests.helpers import seconds_ago, server_proxy, utc_now
-from tests.test_consumer import consume_all  # every message until none comes, each acked
+from tests.helpers import consume_all, seconds_ago, server_proxy, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 

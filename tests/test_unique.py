@@ -15,8 +15,8 @@ from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq import Outgoing
+from tests.format_checks import check, check_bucket
 from tests.helpers import drained, lossy_queue, race_processes
-from tests.test_format import check, check_bucket
 
 pytestmark = pytest.mark.backends("memory", "server")
 
