@@ -332,7 +332,7 @@ async def test_a_cancel_racing_consumers_has_exactly_one_outcome(make_queue, syn
 
 
 def _run_consumer(mongo_uri: str, db_name: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events"])
+    return subprocess.Popen([sys.executable, "-m", "tests.entrypoints.consumer_proc", mongo_uri, db_name, "events"])
 
 
 @pytest.mark.timeout(120)

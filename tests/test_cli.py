@@ -23,8 +23,8 @@ from bucketq.cli import cli
 from bucketq.cli.params import parse_duration
 from bucketq.core import claims
 from bucketq.core.stats import STATS_KEYS
-from tests import cli_handlers
 from tests.cli_runner import BQ, REPO, Run, cli_env, jsonl, ok, one_line_error
+from tests.entrypoints import cli_handlers
 from tests.helpers import utc_now
 
 PASSWORD = "pa55-not-to-be-shown"
@@ -262,7 +262,7 @@ def _with_password(mongo_uri: str) -> dict[str, str]:
 def test_no_output_shows_a_password(bq: Run, mongo_uri: str, kind: str) -> None:
     uri = _with_password(mongo_uri)[kind]
     pieces = PASSWORD.split("-", 1)  # what a password cut at its '/' would leave
-    worker = ["worker", "tests.cli_handlers:record", "--queue", "events", "--log-level", "debug"]
+    worker = ["worker", "tests.entrypoints.cli_handlers:record", "--queue", "events", "--log-level", "debug"]
     for command, via_env in ((["stats"], True), (["stats"], False), (["peek", "events"], False),
                              (["push", "events", "1"], False), (worker, True), (["dead", "list", "events"], True)):
         args = [*command, "--connect-timeout", "0.5", *([] if via_env else ["--uri", uri])]
@@ -312,7 +312,7 @@ def test_bad_options_are_usage_errors(bq: Run) -> None:
     assert result.returncode == 2 and "not a duration" in result.stderr and "Traceback" not in result.stderr
 
 
-WORK = ["worker", "tests.cli_hooks:fail_marked", "-q", "tasks"]
+WORK = ["worker", "tests.entrypoints.cli_hooks:fail_marked", "-q", "tasks"]
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -320,9 +320,9 @@ WORK = ["worker", "tests.cli_hooks:fail_marked", "-q", "tasks"]
     ([*WORK, "--lease", "-1"], "InvalidOption: lease must be between 1"),  # checked by QueueOptions
     ([*WORK, "--max-attempts", "0"], "InvalidOption: max_attempts must be at least 1"),
     ([*WORK, "--batch-size", "200000"], "InvalidOption: batch_size must be"),  # checked by Worker, once connected
-    (["worker", "tests.cli_handlers:record", "-q", "tasks", "--threads", "2"],
+    (["worker", "tests.entrypoints.cli_handlers:record", "-q", "tasks", "--threads", "2"],
      "InvalidOption: threads is for a sync handler"),
-    (["worker", "tests.cli_handlers", "-q", "tasks"], "must look like MODULE:HANDLER"),
+    (["worker", "tests.entrypoints.cli_handlers", "-q", "tasks"], "must look like MODULE:HANDLER"),
     (["remove", "events", "notanid"], "malformed message id(s) 'notanid'"),
 ], ids=["click", "lease", "max-attempts", "batch-size", "threads-async", "handler-spec", "message-id"])
 def test_bad_usage_exits_with_2_whichever_check_finds_it(bq: Run, args: list[str], fragment: str) -> None:
@@ -427,8 +427,9 @@ def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: s
     ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
     out = tmp_path / "handled.jsonl"
     env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
-    proc, err = _work_until([*BQ, "worker", "tests.cli_handlers:record", "--queue", "tasks", "--concurrency", "2",
-                             "--db", db_name], env, lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
+    proc, err = _work_until([*BQ, "worker", "tests.entrypoints.cli_handlers:record", "--queue", "tasks",
+                             "--concurrency", "2", "--db", db_name], env,
+                            lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "worker started" in err and "worker stopped" in err
     assert "handled a message for mongodb://***@db.example/app" in err and cli_handlers.PASSWORD not in err
@@ -441,8 +442,8 @@ def test_worker_runs_a_sync_handler_on_its_threads(mongo_uri: str, db_name: str,
     ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
     out = tmp_path / "handled.jsonl"
     env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
-    proc, err = _work_until([*BQ, "worker", "tests.cli_handlers:record_sync", "--queue", "tasks", "--concurrency",
-                             "2", "--db", db_name], env,
+    proc, err = _work_until([*BQ, "worker", "tests.entrypoints.cli_handlers:record_sync", "--queue", "tasks",
+                             "--concurrency", "2", "--db", db_name], env,
                             lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "a sync handler on 2 threads" in err and "worker stopped" in err
@@ -469,10 +470,10 @@ def _work_until(argv: list[str], env: dict[str, str], done: Callable[[], bool]) 
 
 
 @pytest.mark.parametrize("handler, fragment", [
-    ("tests.cli_handlers", "MODULE:HANDLER"),
+    ("tests.entrypoints.cli_handlers", "MODULE:HANDLER"),
     ("tests.no_such_module:fn", "cannot import module 'tests.no_such_module'"),
-    ("tests.cli_handlers:missing", "has no attribute 'missing'"),
-    ("tests.cli_handlers:NOT_A_FUNCTION", "not a function"),
+    ("tests.entrypoints.cli_handlers:missing", "has no attribute 'missing'"),
+    ("tests.entrypoints.cli_handlers:NOT_A_FUNCTION", "not a function"),
 ])
 def test_worker_bad_handler(bq: Run, handler: str, fragment: str) -> None:
     one_line_error(bq("worker", handler, "--queue", "tasks"), fragment)
@@ -606,7 +607,7 @@ def test_worker_concurrency_has_one_default_in_the_library_the_cli_and_the_docs(
 ])
 def test_worker_refuses_bad_queue_options_before_connecting(bq: Run, args: list[str], fragment: str) -> None:
     unreachable = "mongodb://127.0.0.1:1/db?connectTimeoutMS=300"
-    result = bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *args, uri=unreachable)
+    result = bq("worker", "tests.entrypoints.cli_hooks:fail_marked", "-q", "tasks", *args, uri=unreachable)
     one_line_error(result, fragment)
     assert result.returncode == 2  # bad usage
 
@@ -617,26 +618,28 @@ def test_worker_refuses_bad_queue_options_before_connecting(bq: Run, args: list[
     (["--malformed", "drop"], "'drop' is not one of 'quarantine', 'skip'"),
 ])
 def test_worker_queue_option_types_are_usage_errors(bq: Run, args: list[str], fragment: str) -> None:
-    result = bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *args)
+    result = bq("worker", "tests.entrypoints.cli_hooks:fail_marked", "-q", "tasks", *args)
     assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("hook, fragment", [
-    (["--on-error", "tests.cli_hooks"], "on-error 'tests.cli_hooks' must look like MODULE:FUNCTION"),
-    (["--after-batch", "tests.cli_hooks:nope"], "has no attribute 'nope' (the after-batch)"),
+    (["--on-error", "tests.entrypoints.cli_hooks"],
+     "on-error 'tests.entrypoints.cli_hooks' must look like MODULE:FUNCTION"),
+    (["--after-batch", "tests.entrypoints.cli_hooks:nope"], "has no attribute 'nope' (the after-batch)"),
     (["--on-error", "tests.missing_module:f"], "cannot import module 'tests.missing_module' for the on-error"),
 ])
 def test_worker_bad_hooks(bq: Run, hook: list[str], fragment: str) -> None:
-    one_line_error(bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *hook), fragment)
+    one_line_error(bq("worker", "tests.entrypoints.cli_hooks:fail_marked", "-q", "tasks", *hook), fragment)
 
 
 def test_worker_takes_queue_options_and_hooks(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
     ok(bq("push", "tasks", input='{"n": 1}\n{"n": 2, "fail": true}\n{"n": 3}\n'))
     out = tmp_path / "out.jsonl"
     env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
-    argv = [*BQ, "worker", "tests.cli_hooks:fail_marked", "--queue", "tasks", "--db", db_name, "--max-attempts", "1",
-            "--lease", "20", "--inbox-retention", "none", "--on-error", "tests.cli_hooks:on_error",
-            "--after-batch", "tests.cli_hooks:after_batch", "--log-level", "debug"]
+    argv = [*BQ, "worker", "tests.entrypoints.cli_hooks:fail_marked", "--queue", "tasks", "--db", db_name,
+            "--max-attempts", "1", "--lease", "20", "--inbox-retention", "none",
+            "--on-error", "tests.entrypoints.cli_hooks:on_error", "--after-batch",
+            "tests.entrypoints.cli_hooks:after_batch", "--log-level", "debug"]
     proc, err = _work_until(argv, env, lambda: out.exists() and out.read_text().count('"batch"') >= 3)
     assert proc.returncode == 0, err
     # The failure is logged once, with what became of the message and the handler's traceback (the only one).

@@ -560,7 +560,8 @@ async def test_state_flushes_are_periodic_not_per_message(make_queue, mongo_uri,
 
 
 def _run_consumer(mongo_uri, db_name, *args):
-    return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events", *args])
+    return subprocess.Popen([sys.executable, "-m", "tests.entrypoints.consumer_proc", mongo_uri, db_name, "events",
+                             *args])
 
 
 @pytest.mark.timeout(120)

@@ -248,7 +248,8 @@ async def test_malformed_group_buckets_go_to_quarantine_with_the_reason(make_que
 # -- crash: a consumer SIGKILLed while it holds groups ------------------------------------------------------
 
 def _run_consumer(mongo_uri: str, db_name: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events", *args])
+    return subprocess.Popen([sys.executable, "-m", "tests.entrypoints.consumer_proc", mongo_uri, db_name, "events",
+                             *args])
 
 
 @pytest.mark.timeout(240)
