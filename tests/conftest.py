@@ -35,7 +35,8 @@ from bucketq.memory import MemoryClient, MemoryDatabase
 from devtools.testserver import TestServer
 from tests.features import server_features
 
-pytest_plugins = ["tests.watchdog", "tests.fast_clock", "pytester"]  # pytester: tests/test_watchdog.py runs a hung test
+# tests.cli_runner: the bq fixture of the CLI tests; pytester: tests/test_watchdog.py runs a hung test
+pytest_plugins = ["tests.watchdog", "tests.fast_clock", "tests.cli_runner", "pytester"]
 
 # Hypothesis profiles, chosen by $BUCKETQ_HYPOTHESIS_PROFILE before any test module is imported: "default" (the
 # full counts: make test), or "unit" (make unit), a tenth of every property test's examples, the counts that

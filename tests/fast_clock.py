@@ -27,8 +27,9 @@ from typing import Any
 
 import pytest
 
-_real_monotonic = time.monotonic
-_real_time = time.time
+# The clocks this plugin replaces, as they were: what a test of the plugin compares with (tests/test_fast_clock.py).
+real_monotonic = time.monotonic
+real_time = time.time
 
 
 class FastClock:
@@ -40,10 +41,10 @@ class FastClock:
         self._skipped_at_start = 0.0  # the wall clock is moved only during a test, and back after it
 
     def monotonic(self) -> float:
-        return _real_monotonic() + self.skipped
+        return real_monotonic() + self.skipped
 
     def time(self) -> float:
-        return _real_time() + (self.skipped - self._skipped_at_start if self.on else 0.0)
+        return real_time() + (self.skipped - self._skipped_at_start if self.on else 0.0)
 
     def start(self) -> None:
         self._skipped_at_start = self.skipped
@@ -109,7 +110,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    time.monotonic, time.time = _real_monotonic, _real_time
+    time.monotonic, time.time = real_monotonic, real_time
     if _previous_policy is not None:
         asyncio.set_event_loop_policy(_previous_policy)
 

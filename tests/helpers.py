@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import settings
 from pymongo import monitoring
 
+import bucketq
 from tests.proxy import TcpProxy
 
 # For a pytest run in a subprocess on a file of its own: this venv's plugins that such a run does not need (xdist,
@@ -130,14 +131,36 @@ def race_processes(module: str, args: list[str], barrier: Any, *, processes: int
     return outputs
 
 
-async def drained(q: Any) -> list[Any]:
-    """Every message of queue ``q``, each acked (and the ack written) once; fails on a message delivered twice."""
+async def drained(q: Any, timeout: float = 0.3) -> list[Any]:
+    """Every message of queue ``q`` until none comes for ``timeout`` seconds, each acked (and the ack written) once;
+    fails on a message delivered twice."""
     seen: list[Any] = []
-    while (m := await q.reserve(timeout=0.3)) is not None:
+    while (m := await q.reserve(timeout=timeout)) is not None:
         assert m.id not in {s.id for s in seen}, f"{m.id} delivered twice"
         seen.append(m)
         await m.ack(wait=True)
     return seen
+
+
+async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0, want: int | None = None) -> list[bucketq.Message]:
+    """Every message ``q`` delivers until none comes for ``timeout`` seconds, each acked. Given ``want``, a test
+    that knows how many must come: they may take up to PATIENCE_S, each ack is written before the next reserve
+    (the silence gave the last ones time to be), and then no other may come within a short silence."""
+    got = []
+    while want is None or len(got) < want:
+        if (message := await q.reserve(timeout=timeout if want is None else PATIENCE_S)) is None:
+            break
+        got.append(message)
+        await message.ack(wait=want is not None)
+    if want is not None:
+        extra = await q.reserve(timeout=0.1)
+        assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
+    return got
+
+
+async def served(q: Any, timeout: float = 0.5) -> list[Any]:
+    """The payloads of ``drained(q, timeout)``'s messages, in the order they were served."""
+    return [message.payload for message in await drained(q, timeout)]
 
 
 def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name: str = "events",

@@ -24,47 +24,11 @@ from bucketq.cli import cli
 from bucketq.cli.params import parse_duration
 from bucketq.core import claims
 from bucketq.core.stats import STATS_KEYS
-from tests import cli_handlers
+from tests.cli_runner import BQ, REPO, Run, cli_env, jsonl, ok, one_line_error
+from tests.entrypoints import cli_handlers
 from tests.helpers import step_local_clock, utc_now
 
-REPO = Path(__file__).resolve().parent.parent
-BQ = [sys.executable, "-m", "bucketq.cli"]
-Run = Callable[..., subprocess.CompletedProcess]
 PASSWORD = "pa55-not-to-be-shown"
-
-
-def _env(uri: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "BUCKETQ_MONGODB_URI"}
-    if uri is not None:
-        env["BUCKETQ_MONGODB_URI"] = uri
-    return env
-
-
-@pytest.fixture
-def bq(mongo_uri: str, db_name: str, sync_db) -> Run:  # sync_db: the database is dropped afterwards
-    """``bq("stats", "events", "--json")`` runs the CLI on the test's database; ``input=`` feeds stdin."""
-    def run(*args: str, input: str | None = None, uri: str | None = mongo_uri, db: bool = True,
-            timeout: float = 60) -> subprocess.CompletedProcess:
-        argv = [*BQ, *args, *(["--db", db_name] if db else [])]
-        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, env=_env(uri),
-                              cwd=REPO, stdin=None if input is not None else subprocess.DEVNULL)
-    return run
-
-
-def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    return result
-
-
-def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
-    assert result.returncode != 0, result.stdout
-    assert "Traceback" not in result.stderr, result.stderr
-    message = result.stderr.strip()
-    assert message.startswith("Error: ") and "\n" not in message, result.stderr
-    for fragment in fragments:
-        assert fragment in message
-    return message
 
 
 def on_terminal(bq_argv: list[str], answer: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -83,10 +47,6 @@ def on_terminal(bq_argv: list[str], answer: str, env: dict[str, str]) -> subproc
 
 def stats(bq: Run, queue: str) -> dict:
     return json.loads(ok(bq("stats", queue, "--json")).stdout)
-
-
-def jsonl(text: str) -> list:
-    return [json.loads(line) for line in text.splitlines()]
 
 
 # -- help ------------------------------------------------------------------------------------------------------
@@ -185,7 +145,7 @@ def test_stats_of_every_queue(bq: Run, sync_db) -> None:
 def test_stats_watch_refreshes_until_sigterm(mongo_uri: str, db_name: str, bq: Run) -> None:
     ok(bq("push", "events", "1"))
     proc = subprocess.Popen([*BQ, "stats", "events", "--watch", "--json", "--interval", "0.2", "--db", db_name],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(mongo_uri), cwd=REPO)
     try:
         lines = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
         proc.send_signal(signal.SIGTERM)
@@ -303,7 +263,7 @@ def _with_password(mongo_uri: str) -> dict[str, str]:
 def test_no_output_shows_a_password(bq: Run, mongo_uri: str, kind: str) -> None:
     uri = _with_password(mongo_uri)[kind]
     pieces = PASSWORD.split("-", 1)  # what a password cut at its '/' would leave
-    worker = ["worker", "tests.cli_handlers:record", "--queue", "events", "--log-level", "debug"]
+    worker = ["worker", "tests.entrypoints.cli_handlers:record", "--queue", "events", "--log-level", "debug"]
     for command, via_env in ((["stats"], True), (["stats"], False), (["peek", "events"], False),
                              (["push", "events", "1"], False), (worker, True), (["dead", "list", "events"], True)):
         args = [*command, "--connect-timeout", "0.5", *([] if via_env else ["--uri", uri])]
@@ -353,7 +313,7 @@ def test_bad_options_are_usage_errors(bq: Run) -> None:
     assert result.returncode == 2 and "not a duration" in result.stderr and "Traceback" not in result.stderr
 
 
-WORK = ["worker", "tests.cli_hooks:fail_marked", "-q", "tasks"]
+WORK = ["worker", "tests.entrypoints.cli_hooks:fail_marked", "-q", "tasks"]
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -361,9 +321,9 @@ WORK = ["worker", "tests.cli_hooks:fail_marked", "-q", "tasks"]
     ([*WORK, "--lease", "-1"], "InvalidOption: lease must be between 1"),  # checked by QueueOptions
     ([*WORK, "--max-attempts", "0"], "InvalidOption: max_attempts must be at least 1"),
     ([*WORK, "--batch-size", "200000"], "InvalidOption: batch_size must be"),  # checked by Worker, once connected
-    (["worker", "tests.cli_handlers:record", "-q", "tasks", "--threads", "2"],
+    (["worker", "tests.entrypoints.cli_handlers:record", "-q", "tasks", "--threads", "2"],
      "InvalidOption: threads is for a sync handler"),
-    (["worker", "tests.cli_handlers", "-q", "tasks"], "must look like MODULE:HANDLER"),
+    (["worker", "tests.entrypoints.cli_handlers", "-q", "tasks"], "must look like MODULE:HANDLER"),
     (["remove", "events", "notanid"], "malformed message id(s) 'notanid'"),
 ], ids=["click", "lease", "max-attempts", "batch-size", "threads-async", "handler-spec", "message-id"])
 def test_bad_usage_exits_with_2_whichever_check_finds_it(bq: Run, args: list[str], fragment: str) -> None:
@@ -427,11 +387,11 @@ async def test_dead_list_requeue_purge(bq: Run, adb, sync_db, mongo_uri: str, db
     one_line_error(bq("dead", "purge", "events"), "not confirmed", "--yes")  # no terminal to ask on
     one_line_error(bq("dead", "purge", "events", input="y\n"), "not confirmed", "--yes")
     purge = [*BQ, "dead", "purge", "events", "--db", db_name]
-    declined = on_terminal(purge, "n\n", _env(mongo_uri))
+    declined = on_terminal(purge, "n\n", cli_env(mongo_uri))
     assert "Purge 3 dead letters of queue 'events'? [y/N]" in declined.stderr
     assert declined.returncode == 1 and "Error: cancelled; nothing purged" in declined.stderr
     assert sync_db["events.dead"].count_documents({}) == 3
-    assert "purged 1 dead letter" in ok(on_terminal([*purge, "--older-than", "1d"], "y\n", _env(mongo_uri))).stdout
+    assert "purged 1 dead letter" in ok(on_terminal([*purge, "--older-than", "1d"], "y\n", cli_env(mongo_uri))).stdout
     one_id = listed[2]["id"]
     assert "purged 1 dead letter" in ok(bq("dead", "purge", "events", "--id", one_id, "--yes")).stdout
     assert "purged 1 dead letter" in ok(bq("dead", "purge", "events", "--yes")).stdout
@@ -467,9 +427,10 @@ async def test_quarantine_list_requeue_purge(bq: Run, adb, sync_db) -> None:
 def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
     ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
     out = tmp_path / "handled.jsonl"
-    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
-    proc, err = _work_until([*BQ, "worker", "tests.cli_handlers:record", "--queue", "tasks", "--concurrency", "2",
-                             "--db", db_name], env, lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
+    env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    proc, err = _work_until([*BQ, "worker", "tests.entrypoints.cli_handlers:record", "--queue", "tasks",
+                             "--concurrency", "2", "--db", db_name], env,
+                            lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "worker started" in err and "worker stopped" in err
     assert "handled a message for mongodb://***@db.example/app" in err and cli_handlers.PASSWORD not in err
@@ -481,9 +442,9 @@ def test_worker_handles_messages_and_stops_on_sigterm(mongo_uri: str, db_name: s
 def test_worker_runs_a_sync_handler_on_its_threads(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
     ok(bq("push", "tasks", input="".join(f'{{"task": {i}}}\n' for i in range(6))))
     out = tmp_path / "handled.jsonl"
-    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
-    proc, err = _work_until([*BQ, "worker", "tests.cli_handlers:record_sync", "--queue", "tasks", "--concurrency",
-                             "2", "--db", db_name], env,
+    env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    proc, err = _work_until([*BQ, "worker", "tests.entrypoints.cli_handlers:record_sync", "--queue", "tasks",
+                             "--concurrency", "2", "--db", db_name], env,
                             lambda: out.exists() and len(out.read_text().splitlines()) >= 6)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "a sync handler on 2 threads" in err and "worker stopped" in err
@@ -510,10 +471,10 @@ def _work_until(argv: list[str], env: dict[str, str], done: Callable[[], bool]) 
 
 
 @pytest.mark.parametrize("handler, fragment", [
-    ("tests.cli_handlers", "MODULE:HANDLER"),
+    ("tests.entrypoints.cli_handlers", "MODULE:HANDLER"),
     ("tests.no_such_module:fn", "cannot import module 'tests.no_such_module'"),
-    ("tests.cli_handlers:missing", "has no attribute 'missing'"),
-    ("tests.cli_handlers:NOT_A_FUNCTION", "not a function"),
+    ("tests.entrypoints.cli_handlers:missing", "has no attribute 'missing'"),
+    ("tests.entrypoints.cli_handlers:NOT_A_FUNCTION", "not a function"),
 ])
 def test_worker_bad_handler(bq: Run, handler: str, fragment: str) -> None:
     one_line_error(bq("worker", handler, "--queue", "tasks"), fragment)
@@ -582,7 +543,7 @@ def test_purge_command_asks_unless_yes(bq: Run, mongo_uri: str, db_name: str, sy
     ok(bq("push", "events", "1", "2", "3"))
     ok(bq("push", "events", "4", "--delay", "1h"))
     one_line_error(bq("purge", "events"), "not confirmed", "--yes")
-    declined = on_terminal([*BQ, "purge", "events", "--db", db_name], "n\n", _env(mongo_uri))
+    declined = on_terminal([*BQ, "purge", "events", "--db", db_name], "n\n", cli_env(mongo_uri))
     assert "Purge 4 message(s) (3 ready, 1 scheduled, 0 in flight) of queue 'events'? [y/N]" in declined.stderr
     assert declined.returncode == 1 and "cancelled; nothing purged" in declined.stderr
     assert "purged 4 message(s) of queue 'events'" in ok(bq("purge", "events", "--yes")).stdout
@@ -647,7 +608,7 @@ def test_worker_concurrency_has_one_default_in_the_library_the_cli_and_the_docs(
 ])
 def test_worker_refuses_bad_queue_options_before_connecting(bq: Run, args: list[str], fragment: str) -> None:
     unreachable = "mongodb://127.0.0.1:1/db?connectTimeoutMS=300"
-    result = bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *args, uri=unreachable)
+    result = bq("worker", "tests.entrypoints.cli_hooks:fail_marked", "-q", "tasks", *args, uri=unreachable)
     one_line_error(result, fragment)
     assert result.returncode == 2  # bad usage
 
@@ -658,26 +619,28 @@ def test_worker_refuses_bad_queue_options_before_connecting(bq: Run, args: list[
     (["--malformed", "drop"], "'drop' is not one of 'quarantine', 'skip'"),
 ])
 def test_worker_queue_option_types_are_usage_errors(bq: Run, args: list[str], fragment: str) -> None:
-    result = bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *args)
+    result = bq("worker", "tests.entrypoints.cli_hooks:fail_marked", "-q", "tasks", *args)
     assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("hook, fragment", [
-    (["--on-error", "tests.cli_hooks"], "on-error 'tests.cli_hooks' must look like MODULE:FUNCTION"),
-    (["--after-batch", "tests.cli_hooks:nope"], "has no attribute 'nope' (the after-batch)"),
+    (["--on-error", "tests.entrypoints.cli_hooks"],
+     "on-error 'tests.entrypoints.cli_hooks' must look like MODULE:FUNCTION"),
+    (["--after-batch", "tests.entrypoints.cli_hooks:nope"], "has no attribute 'nope' (the after-batch)"),
     (["--on-error", "tests.missing_module:f"], "cannot import module 'tests.missing_module' for the on-error"),
 ])
 def test_worker_bad_hooks(bq: Run, hook: list[str], fragment: str) -> None:
-    one_line_error(bq("worker", "tests.cli_hooks:fail_marked", "-q", "tasks", *hook), fragment)
+    one_line_error(bq("worker", "tests.entrypoints.cli_hooks:fail_marked", "-q", "tasks", *hook), fragment)
 
 
 def test_worker_takes_queue_options_and_hooks(mongo_uri: str, db_name: str, bq: Run, tmp_path: Path) -> None:
     ok(bq("push", "tasks", input='{"n": 1}\n{"n": 2, "fail": true}\n{"n": 3}\n'))
     out = tmp_path / "out.jsonl"
-    env = {**_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
-    argv = [*BQ, "worker", "tests.cli_hooks:fail_marked", "--queue", "tasks", "--db", db_name, "--max-attempts", "1",
-            "--lease", "20", "--inbox-retention", "none", "--on-error", "tests.cli_hooks:on_error",
-            "--after-batch", "tests.cli_hooks:after_batch", "--log-level", "debug"]
+    env = {**cli_env(mongo_uri), "BUCKETQ_TEST_OUT": str(out)}
+    argv = [*BQ, "worker", "tests.entrypoints.cli_hooks:fail_marked", "--queue", "tasks", "--db", db_name,
+            "--max-attempts", "1", "--lease", "20", "--inbox-retention", "none",
+            "--on-error", "tests.entrypoints.cli_hooks:on_error", "--after-batch",
+            "tests.entrypoints.cli_hooks:after_batch", "--log-level", "debug"]
     proc, err = _work_until(argv, env, lambda: out.exists() and out.read_text().count('"batch"') >= 3)
     assert proc.returncode == 0, err
     # The failure is logged once, with what became of the message and the handler's traceback (the only one).
@@ -698,7 +661,7 @@ def test_worker_takes_queue_options_and_hooks(mongo_uri: str, db_name: str, bq: 
 async def test_stats_watch_shows_messages_in_and_out_per_second(mongo_uri: str, db_name: str, bq: Run) -> None:
     ok(bq("push", "events", "0"))
     proc = subprocess.Popen([*BQ, "stats", "events", "--watch", "--json", "--interval", "3", "--db", db_name],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mongo_uri), cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(mongo_uri), cwd=REPO)
     queue = Queue(mongo_uri, name="events", db=db_name, bucket_max_wait=0.005)
     try:
         first = json.loads(await asyncio.to_thread(proc.stdout.readline))  # type: ignore[union-attr]
@@ -725,7 +688,7 @@ async def test_stats_watch_shows_messages_in_and_out_per_second(mongo_uri: str, 
 def test_stats_watch_table_has_rate_columns(mongo_uri: str, db_name: str, bq: Run) -> None:
     ok(bq("push", "events", "1"))
     proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.3", "--db", db_name], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**_env(mongo_uri), "COLUMNS": "120"}, cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, env={**cli_env(mongo_uri), "COLUMNS": "120"}, cwd=REPO)
     try:
         rows = []
         while len(rows) < 2:
@@ -782,7 +745,7 @@ def test_tables_fit_80_columns_or_turn_plain(mongo_uri: str, db_name: str, bq: R
     assert "upstream payment service" in dead.output
 
     proc = subprocess.Popen([*BQ, "stats", "--watch", "--interval", "0.2", *where], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**_env(None), "COLUMNS": "80"}, cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, env={**cli_env(None), "COLUMNS": "80"}, cwd=REPO)
     try:
         lines: list[str] = []
         while sum("out/s" in line for line in lines) < 2:  # two refreshes, the second with rates

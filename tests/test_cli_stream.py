@@ -8,8 +8,7 @@ from click.testing import CliRunner
 
 import bucketq
 from bucketq.cli import cli
-from tests.test_cli import Run, jsonl, ok, one_line_error
-from tests.test_cli import bq as bq  # noqa: F401 (a fixture)
+from tests.cli_runner import Run, jsonl, ok, one_line_error
 
 
 async def _seed(mongo_uri: str, db_name: str) -> None:

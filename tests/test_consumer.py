@@ -20,25 +20,9 @@ import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from tests.helpers import PATIENCE_S, StartedCommands, eventually, seconds_ago, utc_now
+from tests.helpers import PATIENCE_S, StartedCommands, consume_all, eventually, seconds_ago, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
-
-
-async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0, want: int | None = None) -> list[bucketq.Message]:
-    """Every message ``q`` delivers until none comes for ``timeout`` seconds, each acked. Given ``want``, a test
-    that knows how many must come: they may take up to PATIENCE_S, each ack is written before the next reserve
-    (the silence gave the last ones time to be), and then no other may come within a short silence."""
-    got = []
-    while want is None or len(got) < want:
-        if (message := await q.reserve(timeout=timeout if want is None else PATIENCE_S)) is None:
-            break
-        got.append(message)
-        await message.ack(wait=want is not None)
-    if want is not None:
-        extra = await q.reserve(timeout=0.1)
-        assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
-    return got
 
 
 async def test_reserve_ack_empties_the_queue_and_deletes_buckets(make_queue, sync_db):
@@ -576,7 +560,8 @@ async def test_state_flushes_are_periodic_not_per_message(make_queue, mongo_uri,
 
 
 def _run_consumer(mongo_uri, db_name, *args):
-    return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events", *args])
+    return subprocess.Popen([sys.executable, "-m", "tests.entrypoints.consumer_proc", mongo_uri, db_name, "events",
+                             *args])
 
 
 @pytest.mark.timeout(120)

@@ -10,13 +10,13 @@ import time
 import pytest
 
 import bucketq
-from tests.fast_clock import _real_monotonic, _real_time
+from tests.fast_clock import real_monotonic, real_time
 
 
 async def test_an_idle_wait_on_the_in_memory_database_takes_no_real_time(memory_db):
-    mono, wall, real = time.monotonic(), time.time(), _real_monotonic()
+    mono, wall, real = time.monotonic(), time.time(), real_monotonic()
     await asyncio.sleep(200)
-    assert _real_monotonic() - real < 5
+    assert real_monotonic() - real < 5
     assert time.monotonic() - mono >= 200 and time.time() - wall >= 200
     assert abs((time.time() - wall) - (time.monotonic() - mono)) < 0.1, "the two clocks moved apart"
 
@@ -26,11 +26,11 @@ async def test_a_lease_passes_without_its_real_time_and_the_bucket_comes_back(me
     async with bucketq.Queue(memory_db, name="events", lease=120, bucket_max_wait=0.005) as queue:
         await queue.push("x")
         lost = memory_db.faults.lose_reply("findAndModify")  # claimed, but its holder never knew
-        mono, real = time.monotonic(), _real_monotonic()
+        mono, real = time.monotonic(), real_monotonic()
         message = await queue.reserve(timeout=240)
         assert lost.hits == 1 and message is not None and message.payload == "x"
         assert time.monotonic() - mono >= 120, "served before the lost claim's lease ran out"
-        assert _real_monotonic() - real < 5
+        assert real_monotonic() - real < 5
         await message.ack(wait=True)
 
 
@@ -59,14 +59,14 @@ async def test_a_wait_for_a_thread_skips_its_timeout_so_such_tests_keep_real_tim
 
 @pytest.mark.real_time
 async def test_a_test_marked_real_time_waits_in_real_time(memory_db):
-    real = _real_monotonic()
+    real = real_monotonic()
     assert await _read_within(60) == b"!"
-    assert 0.05 <= _real_monotonic() - real < 5
+    assert 0.05 <= real_monotonic() - real < 5
 
 
 async def test_a_test_on_no_in_memory_database_waits_in_real_time():
-    real, wall = _real_monotonic(), _real_time()
+    real, wall = real_monotonic(), real_time()
     await asyncio.sleep(0.05)
-    assert _real_monotonic() - real >= 0.05
-    assert abs(time.time() - _real_time()) < 0.1, "the wall clock stayed moved after a test on the in-memory database"
+    assert real_monotonic() - real >= 0.05
+    assert abs(time.time() - real_time()) < 0.1, "the wall clock stayed moved after a test on the in-memory database"
     assert time.time() - wall < 5

@@ -18,8 +18,7 @@ import bucketq
 from bucketq import Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core import groups
-from tests.helpers import eventually, utc_now
-from tests.test_consumer import consume_all  # every message until none comes, each acked
+from tests.helpers import consume_all, eventually, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -249,7 +248,8 @@ async def test_malformed_group_buckets_go_to_quarantine_with_the_reason(make_que
 # -- crash: a consumer SIGKILLed while it holds groups ------------------------------------------------------
 
 def _run_consumer(mongo_uri: str, db_name: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events", *args])
+    return subprocess.Popen([sys.executable, "-m", "tests.entrypoints.consumer_proc", mongo_uri, db_name, "events",
+                             *args])
 
 
 @pytest.mark.timeout(240)

@@ -20,7 +20,7 @@ import bucketq
 from bucketq.core import claims
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION, MAX_BUCKET_BYTES
 from bucketq.memory import Fault, Faults, Operation
-from tests.helpers import eventually, seconds_ago, server_proxy
+from tests.helpers import eventually, seconds_ago, served, server_proxy
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -35,14 +35,6 @@ def _raw_bucket(**fields: Any) -> dict:
            "n": 1, "p": ['"raw"'], "done": [], "c": 0, "lease": None}
     doc.update(fields)
     return doc
-
-
-async def _drain_ids(q: bucketq.Queue, timeout: float = 0.5) -> list[str]:
-    got = []
-    while (message := await q.reserve(timeout=timeout)) is not None:
-        got.append(message.payload)
-        await message.ack(wait=True)
-    return got
 
 
 async def _take_over(make_queue: Callable[..., bucketq.Queue], payloads: list[Any]) -> tuple[Any, ...]:
@@ -79,7 +71,7 @@ async def test_a_stale_consumers_retried_write_is_refused_not_inferred_from_some
         await mine[1].nack(delay=0, wait=True)  # before the fix: "applied" (slots 0, 1 are done: B's work)
     assert lost.hits == 1
     await theirs[2].ack(wait=True)
-    assert await _drain_ids(b) == [], "a message B acked came back through A's retry copy"
+    assert await served(b) == [], "a message B acked came back through A's retry copy"
     assert sync_db.events.count_documents(LIVE) == 0
 
 
@@ -318,7 +310,7 @@ async def test_requeue_of_many_large_dead_letters_is_split_below_16_mib(make_que
     assert await q.requeue_dead() == 40
     sizes = [len(bson.encode(doc)) for doc in sync_db.events.find(LIVE)]
     assert len(sizes) >= 3 and all(size <= MAX_BUCKET_BYTES for size in sizes), sizes
-    assert len(await _drain_ids(q)) == 40
+    assert len(await served(q)) == 40
 
 
 # -- 8. bad stored input goes to quarantine, never crashes or loops a consumer ------------------------------
@@ -344,7 +336,7 @@ async def test_bad_stored_buckets_are_quarantined_and_the_good_message_is_served
     stats = await q.stats()
     assert stats["buckets"] == 1
     await q.push("good")
-    assert await _drain_ids(q) == ["good"]
+    assert await served(q) == ["good"]
     entries = await q.quarantined()
     assert [e["_id"] for e in entries] == [bad["_id"]] and entries[0]["reason"]
 
@@ -356,7 +348,7 @@ async def test_a_bucket_whose_lease_has_no_date_is_claimed_not_stuck(make_queue,
     written by hand with no date ``until`` must not make its bucket unclaimable for ever."""
     sync_db.events.insert_one(_raw_bucket(lease=lease))
     q = make_queue(**QUICK)
-    assert await _drain_ids(q) == ["raw"]
+    assert await served(q) == ["raw"]
 
 
 async def test_stats_count_around_malformed_documents(make_queue, sync_db):

@@ -17,8 +17,7 @@ from pymongo.errors import DuplicateKeyError
 import bucketq
 from bucketq.core import claims
 from bucketq.shell.pause_gate import PAUSE_REFRESH_S
-from tests.helpers import utc_now
-from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
+from tests.helpers import served, utc_now
 
 UTC = dt.timezone.utc
 

@@ -164,8 +164,8 @@ async def test_the_source_may_be_any_async_collection_motor_too(make_queue, mong
 
 
 def _relay_proc(mongo_uri: str, db_name: str, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tests.stress.outbox_relay", mongo_uri, db_name, "orders", "events",
-                           *flags], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "tests.entrypoints.outbox_relay", mongo_uri, db_name, "orders",
+                           "events", *flags], cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.timeout(120)

@@ -20,7 +20,7 @@ from bucketq.cli import cli
 from bucketq.core.sharding import LAYOUT
 from bucketq.errors import InvalidOption
 from bucketq.web import create_app
-from tests.test_consumer import consume_all
+from tests.helpers import consume_all
 
 pytestmark = pytest.mark.backends("memory", "server")
 TOKEN = "adopt-token"

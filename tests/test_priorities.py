@@ -18,8 +18,7 @@ import bucketq
 from bucketq import InvalidOption, Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core.priorities import BY_AGE, BY_PRIORITY, Turns
-from tests.helpers import seconds_ago, server_proxy, utc_now
-from tests.test_consumer import consume_all  # every message until none comes, each acked
+from tests.helpers import consume_all, seconds_ago, server_proxy, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -217,7 +216,7 @@ async def test_two_consumer_processes_racing_over_levels_handle_each_message_and
                                                                                              mongo_uri, db_name):
     q = make_queue(**QUICK, bucket_max_size=5)
     await q.push_many([Outgoing({"i": i}, priority=i % 4) for i in range(300)])
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events"])
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.entrypoints.consumer_proc", mongo_uri, db_name, "events"])
              for _ in range(2)]
     for proc in procs:
         assert await asyncio.to_thread(proc.wait, 120) == 0

@@ -167,7 +167,7 @@ def test_consumer_processes_together_serve_at_most_the_limit_in_each_window(mong
             await q.push_many([{"i": i} for i in range(45)])
 
     asyncio.run(seed())
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events",
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.entrypoints.consumer_proc", mongo_uri, db_name, "events",
                                "--rate-limit", f"{limit.limit}/{limit.per}"]) for _ in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     rows = list(sync_db.processed.find())

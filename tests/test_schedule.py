@@ -63,10 +63,10 @@ async def test_two_schedulers_racing_over_many_ticks_enqueue_each_tick_exactly_o
 
 
 async def test_scheduler_processes_racing_enqueue_each_tick_exactly_once(mongo_uri, db_name, sync_db):
-    """Three processes (``tests/scheduler_proc.py``) run one schedule over the same 60 ticks at once: every tick
-    is enqueued by exactly one of them, and the queue holds one bucket per tick."""
+    """Three processes (``tests/entrypoints/scheduler_proc.py``) run one schedule over the same 60 ticks at once:
+    every tick is enqueued by exactly one of them, and the queue holds one bucket per tick."""
     count = 60
-    outputs = race_processes("tests.scheduler_proc", [mongo_uri, db_name, str(count)], sync_db.barrier)
+    outputs = race_processes("tests.entrypoints.scheduler_proc", [mongo_uri, db_name, str(count)], sync_db.barrier)
     by_process = [[dt.datetime.fromisoformat(t) for t in json.loads(out)] for out in outputs]
     assert sorted(t for ticks in by_process for t in ticks) == every_minute(0, count)
     assert {doc["_id"] for doc in sync_db.events.find({}, {"_id": 1})} == {

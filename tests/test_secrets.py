@@ -153,7 +153,7 @@ def test_an_unreachable_server_is_said_once_with_its_uri_and_without_pymongos_to
 
 ARGS: dict[tuple[str, ...], list[str]] = {  # each command, with what it needs besides the URI
     ("stats",): [], ("peek",): ["q"], ("push",): ["q", "1"], ("drain",): ["q"],
-    ("worker",): ["tests.cli_handlers:record", "--queue", "q", "--log-level", "debug"],
+    ("worker",): ["tests.entrypoints.cli_handlers:record", "--queue", "q", "--log-level", "debug"],
     ("relay",): ["orders", "--queue", "q", "--once", "--log-level", "debug"],
     ("dead", "list"): ["q"], ("dead", "requeue"): ["q", "--yes"], ("dead", "purge"): ["q", "--yes"],
     ("quarantine", "list"): ["q"], ("quarantine", "requeue"): ["q", "--yes"], ("quarantine", "purge"): ["q", "--yes"],

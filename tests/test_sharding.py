@@ -22,8 +22,8 @@ from bucketq.core.backoff import Backoff
 from bucketq.core.sharding import Rotation, Spread, partition_of
 from bucketq.errors import InvalidOption
 from bucketq.outbox import Outbox, event
+from tests.helpers import consume_all
 from tests.shardkeys import ShardKeyAudit
-from tests.test_consumer import consume_all
 
 
 def test_partition_of_a_group_is_crc32_of_its_utf8_mod_partitions() -> None:

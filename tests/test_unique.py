@@ -15,8 +15,8 @@ from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq import Outgoing
+from tests.format_checks import check, check_bucket
 from tests.helpers import drained, lossy_queue, race_processes
-from tests.test_format import check, check_bucket
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -153,10 +153,10 @@ async def test_two_producers_racing_over_the_same_keys_make_one_job_per_key(make
 
 
 async def test_producer_processes_racing_make_one_job_per_key(mongo_uri, db_name, sync_db, make_queue):
-    """Three processes (``tests/unique_proc.py``) push the same 50 unique keys at once: every key gets one job, and
-    every process's push of a key returned that job's id."""
+    """Three processes (``tests/entrypoints/unique_proc.py``) push the same 50 unique keys at once: every key gets
+    one job, and every process's push of a key returned that job's id."""
     count = 50
-    outputs = race_processes("tests.unique_proc", [mongo_uri, db_name, str(count)], sync_db.barrier)
+    outputs = race_processes("tests.entrypoints.unique_proc", [mongo_uri, db_name, str(count)], sync_db.barrier)
     by_process = [json.loads(out) for out in outputs]
     assert all(ids == by_process[0] for ids in by_process), by_process
     messages = await drained(make_queue("jobs", **QUICK))

@@ -35,37 +35,13 @@ from bucketq.web import check_bind, create_app
 from bucketq.web.charts import SERIES_COLORS, line_chart
 from bucketq.web.history import History
 from bucketq.web.security import SESSION_COOKIE
+from tests.dashboard_data import TOKEN, fill
 from tests.helpers import eventually, step_local_clock, utc_now
 
 ROOT = Path(__file__).resolve().parent.parent
 # The TestClient serves the app from a loop in a thread of its own, which the test waits for: real time.
 pytestmark = pytest.mark.real_time
-TOKEN = "s3cret-token"
 CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
-
-
-async def fill(target: Any, raw: Any) -> None:
-    """Real data for the dashboard: queue ``orders`` with 20 messages, of which 3 dead letters (their reasons say
-    why) and one more bucket quarantined (``raw`` is a synchronous handle on the database, to write it as it is);
-    queue ``emails`` with 5 ready and 5 scheduled messages; stream ``events`` of 30 messages, reader group
-    ``audit`` at its beginning (30 behind) and ``billing`` at its end."""
-    past = utc_now() - dt.timedelta(seconds=60)
-    raw["orders"].insert_one({"_id": ObjectId(), "v": 1, "enc": "json", "created": past, "due": past, "n": 1,
-                              "p": ["{not json"], "done": [], "c": 0, "lease": None})
-    async with bucketq.Queue(target, name="orders", bucket_max_wait=0.005, drain_timeout=0) as orders:
-        await orders.push_many([{"order": i} for i in range(20)])
-        for error in ("card declined", "address unknown", "timeout calling the warehouse"):
-            message = await orders.reserve(timeout=2)
-            assert message is not None
-            await message.dead_letter(error=error, wait=True)
-    async with bucketq.Queue(target, name="emails", bucket_max_wait=0.005) as emails:
-        await emails.push_many([{"to": f"user{i}"} for i in range(5)])
-        await emails.push_many([{"to": f"later{i}"} for i in range(5)], delay=3600)
-    async with bucketq.Stream(target, name="events") as events:
-        await events.push_many([{"event": i} for i in range(30)])
-        await events.flush()
-        await events.reset("audit", "beginning")
-        await events.reset("billing", "end")
 
 
 @pytest.fixture

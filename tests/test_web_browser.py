@@ -1,6 +1,6 @@
 """The dashboard in a real browser: Debian's Chromium driven by Selenium through Debian's chromedriver (``make
 browser`` installs both; nothing is downloaded at run time: Selenium Manager is made to fail should it run). On
-the test server, ``bucketq web`` serves real data (tests.test_web.fill); after some traffic gives the charts
+the test server, ``bucketq web`` serves real data (tests.dashboard_data.fill); after some traffic gives the charts
 something to draw, the browser logs in, checks the legends' colours, watches the queue's page refresh itself (and
 keep what was typed in a form, and stop when paused), sees who holds a bucket, requeues the dead
 letters a filter selects, opens one message and retries it, pages through the dead letters and pauses the
@@ -30,8 +30,8 @@ import bucketq
 from bucketq.core.claims import owner_name
 from bucketq.web.charts import SERIES_COLORS
 from devtools.testserver import free_port
+from tests.dashboard_data import TOKEN, fill
 from tests.helpers import answers, eventually, utc_now
-from tests.test_web import TOKEN, fill
 
 pytestmark = [pytest.mark.browser]
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_readme import blocks, new_databases_dropped
+from tests.doc_blocks import blocks, new_databases_dropped
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"bucketq": ROOT / "bucketq", "bucketq_spark": ROOT / "spark" / "bucketq_spark"}

@@ -1,4 +1,4 @@
-"""A relay process for the outbox crash tests: ``python -m tests.stress.outbox_relay URI DB SOURCE QUEUE
+"""A relay process for the outbox crash tests: ``python -m tests.entrypoints.outbox_relay URI DB SOURCE QUEUE
 [--die-before-pull] [--batch-size N]``.
 
 Relays until no event is waiting, then exits 0. With ``--die-before-pull`` it kills itself with SIGKILL at the

@@ -1,4 +1,4 @@
-"""A consumer process for the crash tests: ``python -m tests.consumer_proc URI DB QUEUE [--dedupe]
+"""A consumer process for the crash tests: ``python -m tests.entrypoints.consumer_proc URI DB QUEUE [--dedupe]
 [--die-after N] [--rate-limit LIMIT/PER] [--housekeeping-every S]``.
 
 Each handled message is recorded in the collection ``processed`` ({msg, i, g, pid, served, start, end, tries,

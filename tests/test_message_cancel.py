@@ -26,9 +26,8 @@ from bucketq.batch import Batch, BatchQueue
 from bucketq.core.cancellation import still_pending
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.held import ClaimedBucket, Policy, SlotState
-from tests.helpers import PATIENCE_S, eventually, examples, lossy_queue
-from tests.test_format import check, check_bucket
-from tests.test_guarantees import _drain_ids as served  # payloads until none comes, each acked
+from tests.format_checks import check, check_bucket
+from tests.helpers import PATIENCE_S, eventually, examples, lossy_queue, served
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -377,7 +376,7 @@ async def test_a_cancel_racing_consumers_has_exactly_one_outcome(make_queue, syn
 
 
 def _run_consumer(mongo_uri: str, db_name: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.consumer_proc", mongo_uri, db_name, "events"])
+    return subprocess.Popen([sys.executable, "-m", "tests.entrypoints.consumer_proc", mongo_uri, db_name, "events"])
 
 
 @pytest.mark.timeout(120)

@@ -1,5 +1,5 @@
 """A handler and worker hooks for the ``bucketq worker`` tests in tests/test_cli.py, loaded by import path
-(``tests.cli_hooks:NAME``). Each appends one JSON line to the file named by ``BUCKETQ_TEST_OUT``."""
+(``tests.entrypoints.cli_hooks:NAME``). Each appends one JSON line to the file named by ``BUCKETQ_TEST_OUT``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A scheduler process for the race test: ``python -m tests.scheduler_proc URI DB TICKS``.
+"""A scheduler process for the race test: ``python -m tests.entrypoints.scheduler_proc URI DB TICKS``.
 
 Opens the queue ``events``, prints ``ready``, waits for the document ``{_id: "go"}`` in the collection ``barrier``
 (so that every process starts racing at once), then runs the schedule ``race`` (every minute) at the test's

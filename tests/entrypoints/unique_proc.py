@@ -1,4 +1,4 @@
-"""A producer process for the unique-jobs race test: ``python -m tests.unique_proc URI DB KEYS``.
+"""A producer process for the unique-jobs race test: ``python -m tests.entrypoints.unique_proc URI DB KEYS``.
 
 Opens the queue ``jobs``, prints ``ready``, waits for the document ``{_id: "go"}`` in the collection ``barrier``
 (so that every process starts racing at once), then pushes one job for each of the keys ``0`` to ``KEYS - 1`` with

@@ -1,4 +1,4 @@
-"""Handlers for the ``bucketq worker`` tests in tests/test_cli.py (run as ``tests.cli_handlers:NAME``)."""
+"""Handlers for the ``bucketq worker`` tests in tests/test_cli.py (run as ``tests.entrypoints.cli_handlers:NAME``)."""
 
 from __future__ import annotations
 
