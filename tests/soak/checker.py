@@ -220,11 +220,16 @@ class _Run:
         return surely_before(self.start, other.end) and surely_before(other.start, self.end)
 
 
-def _runs(h: History, starts: list[Record]) -> list[_Run]:
-    """The handler runs of ``starts``: each ends at the first ``end`` of its id by its process after it."""
+def _ends(h: History) -> dict[tuple[str, str], list[Record]]:
+    """The ``end`` records per (process, message id), by ``at``."""
     ends: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for record in h.of("end"):
         ends[(record["proc"], record["id"])].append(record)
+    return ends
+
+
+def _runs(h: History, starts: list[Record], ends: dict[tuple[str, str], list[Record]]) -> list[_Run]:
+    """The handler runs of ``starts``: each ends at the first ``end`` of its id by its process after it."""
     runs = []
     for start in starts:
         later = [e for e in ends.get((start["proc"], start["id"]), []) if e["at"] >= start["at"]]
@@ -248,13 +253,14 @@ def ordered_group(h: History) -> RuleResult:
         origin = start if start.get("group") is not None else pushed.get(start["id"])
         if origin is not None:
             groups[origin["group"]].append((origin["seq"], start))
+    ends = _ends(h)
     for group, starts in groups.items():
         result.cases += len(starts)
         firsts: dict[str, tuple[int, Record]] = {}
         for seq, start in starts:
             firsts.setdefault(start["id"], (seq, start))
         _check_group_order(result, group, list(firsts.values()))
-        runs = _runs(h, [s for _, s in starts])
+        runs = _runs(h, [s for _, s in starts], ends)
         _check_group_overlap(result, group, [r for r in runs if not r.end.get("lease_lost")])
     return result
 
@@ -314,13 +320,15 @@ def unique(h: History) -> RuleResult:
         return float(min(expiry, finish["at"] - finish["err"]) if finish else expiry)
 
     for key, firsts in jobs.items():
-        pushes = list(firsts.values())
-        for i, later in enumerate(pushes):
-            for earlier in pushes[:i]:
-                both_held = max(later["at"] + later["err"], earlier["at"] + earlier["err"])
-                if both_held < min(held_until(earlier), held_until(later)):
+        holding: list[tuple[float, Record]] = []  # the earlier jobs that may still hold the key
+        for later in sorted(firsts.values(), key=lambda p: p["at"] + p["err"]):
+            created_by = later["at"] + later["err"]
+            holding = [(until, earlier) for until, earlier in holding if until > created_by]
+            for until, earlier in holding:
+                if created_by < min(until, held_until(later)):
                     result.violation([earlier["id"], later["id"]], f"key {key}: two jobs pending at once",
                                      earlier, later)
+            holding.append((held_until(later), later))
     for release in h.of("unique_released"):
         job = jobs.get(release["unique_key"], {}).get(release["id"])
         if job is not None and release["at"] + release["err"] < held_until(job):
