@@ -8,8 +8,9 @@ violation only on what is surely so. Each rule says how many cases it checked; a
 (a run that never exercised it proves nothing), and so does any violation, which names the rule, the message
 ids and the records that show it (proc, op, at).
 
-What the rules allow beyond the documented guarantees is in ``DEFAULT_TOLERANCE``; the run's ``config`` record
-may override any of it under ``tolerance``.
+The runner writes a ``config`` record per queue (its ``rate_limit`` and ``unique_for_s``); what the rules allow
+beyond the documented guarantees is in ``DEFAULT_TOLERANCE``, which any ``config`` record may override under
+``tolerance``.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class Verdict:
 
 
 class History:
-    """A run's records in the order of their ``at``, indexed by op, with the run's configuration."""
+    """A run's records in the order of their ``at``, indexed by op, with the configuration of each queue."""
 
     def __init__(self, records: Iterable[Record]) -> None:
         self.records = sorted(records, key=lambda r: r["at"])
@@ -131,15 +132,20 @@ class History:
         for record in self.records:
             self.by_op[record["op"]].append(record)
             self.first_at.setdefault(record["proc"], record["at"])
-        configs = self.by_op.get("config", [])
-        self.config: Record = configs[0] if configs else {}
-        self.tolerance = {**DEFAULT_TOLERANCE, **self.config.get("tolerance", {})}
+        self.configs = {r["queue"]: r for r in reversed(self.of("config"))}  # the first of a queue counts
+        self.tolerance = dict(DEFAULT_TOLERANCE)
+        for config in self.configs.values():
+            self.tolerance.update(config.get("tolerance", {}))
         self.end = self.records[-1]["at"] if self.records else 0.0
         self.killed = {r["target"]: r for r in self.of("killed")}
 
     def of(self, op: str) -> list[Record]:
         """The records of ``op``, by ``at``."""
         return self.by_op.get(op, [])
+
+    def unique_for_ms(self, queue: str) -> float:
+        """How long a unique job of ``queue`` holds its key at most (0 when the queue has no ``unique_for_s``)."""
+        return float(self.configs.get(queue, {}).get("unique_for_s") or 0.0) * 1000
 
     def per_id(self, op: str) -> dict[str, list[Record]]:
         """The records of ``op`` per message id, by ``at``."""
@@ -169,7 +175,6 @@ def lost(h: History) -> RuleResult:
     started, dead = h.per_id("start"), h.per_id("dead")
     started_keys = {r["key"] for r in h.of("start") if r.get("key") is not None}
     cancelled = {r["id"] for r in h.of("cancel_ok") if r.get("outcome") != "not_found"}
-    unique_for_ms = (h.config.get("unique_for_s") or 0.0) * 1000
     kills = h.of("killed")
     seen: set[str] = set()
     for push in h.of("push_ok"):
@@ -182,7 +187,8 @@ def lost(h: History) -> RuleResult:
         result.cases += 1
         if mid in started or mid in dead or mid in cancelled or push.get("key", mid) in started_keys:
             continue
-        if push["kind"] == "unique" and any(0 <= push["at"] - k["at"] <= unique_for_ms for k in kills):
+        if push["kind"] == "unique" and any(0 <= push["at"] - k["at"] <= h.unique_for_ms(push["queue"])
+                                            for k in kills):
             continue
         result.violation([mid], "acknowledged push never started, cancelled or dead-lettered", push)
     return result
@@ -299,7 +305,6 @@ def unique(h: History) -> RuleResult:
     passed. Two jobs (ids) of a key whose holds surely overlap break it, and so does a ``unique_released`` surely
     before the job could have let the key go. Each unique push is a case."""
     result = RuleResult("unique")
-    unique_for_ms = (h.config.get("unique_for_s") or 0.0) * 1000
     slack = h.tolerance["unique_push_ms"]
     finished: dict[str, Record] = {}
     for op in ("ack", "dead", "cancel_ok"):
@@ -315,7 +320,7 @@ def unique(h: History) -> RuleResult:
 
     def held_until(push: Record) -> float:
         """The earliest the job's key may have been let go."""
-        expiry = push["at"] - push["err"] - slack + unique_for_ms
+        expiry = push["at"] - push["err"] - slack + h.unique_for_ms(push["queue"])
         finish = finished.get(push["id"])
         return float(min(expiry, finish["at"] - finish["err"]) if finish else expiry)
 
@@ -415,10 +420,14 @@ def _excused(h: History, procs: set[str], start: float, end: float, *, catch_up:
 
 
 def _outage(h: History, start: float, end: float) -> bool:
-    """Whether an outage fault overlaps ``[start, end]``."""
+    """Whether an outage fault overlaps ``[start, end]``: its record may be written as it begins or as it ends,
+    so it is taken to cover its length (``ms``) on either side of its ``at``."""
     kinds = h.tolerance["outage_faults"]
-    return any(f.get("kind") in kinds and f["at"] - f["err"] <= end
-               and f["at"] + f.get("ms", h.tolerance["outage_ms"]) >= start for f in h.of("fault"))
+    for fault in h.of("fault"):
+        length = fault.get("ms", h.tolerance["outage_ms"]) + fault["err"]
+        if fault.get("kind") in kinds and fault["at"] - length <= end and fault["at"] + length >= start:
+            return True
+    return False
 
 
 def reader_group(h: History) -> RuleResult:
@@ -480,17 +489,21 @@ def _check_no_read_behind_commit(result: RuleResult, key: tuple[str, str, int], 
 
 
 def rate_limit(h: History) -> RuleResult:
-    """At most ``count`` plus ``rate_extra`` starts of the rate-limited queue (the queues of the pushes of kind
-    rate, else the config's queue) surely within any span of ``per_s``. Each start opens a span that is a case."""
+    """At most ``count`` plus ``rate_extra`` starts of a queue with a ``rate_limit`` surely within any span of its
+    ``per_s``. Each start opens a span that is a case."""
     result = RuleResult("rate_limit")
-    limit = h.config.get("rate_limit")
-    if not limit:
-        return result
+    for queue, config in h.configs.items():
+        if config.get("rate_limit"):
+            _check_rate(h, result, queue, config["rate_limit"])
+    return result
+
+
+def _check_rate(h: History, result: RuleResult, queue: str, limit: Record) -> None:
+    """The spans of ``queue``'s starts over its limit."""
     extra = h.tolerance["rate_extra"]
     allowed = limit["count"] + (limit["count"] if extra is None else extra)
     span = limit["per_s"] * 1000
-    queues = {p["queue"] for p in h.of("push_ok") if p["kind"] == "rate"} or {h.config.get("queue")}
-    starts = sorted((s for s in h.of("start") if s["queue"] in queues), key=lambda s: s["at"] - s["err"])
+    starts = sorted((s for s in h.of("start") if s["queue"] == queue), key=lambda s: s["at"] - s["err"])
     lowers = [s["at"] - s["err"] for s in starts]
     reported_to = -1  # a burst over the limit is reported once, not once per start in it
     for i in range(len(starts)):
@@ -499,10 +512,9 @@ def rate_limit(h: History) -> RuleResult:
         inside = [j for j in range(i, bisect.bisect_left(lowers, window_end))
                   if starts[j]["at"] + starts[j]["err"] < window_end]
         if len(inside) > allowed and i > reported_to:
-            result.violation([starts[j]["id"] for j in inside], f"{len(inside)} starts within {limit['per_s']} s, "
-                             f"at most {allowed} allowed", *[starts[j] for j in inside])
+            result.violation([starts[j]["id"] for j in inside], f"{queue}: {len(inside)} starts within "
+                             f"{limit['per_s']} s, at most {allowed} allowed", *[starts[j] for j in inside])
             reported_to = inside[-1]
-    return result
 
 
 RULES: tuple[Callable[[History], RuleResult], ...] = (
