@@ -304,8 +304,15 @@ def test_a_flat_series_does_not_grow_a_growing_one_does_and_the_oplog_is_not_jud
     assert trends.growing(found.values()) == [found[("worker-2.g1", "rss_bytes")]]
 
 
-def test_growth_below_the_metric_kinds_floor_is_not_growing() -> None:
-    # tasks go from 10 to 20: doubled, but within the floor of 50 tasks a busy process may gain
-    [few] = trends.trends(samples("worker-1.g1", "tasks", [10.0] * 20 + [20.0] * 20))
-    assert few.judged and not few.grows
-
+@pytest.mark.parametrize(("metric", "before", "after", "grows"), [
+    ("tasks", 10.0, 20.0, False),  # doubled, but within the 50 tasks a busy process may gain
+    ("tasks", 10.0, 70.0, True),
+    ("rss_mb", 100.0, 125.0, False),  # 25%, but within 32 MB
+    ("rss_mb", 100.0, 140.0, True),
+    ("docs.jobs.tombstones", 100.0, 900.0, False),  # within 1,000 documents
+    ("open_files", 10.0, 13.0, True),  # no floor of its own: 1
+])
+def test_growth_counts_beyond_the_margin_and_the_floor_of_its_kind_of_metric(metric: str, before: float,
+                                                                             after: float, grows: bool) -> None:
+    [found] = trends.trends(samples("worker-1.g1", metric, [before] * 20 + [after] * 20))
+    assert found.judged and found.grows is grows

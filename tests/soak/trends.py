@@ -2,10 +2,10 @@
 
 The rule: a series (one process's, or the server's, samples of one metric, by ``at``) *grows* when the mean of
 its last quarter of samples exceeds the mean of its second quarter by more than ``MARGIN`` (20%) of it **and** by
-more than the floor of its metric kind (``FLOORS``: what a busy process may gain without leaking, e.g. 32 MiB of
-RSS, 50 asyncio tasks). The first quarter is left out: it is the warm-up (pools filling, caches, imports). A
-series of fewer than ``MIN_SAMPLES`` samples, and the test server's oplog (metrics ``server.oplog.*``, which grows
-with every write by design), are reported but not judged.
+more than the floor of its kind of metric (``FLOORS``: what a busy process may gain without leaking, e.g. 32 MB
+of RSS, 50 asyncio tasks, 1,000 documents). The first quarter is left out: it is the warm-up (pools filling,
+caches, imports). A series of fewer than ``MIN_SAMPLES`` samples, and the test server's oplog (metrics
+``server.oplog.*``, which grows with every write by design), are reported but not judged.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 MARGIN = 0.20
 MIN_SAMPLES = 8
 NOT_JUDGED_PREFIX = "server.oplog."
-# Floors by the metric's kind (its name up to the first dot, or a word in it); other kinds: DEFAULT_FLOOR.
-FLOORS: dict[str, float] = {"rss": 32 * 2**20, "tasks": 50, "connections": 10, "cursors": 10, "docs": 1000,
-                            "backlog": 1000}
+# Floors by the first of these parts found in the metric's name (its unit or what it counts); else DEFAULT_FLOOR.
+FLOORS: tuple[tuple[str, float], ...] = (("_mb", 32.0), ("_bytes", 32.0 * 2**20), ("tasks", 50.0),
+                                         ("connections", 10.0), ("cursors", 10.0), ("docs.", 1000.0),
+                                         ("backlog", 1000.0))
 DEFAULT_FLOOR = 1.0
 
 
@@ -45,15 +46,16 @@ class Trend:
 
 
 def kind(metric: str) -> str:
-    """The metric's kind, a panel of the plot: ``server.oplog`` for the oplog's, else its name up to the first
-    dot (``docs.tombstones`` is of kind ``docs``)."""
-    return NOT_JUDGED_PREFIX.rstrip(".") if metric.startswith(NOT_JUDGED_PREFIX) else metric.split(".")[0]
+    """The metric's kind, a panel of the plot: the first two parts of a server's or a document count's name
+    (``server.oplog.count`` and ``server.oplog.size_mb`` are of kind ``server.oplog``, ``docs.jobs.tombstones``
+    of kind ``docs.jobs``), else the name up to its first dot."""
+    parts = metric.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("server", "docs") else parts[0]
 
 
 def floor(metric: str) -> float:
     """The least growth of ``metric`` that can count as growing."""
-    name = kind(metric)
-    return next((f for word, f in FLOORS.items() if word in name), DEFAULT_FLOOR)
+    return next((f for part, f in FLOORS if part in metric), DEFAULT_FLOOR)
 
 
 def series(samples: Iterable[dict[str, Any]]) -> dict[tuple[str, str], list[tuple[float, float]]]:
@@ -107,18 +109,18 @@ def growing(found: Iterable[Trend]) -> list[Trend]:
 
 def plot(run_dir: Path | str, png_path: Path | str) -> None:
     """Draw ``resources.jsonl`` into ``png_path``: one panel per metric kind, one line per process (and metric,
-    where a kind has several), against minutes since the first sample."""
+    where a kind has several), against minutes since the first sample, on one time axis."""
     from matplotlib.figure import Figure  # not pyplot: no display, no global figure state, half the import
 
     found = series(read_resources(run_dir))
     kinds = sorted({kind(metric) for _, metric in found})
     start = min((points[0][0] for points in found.values()), default=0.0)
-    fig = Figure(figsize=(10, 2.6 * max(len(kinds), 1)))
-    axes = fig.subplots(len(kinds) or 1, 1, squeeze=False)
+    fig = Figure(figsize=(10, 2.2 * max(len(kinds), 1)))
+    axes = fig.subplots(len(kinds) or 1, 1, squeeze=False, sharex=True)
     for ax, name in zip(axes[:, 0], kinds, strict=False):
         for (proc, metric), points in sorted(found.items()):
             if kind(metric) == name:
-                label = proc if metric == name else f"{proc} {metric}"
+                label = proc if metric == name else metric if proc == "server" else f"{proc} {metric}"
                 ax.plot([(at - start) / 60_000 for at, _ in points], [v for _, v in points], label=label)
         ax.set_title(name)
         ax.legend(fontsize="x-small", ncol=4)
