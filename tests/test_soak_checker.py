@@ -285,6 +285,8 @@ def test_a_run_dir_is_read_per_process_file_and_a_line_cut_by_a_kill_is_left_out
     assert check(tmp_path).passed
     assert main([str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["passed"] is True
+    with pytest.raises(FileNotFoundError):
+        check(tmp_path / "history")
 
 
 def samples(proc: str, metric: str, values: list[float]) -> list[dict[str, Any]]:

@@ -529,8 +529,11 @@ def check_records(records: Iterable[Record]) -> Verdict:
 
 def read_history(run_dir: Path) -> Iterator[Record]:
     """The records of ``<run_dir>/history/*.jsonl``. A process killed while it wrote leaves its last line cut:
-    that line is left out; a bad line anywhere else is an error."""
-    for path in sorted((Path(run_dir) / "history").glob("*.jsonl")):
+    that line is left out; a bad line anywhere else is an error, and so is a run without a history."""
+    history = Path(run_dir) / "history"
+    if not history.is_dir():
+        raise FileNotFoundError(f"no history in {run_dir}: {history} is not a directory")
+    for path in sorted(history.glob("*.jsonl")):
         lines = path.read_text().splitlines()
         for n, line in enumerate(lines):
             try:
