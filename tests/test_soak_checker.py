@@ -28,8 +28,9 @@ def rec(at: float, proc: str, op: str, **fields: Any) -> dict[str, Any]:
 
 def handled(at: float, proc: str, mid: str, queue: str = "soak", **fields: Any) -> list[dict[str, Any]]:
     """A message started, acked and ended by ``proc`` over 60 ms from ``at``."""
-    return [rec(at, proc, "start", queue=queue, id=mid, attempt=1, **fields), rec(at + 50, proc, "ack", queue=queue,
-            id=mid), rec(at + 60, proc, "end", queue=queue, id=mid)]
+    return [rec(at, proc, "start", queue=queue, id=mid, attempt=1, **fields),
+            rec(at + 50, proc, "ack", queue=queue, id=mid),
+            rec(at + 60, proc, "end", queue=queue, id=mid)]
 
 
 def tick(at: float, proc: str = "sched-1.g1") -> dict[str, Any]:
@@ -104,15 +105,15 @@ def served(draw: st.DrawFn) -> list[dict[str, Any]]:
     record's clock known within up to 2 ms."""
     records, group_free_at, seqs = [CLEAN[0]], {"g1": 0.0, "g2": 0.0}, {"g1": 0, "g2": 0}
     for i in range(draw(st.integers(1, 12))):
-        producer, worker = draw(st.sampled_from(["producer-1.g1", "producer-2.g1"])), draw(st.sampled_from([W1, W2,
-                                                                                                             W3]))
+        producer = draw(st.sampled_from(["producer-1.g1", "producer-2.g1"]))
+        worker = draw(st.sampled_from([W1, W2, W3]))
         group = draw(st.sampled_from([None, "g1", "g2"]))
         pushed, run = draw(st.floats(0, 1000)), draw(st.floats(5, 200))
         start, fields = pushed + draw(st.floats(5, 500)), {}
-        if group is not None:
+        if group is not None:  # after the group's previous message ended
             start = max(start, group_free_at[group] + 5)
-            fields, group_free_at[group], seqs[group] = {"group": group, "seq": seqs[group]}, start + run, seqs[
-                group] + 1
+            fields = {"group": group, "seq": seqs[group]}
+            group_free_at[group], seqs[group] = start + run, seqs[group] + 1
         mid = f"m{i}"
         records += [rec(pushed, producer, "push_ok", queue="soak", id=mid, kind="plain" if group is None else "group",
                         **fields),
@@ -139,8 +140,8 @@ def test_a_lost_push_fails_lost() -> None:
 
 
 def test_a_push_dead_lettered_or_still_due_at_the_end_is_not_lost() -> None:
-    dead = [rec(150, P, "push_ok", queue="soak", id="m12", kind="plain"), rec(300, W1, "dead", queue="soak",
-                                                                                id="m12", reason="max_attempts")]
+    dead = [rec(150, P, "push_ok", queue="soak", id="m12", kind="plain"),
+            rec(300, W1, "dead", queue="soak", id="m12", reason="max_attempts")]
     due_later = rec(160, P, "push_ok", queue="soak", id="m13", kind="delayed", due=T0 + 10_000)
     assert check_records(planted(*dead, due_later)).passed
 
@@ -199,8 +200,8 @@ def test_a_unique_key_released_early_fails_unique() -> None:
     early = [rec(610, "observer.g1", "unique_released", queue="soak", unique_key="u1", id="m4"),
              rec(620, P, "push_ok", queue="soak", id="m11", kind="unique", unique_key="u1")]
     records = planted(*early, *handled(700, W2, "m11"))
-    assert failing(records, "unique") == [({"m4", "m11"}, ["push_ok", "push_ok"]), ({"m4"}, ["push_ok",
-                                                                                          "unique_released"])]
+    assert failing(records, "unique") == [({"m4", "m11"}, ["push_ok", "push_ok"]),
+                                          ({"m4"}, ["push_ok", "unique_released"])]
 
 
 def test_a_cancelled_message_run_fails_cancel() -> None:
@@ -210,8 +211,8 @@ def test_a_cancelled_message_run_fails_cancel() -> None:
 
 def test_a_requested_cancel_lets_the_consumer_hand_out_or_nack_the_message_until_it_heard() -> None:
     push = rec(150, P, "push_ok", queue="soak", id="m20", kind="plain")
-    first, request = rec(300, W2, "start", queue="soak", id="m20", attempt=1), rec(
-        320, "canceller-1.g1", "cancel_ok", queue="soak", id="m20", outcome="requested")
+    first = rec(300, W2, "start", queue="soak", id="m20", attempt=1)
+    request = rec(320, "canceller-1.g1", "cancel_ok", queue="soak", id="m20", outcome="requested")
     nacked = rec(340, W2, "nack", queue="soak", id="m20", reason="boom")
     handed_before_it_heard = rec(5000, W2, "start", queue="soak", id="m20", attempt=2)
     retry = rec(16_000, W2, "start", queue="soak", id="m20", attempt=2)  # cancel_notice_ms is 15 s
@@ -261,8 +262,8 @@ def test_an_uncommitted_position_read_again_after_a_crash_is_allowed() -> None:
 
 
 def test_a_rate_window_over_the_limit_fails_rate_limit() -> None:
-    # 4 starts from 1100 to 1400 already; with 4 more the second is 8 within a second: 3 allowed, plus 3 the
-    # window's straddle allows
+    # 4 starts from 1100 to 1400 already; 4 more by 1440 make 8 within one second: 3 allowed, plus 3 for a span
+    # that straddles two windows
     more = [rec(1410 + 10 * i, W2, "start", queue="rated", id=f"r{i}", attempt=1) for i in range(4)]
     [(ids, ops)] = failing(planted(*more), "rate_limit")
     assert ids == {"m5", "m6", "m7", "m8", "r0", "r1", "r2", "r3"} and ops == ["start"] * 8
