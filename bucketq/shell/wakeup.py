@@ -49,6 +49,10 @@ STREAM_SILENT_S = 30.0
 # a server that holds it, however long the answer took. (The test server scans its whole oplog for each one: a
 # slow answer must not be followed by another at once.)
 STREAM_PAUSE_FIRST_S = 0.04
+# A queue's buckets are watched to wake consumers that wait: while none of a process's waits (all busy serving),
+# the shared stream asks no getMore, for up to this long (a cursor left unread for ten minutes is closed by the
+# server); the events of that time wait in the stream and come with its next answer, once one waits again.
+FEED_REST_MAX_S = 60.0
 STREAM_PAUSE_MAX_S = STREAM_AWAIT_MS / 1000
 
 Watch = Callable[[Timestamp], Awaitable[Any]]  # a store's method that opens a change stream from a cluster time
@@ -143,6 +147,11 @@ class Wakeup:
     async def wait(self, limit: float) -> None:
         """Sleep until a check is called for (``ready``) or ``limit`` seconds have passed."""
         self.waiting += 1
+        now = time.monotonic()
+        for index, (feed, _) in enumerate(self._feeds):
+            if feed.resting and index in self._answered:  # not silent: nobody asked it while this one was busy
+                self._answered[index] = now
+            feed.wanted()
         try:
             await self._wait(limit)
         finally:
@@ -265,6 +274,10 @@ class _Listener:
     def idle(self) -> bool:
         return self._wakeup.idle
 
+    @property
+    def waits(self) -> bool:
+        return self._wakeup.waiting > 0
+
     def opened(self) -> None:
         if self._heard is not None:  # what was read before may be older than the stream's first event: read again
             self._heard()
@@ -299,6 +312,9 @@ class ChangeFeed:
         self._listeners: list[_Listener] = []
         self._open = False
         self.ended = False
+        self._answered = False  # the stream answered a getMore
+        self.resting = False  # a ``spread`` feed that asks nothing while no listener waits (``FEED_REST_MAX_S``)
+        self._wanted = asyncio.Event()  # set when a listener begins to wait
         self._task = asyncio.get_running_loop().create_task(self._run(watch, clock, required), name="bucketq-watch")
 
     @classmethod
@@ -318,6 +334,8 @@ class ChangeFeed:
         self._listeners.append(listener)
         if self._open:
             listener.opened()
+        if self._answered:  # it may rest now: its last answer stands for one to the newcomer
+            listener.answered(None)
 
     async def leave(self, listener: _Listener) -> None:
         """``listener`` stops listening; the feed ends (and this waits for its task) once none is left."""
@@ -331,6 +349,23 @@ class ChangeFeed:
     def end(self) -> None:
         """End the feed now (a stream gone silent): every listener hears of it."""
         self._task.cancel()
+
+    def wanted(self) -> None:
+        """A listener begins to wait: a resting feed asks again."""
+        self._wanted.set()
+
+    async def _rest(self) -> None:
+        """With ``spread`` (a queue's buckets), while no listener waits: ask nothing until one does, or for
+        ``FEED_REST_MAX_S`` at most."""
+        if not self._spread or not self._answered or any(listener.waits for listener in self._listeners):
+            return  # (its first answer tells each listener that the stream works: it comes first)
+        self.resting = True
+        self._wanted.clear()
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wanted.wait(), FEED_REST_MAX_S)
+        finally:
+            self.resting = False
 
     def _one_to_wake(self, event: dict[str, Any] | None) -> _Listener | None:
         """With ``spread``, for an event that calls for a claim now: the next listener in turn whose wake-up is
@@ -370,9 +405,11 @@ class ChangeFeed:
             try:
                 pause = STREAM_PAUSE_FIRST_S
                 while True:
+                    await self._rest()
                     asked = time.monotonic()
                     event = await stream.try_next()
                     raise_if_cancelled()  # a cancel the driver swallowed: leave() waits for this task
+                    self._answered = True
                     woken = self._one_to_wake(event)
                     for listener in list(self._listeners):
                         listener.answered(event if woken is None or listener is woken else None)
