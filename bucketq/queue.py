@@ -39,6 +39,7 @@ from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.producer import Producer
 from bucketq.setup import SetUp
+from bucketq.shell.strays import Strays
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.transaction import check_session, push_in_transaction
 from bucketq.unique import release_keys
@@ -71,7 +72,8 @@ class Queue:
         self._connection = connect(target, db)
         check_database(self._connection.database, name, self.options.write_concern)
         self._store = AsyncQueueStore(self._connection.database, name, write_concern=self.options.write_concern,
-                                      op_timeout_s=self.options.write_timeout, partitions=self.options.partitions)
+                                      op_timeout_s=self.options.write_timeout, partitions=self.options.partitions,
+                                      rate_limit=self.options.rate_limit)
         self._clock = ServerClock()
         self._wakeup = Wakeup(self.options.poll_interval)
         self._producer = Producer(self._store, self.codec, self.options, self._clock,
@@ -83,6 +85,7 @@ class Queue:
                                                                     self._store.pause.changed)]
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
                                               self.options.write_timeout))
+        self._strays = Strays(self._store, self._clock)
 
     @property
     def database(self) -> Any:
@@ -183,7 +186,7 @@ class Queue:
         stream lost to a server restart)."""
         if self._life.housekeeping is None or self._clock.stale:
             await self._ready()
-            self._life.keep_house(HOUSEKEEPING_EVERY_S, self.purge_expired, "housekeeping", "bucketq-housekeeping")
+            self._life.keep_house(HOUSEKEEPING_EVERY_S, self._keep_house, "housekeeping", "bucketq-housekeeping")
         if self.options.change_streams is not False:
             self._wakeup.start_stream(self._watches, self._clock, required=bool(self.options.change_streams))
 
@@ -196,7 +199,9 @@ class Queue:
         recorded for the ``bucketq.pending`` gauge; and ``groups``: ordered groups with messages left by what
         they wait for (``served``, ``ready``, ``retry``, ``waiting``: see ``bucketq.core.stats.GROUP_STATES``),
         each ``{groups, messages, until}``; ``cancelled``: the records of cancelled messages (``cancel``), among
-        ``dead``. Writes nothing."""
+        ``dead``; ``not_buckets``: the documents of the queue's collection that no claim can take, left out of the
+        counts above (``not_buckets()`` lists them); ``rate_limit``: the queue's stored limit as ``{limit, per}``, or
+        None. Writes nothing."""
         await self._ready(write=False)
         # By the latest reading of the server's clock: a message another client pushed a moment ago, due by its
         # own reading, counts as ready here even when this host's estimate is a millisecond behind that one's.
@@ -205,11 +210,23 @@ class Queue:
         row = shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
         row["pending"] = metrics.record_pending(self.name, self.database.name, row)
         row["cancelled"] = await self._store.count_entries(self._store.dead, CANCELLED_RECORDS)
-        return {**row, "groups": shape_groups(groups)}
+        limit = await self._store.stored_rate_limit()
+        return {**row, "groups": shape_groups(groups), "not_buckets": await self._store.count_strays(),
+                "rate_limit": None if limit is None else {"limit": limit.limit, "per": limit.per}}
+
+    async def not_buckets(self, limit: int = 10) -> dict[str, Any]:
+        """The documents of the queue's collection that no claim can take (a ``due`` that is not a date, a ``pt``
+        that is no partition of the queue): ``{"count", "documents"}``, up to
+        ``limit`` of them as ``{"id", "reason"}``. Those with the format's version field ``v`` are broken buckets,
+        which consumers move to quarantine (within ``bucketq.shell.strays.SWEEP_EVERY_S``); the others are not
+        buckets (say, an application's own documents in the queue's collection) and stay. A scan; writes nothing."""
+        await self._ready(write=False)
+        return await self._strays.report(limit)
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
         """The next ``n`` unfinished messages in due order, without claiming them (nor writing anything). This is
-        the order of claims except for priorities: claims take the due messages of higher levels first."""
+        the order of claims except for priorities: claims take the due messages of higher levels first. Documents
+        no claim can take are left out (``not_buckets`` lists them)."""
         if n <= 0:
             return []
         await self._ready(write=False)
@@ -282,6 +299,12 @@ class Queue:
                 collection, now - dt.timedelta(seconds=retention))
         counts["tombstones"] = await self._store.reap_tombstones(reap(now, self.options.tombstone_retention))
         return counts
+
+    async def _keep_house(self) -> None:
+        """A consumer's housekeeping round: the retention options applied, and broken buckets that no claim can
+        take moved to quarantine (``shell.strays``, at most every ``SWEEP_EVERY_S``)."""
+        await self.purge_expired()
+        await self._strays.sweep()
 
     async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:
