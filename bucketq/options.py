@@ -82,8 +82,9 @@ class QueueOptions:
             when the queue is created (stored in ``<name>.control``). None (the default): the queue's own, 1 for a
             new queue. A count that differs from the queue's raises ``InvalidOption``.
         rate_limit: ``RateLimit(limit, per=seconds)``: at most ``limit`` messages served per window of ``per``
-            seconds by every consumer of the queue together, counted in ``<name>.rate``; None: no limit.
-            Every consumer of a queue must name the same limit.
+            seconds by every consumer of the queue together, counted in ``<name>.rate``. Stored with the queue
+            (``<name>.control``) by the first client that names one; a limit that differs from the stored one
+            raises ``InvalidOption``. None (the default): the queue's stored limit, if it has one; else no limit.
     """
 
     bucket_max_size: int = 1024

@@ -42,6 +42,7 @@ from bucketq.shell.housekeeping import Housekeeping
 from bucketq.shell.lifecycle import Lifecycle
 from bucketq.shell.pause_gate import PauseGate
 from bucketq.shell.producer import Producer
+from bucketq.shell.strays import Strays
 from bucketq.shell.transaction import check_session, push_in_transaction
 from bucketq.shell.unique_keys import release_keys
 from bucketq.shell.wakeup import Shared, Wakeup, Watched
@@ -73,7 +74,8 @@ class Queue:
         self._connection = connect(target, db)
         check_database(self._connection.database, name, self.options.write_concern)
         self._store = AsyncQueueStore(self._connection.database, name, write_concern=self.options.write_concern,
-                                      op_timeout_s=self.options.write_timeout, partitions=self.options.partitions)
+                                      op_timeout_s=self.options.write_timeout, partitions=self.options.partitions,
+                                      rate_limit=self.options.rate_limit)
         self._clock = ServerClock()
         self._wakeup = Wakeup(self.options.poll_interval)
         self._pause = PauseGate(self._store.read_pause)  # one per queue object: a pause it writes holds at once
@@ -87,9 +89,10 @@ class Queue:
         on = (id(self.database.client), self.database.name, name)
         self._watches: list[Watched] = [Shared((*on, "changes"), self._store.watch_changes, spread=True),
                                         Shared((*on, "control"), self._store.watch_control, self._pause.changed)]
-        self._housekeeping = Housekeeping(self._store, self._clock, self.purge_expired)
+        self._housekeeping = Housekeeping(self._store, self._clock, self._keep_house)
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
                                               self.options.write_timeout))
+        self._strays = Strays(self._store, self._clock)
 
     @property
     def database(self) -> Any:
@@ -206,7 +209,9 @@ class Queue:
         ``bucketq.metrics.pending_messages``), also recorded for the ``bucketq.pending`` gauge; and ``groups``:
         ordered groups with messages left by what they wait for (``served``, ``ready``, ``retry``, ``waiting``:
         see ``bucketq.core.stats.GROUP_STATES``), each ``{groups, messages, until}``; ``cancelled``: the records
-        of cancelled messages (``cancel``), among ``dead``. Writes nothing."""
+        of cancelled messages (``cancel``), among ``dead``; ``not_buckets``: the documents of the queue's
+        collection that no claim can take, left out of the counts above (``not_buckets()`` lists them);
+        ``rate_limit``: the queue's stored limit as ``{limit, per}``, or None. Writes nothing."""
         await self._ready(write=False)
         # By the latest reading of the server's clock: a message another client pushed a moment ago, due by its
         # own reading, counts as ready here even when this host's estimate is a millisecond behind that one's.
@@ -215,12 +220,24 @@ class Queue:
         row = shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
         row["pending"] = metrics.record_pending(self.name, self.database.name, row)
         row["cancelled"] = await self._store.count_entries(self._store.dead, CANCELLED_RECORDS)
-        return {**row, "groups": shape_groups(groups)}
+        limit = await self._store.stored_rate_limit()
+        return {**row, "groups": shape_groups(groups), "not_buckets": await self._store.count_strays(),
+                "rate_limit": None if limit is None else {"limit": limit.limit, "per": limit.per}}
+
+    async def not_buckets(self, limit: int = 10) -> dict[str, Any]:
+        """The documents of the queue's collection that no claim can take (a ``due`` that is not a date, a ``pt``
+        that is no partition of the queue): ``{"count", "documents"}``, up to
+        ``limit`` of them as ``{"id", "reason"}``. Those with the format's version field ``v`` are broken buckets,
+        which consumers move to quarantine (within ``bucketq.shell.strays.SWEEP_EVERY_S``); the others are not
+        buckets (say, an application's own documents in the queue's collection) and stay. A scan; writes nothing."""
+        await self._ready(write=False)
+        return await self._strays.report(limit)
 
     async def peek(self, n: int = 10) -> list[dict[str, Any]]:
         """The next ``n`` unfinished messages in due order, without claiming them (nor writing anything): each
         with its ``id``, ``due``, ``tries``, ``priority`` (its level, 0 by default) and ``payload``. This is the
-        order of claims except for priorities: claims take the due messages of higher levels first."""
+        order of claims except for priorities: claims take the due messages of higher levels first. Documents no
+        claim can take are left out (``not_buckets`` lists them)."""
         if n <= 0:
             return []
         await self._ready(write=False)
@@ -294,6 +311,12 @@ class Queue:
                 collection, now - dt.timedelta(seconds=retention))
         counts["tombstones"] = await self._store.reap_tombstones(reap(now, self.options.tombstone_retention))
         return counts
+
+    async def _keep_house(self) -> None:
+        """A consumer's housekeeping round: the retention options applied, and broken buckets that no claim can
+        take moved to quarantine (``shell.strays``, at most every ``SWEEP_EVERY_S``)."""
+        await self.purge_expired()
+        await self._strays.sweep()
 
     async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from bucketq.core.format import FORMAT_VERSION, GROUP_FORMAT_VERSION
 
 FORMAT_MD = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 TYPES = {"objectId": ObjectId, "int": int, "string": str, "date": dt.datetime, "binData": bytes, "object": dict,
-         "null": type(None), "bool": bool}
+         "null": type(None), "bool": bool, "double": float}
 
 
 def table(name: str) -> dict[str, tuple[str, bool]]:

@@ -90,7 +90,7 @@ def test_push_stdin_then_stats_peek_and_drain(bq: Run, sync_db) -> None:
     assert "pushed 3 message(s) to 'events'" in pushed.stdout
 
     row = stats(bq, "events")
-    assert list(row) == [*STATS_KEYS, "pending", "cancelled", "groups"]
+    assert list(row) == [*STATS_KEYS, "pending", "cancelled", "groups", "not_buckets", "rate_limit"]
     assert row["ready"] == 3 and row["scheduled"] == row["in_flight"] == row["dead"] == 0 and row["buckets"] == 1
 
     table = ok(bq("stats", "events")).stdout
@@ -137,7 +137,7 @@ def test_stats_of_every_queue(bq: Run, sync_db) -> None:
     every = json.loads(ok(bq("stats", "--json")).stdout)
     assert set(every) == {"alpha", "beta"}
     assert every["alpha"]["ready"] == 2 and every["beta"]["ready"] == 1
-    assert list(every["beta"]) == [*STATS_KEYS, "pending", "cancelled", "groups"]
+    assert list(every["beta"]) == [*STATS_KEYS, "pending", "cancelled", "groups", "not_buckets", "rate_limit"]
     table = ok(bq("stats")).stdout
     assert "alpha" in table and "beta" in table and "alpha.dead" not in table
 

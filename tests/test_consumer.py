@@ -522,7 +522,7 @@ async def test_stats_counts_messages_by_state(make_queue):
     await q.push("later", delay=60)
     stats = await q.stats()
     assert set(stats) == {"ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s",
-                          "ready_by_priority", "pending", "cancelled", "groups"}
+                          "ready_by_priority", "pending", "cancelled", "groups", "not_buckets", "rate_limit"}
     assert (stats["ready"], stats["scheduled"], stats["in_flight"], stats["buckets"]) == (5, 1, 0, 2)
     assert stats["pending"] == 5  # ready + in flight: the delayed one needs no worker yet
     message = await q.reserve(timeout=2)

@@ -303,6 +303,10 @@ async def test_rate_limit_windows_match_the_format(make_queue, sync_db):
     check(window, "rate-fields")
     assert window["_id"].replace(tzinfo=None) == limit.window(q._clock.now()).replace(tzinfo=None)
     assert window["n"] >= limit.limit
+    layout = sync_db["events.control"].find_one({"_id": "layout"})
+    check(layout, "control-layout-fields")
+    check(layout["rate_limit"], "control-rate-limit-fields")
+    assert layout["rate_limit"] == {"limit": 3, "per": 3600.0}
 
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -163,8 +163,9 @@ def test_stats_count_malformed_documents_as_mongodb_does(db):
     db.e.insert_many([_bucket(n="x", done="y", created=5), _bucket(1, created="s"), _bucket(1, due="soon", lease="z"),
                       _bucket(2), _bucket(3, done=[1], due=later, lease={"token": "t"}), _bucket(3, due=later),
                       {"_id": ObjectId(), "v": 1, "due": claims.TOMBSTONE_DUE, "fin": {"token": "t", "at": now}}])
-    (row,) = db.e.aggregate(stats_pipeline(now))
-    assert (row["buckets"], row["ready"], row["scheduled"], row["in_flight"]) == (6, 4, 3, 2)
+    (row,) = db.e.aggregate(stats_pipeline(now, 1))
+    # the bucket whose due is text is no claim's: left out, and counted apart (``core.strays``)
+    assert (row["buckets"], row["ready"], row["scheduled"], row["in_flight"]) == (5, 3, 3, 2)
     assert abs(row["oldest_ready"] - (now - dt.timedelta(seconds=5)).replace(tzinfo=None)) < dt.timedelta(seconds=1)
 
 
@@ -245,8 +246,8 @@ def _agree(theirs: Any, docs: list[dict[str, Any]], steps: list[tuple], *, stats
         assert _outcome(ours, step, now) == _outcome(theirs, step, now), step
         assert _comparable(list(ours.find())) == _comparable(list(theirs.find())), step
         if stats:
-            assert (_comparable(list(ours.aggregate(stats_pipeline(now))))
-                    == _comparable(list(theirs.aggregate(stats_pipeline(now))))), step
+            assert (_comparable(list(ours.aggregate(stats_pipeline(now, 1))))
+                    == _comparable(list(theirs.aggregate(stats_pipeline(now, 1))))), step
     for query in (claims.LIVE, {"due": {"$lte": now}}, {"done": {"$in": [1, 2]}}, {"lease.owner": "host:1"}):
         assert ours.count_documents(query) == theirs.count_documents(query), query
 

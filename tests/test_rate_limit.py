@@ -1,22 +1,30 @@
 """A queue's rate limit (``QueueOptions.rate_limit``) over a real connection: consumers together serve at most the
-limit per window of the server's clock, in one process and in several; a lost reply wastes permits and never
-exceeds the limit; ``reserve_many`` takes what the window has left; a drain ends a wait for the next window."""
+limit per window of the server's clock, in one process and in several; the limit is stored with the queue (a
+consumer with another is refused, one without adopts it); a lost reply wastes permits and never exceeds the limit;
+``reserve_many`` takes what the window has left; a drain ends a wait for the next window."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
+import re
 import subprocess
 import sys
 from collections import Counter
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.testclient import TestClient
 
 import bucketq
+from bucketq.cli import cli
 from bucketq.core import rate_window
 from bucketq.core.rate_window import RateLimit
+from bucketq.core.sharding import LAYOUT
+from bucketq.web import create_app
 from tests.helpers import lossy_queue
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -64,15 +72,52 @@ async def test_consumers_together_serve_at_most_the_limit_in_each_window(make_qu
     assert len(windows) >= 40 // (limit.limit + len(consumers))
 
 
-async def test_a_window_grants_exactly_its_limit_then_nothing_until_the_next(make_queue):
+async def test_a_window_grants_exactly_its_limit_then_nothing_until_the_next(make_queue, sync_db):
     producer = make_queue(**QUICK)
     await producer.push_many(list(range(10)))
     a, b = make_queue(rate_limit=HOUR, **QUICK), make_queue(rate_limit=HOUR, **QUICK)
     served = await served_until_empty(a) + await served_until_empty(b)
     assert len(served) == HOUR.limit
     await asyncio.gather(a.close(), b.close())  # releasing what they hold: the rest waits for the next window
-    rest = await served_until_empty(make_queue(**QUICK))  # (a consumer without the limit takes it at once)
+    sync_db["events.control"].update_one(LAYOUT, {"$unset": {"rate_limit": ""}})  # an operator lifts the limit
+    rest = await served_until_empty(make_queue(**QUICK))  # and a consumer that names none takes the rest at once
     assert sorted(m.payload for m in served + rest) == list(range(10))
+
+
+async def test_the_first_consumer_that_names_a_limit_stores_it_with_the_queue_and_another_is_refused(make_queue,
+                                                                                                    sync_db):
+    await make_queue(**QUICK).push_many(list(range(10)))  # the queue exists already, without a limit
+    first = make_queue(rate_limit=HOUR, **QUICK)
+    assert len(await served_until_empty(first)) == HOUR.limit
+    assert sync_db["events.control"].find_one(LAYOUT) == {"_id": "layout", "partitions": 1,
+                                                          "rate_limit": {"limit": 4, "per": 3600.0}}
+    other = make_queue(rate_limit=RateLimit(8, per=3600), **QUICK)
+    with pytest.raises(bucketq.InvalidOption, match=re.escape(
+            "the queue's rate limit is RateLimit(4, per=3600), this consumer was opened with "
+            "rate_limit=RateLimit(8, per=3600)")):
+        await other.reserve(timeout=0)
+    assert await make_queue(rate_limit=RateLimit(4, per=3600.0), **QUICK).reserve(timeout=0) is None  # spent
+    adopting = make_queue(**QUICK)  # a consumer that names no limit counts against the queue's
+    assert await served_until_empty(adopting) == []
+    assert (await adopting.stats())["rate_limit"] == {"limit": 4, "per": 3600.0}
+
+
+async def test_the_stored_limit_shows_in_stats_on_the_command_line_and_the_dashboard(make_queue, mongo_uri,
+                                                                                     db_name):
+    await make_queue(rate_limit=RateLimit(50, per=0.5)).push("x")  # stored at the queue's set-up
+
+    def stats(*args: str) -> str:
+        result = CliRunner().invoke(cli, ["stats", "events", *args, "--uri", mongo_uri, "--db", db_name])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "events: rate limit 50 per 0.5 s (stored with the queue)" in await asyncio.to_thread(stats)
+    assert json.loads(await asyncio.to_thread(stats, "--json"))["rate_limit"] == {"limit": 50, "per": 0.5}
+    def queue_page() -> str:  # on a thread: the dashboard's queues are made outside this test's event loop
+        with TestClient(create_app(mongo_uri, db=db_name)) as client:
+            return client.get("/queues/events").text
+
+    assert "rate limit: 50 messages\n  per 0.5 s, stored with the queue" in await asyncio.to_thread(queue_page)
 
 
 async def test_reserve_many_takes_what_the_window_has_left(make_queue):

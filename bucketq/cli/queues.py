@@ -144,10 +144,24 @@ def _stats_table(rows: dict[str, dict[str, Any]], paused: set[str], db: str) -> 
             rates = row.get("rates")
             cells += [f"{rates[k]:,.1f}" if rates else "-" for k in ("in_per_s", "out_per_s")]
         grid.add_row(f"{name} (paused)" if name in paused else name, *cells)
-    waits = [f"{name}: {line}" for name, row in rows.items() if (line := _group_waits(row.get("groups") or {}))]
-    if waits:
-        grid.caption, grid.caption_justify = "\n".join(waits), "left"
+    notes = [f"{name}: {line}" for name, row in rows.items() for line in _notes(name, row)]
+    if notes:
+        grid.caption, grid.caption_justify = "\n".join(notes), "left"
     return grid
+
+
+def _notes(name: str, row: dict[str, Any]) -> list[str]:
+    """A queue's lines under the table: its stored rate limit, what its ordered groups wait for, and the documents
+    of its collection that no claim can take."""
+    notes = []
+    if limit := row.get("rate_limit"):
+        notes.append(f"rate limit {limit['limit']:,} per {limit['per']:g} s (stored with the queue)")
+    if line := _group_waits(row.get("groups") or {}):
+        notes.append(line)
+    if row.get("not_buckets"):
+        notes.append(f"{row['not_buckets']:,} document(s) no claim can take, not counted above (bucketq peek "
+                     f"{name} lists them)")
+    return notes
 
 
 def _group_waits(groups: dict[str, dict[str, Any]]) -> str:
@@ -165,14 +179,17 @@ def _group_waits(groups: dict[str, dict[str, Any]]) -> str:
 @click.option("-n", "count", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
               help="How many messages to show.")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON object per line: id, due, tries, priority and payload (or undecodable / malformed).")
+              help="One JSON object per line: id, due, tries, priority and payload (or undecodable / malformed); "
+                   "then one {not_a_bucket: id, reason} per document no claim can take.")
 @connection_options
 def peek(target: Target, queue: str, count: int, as_json: bool) -> None:
     """Show the next N messages of QUEUE in claim order, without claiming them.
 
     Messages in flight are included (they come back if their consumer fails); nothing changes on the server.
     A "priority" column shows each message's level when one of them has a level above 0. The ages are
-    counted from the server's clock.
+    counted from the server's clock. Then the documents of the queue's collection that no claim can take (up
+    to N, and how many): broken buckets, which consumers move to quarantine, or not buckets at all (an
+    application's own documents).
 
     \b
     Examples:
@@ -186,14 +203,22 @@ async def _peek(target: Target, name: str, count: int, as_json: bool) -> None:
     async with open_queue(target, name) as queue:
         entries = await queue.peek(count)
         now = server_now(queue)
+        strays = await queue.not_buckets(count)
     if as_json:
         for entry in entries:
             click.echo(to_json(entry))
+        for doc in strays["documents"]:
+            click.echo(to_json({"not_a_bucket": doc["id"], "reason": doc["reason"]}))
         return
-    if not entries:
+    if entries:
+        print_table(_peek_table(entries, now))
+    else:
         click.echo(f"queue {name!r} has no messages")
-        return
-    print_table(_peek_table(entries, now))
+    if strays["count"]:
+        click.echo(f"{strays['count']:,} document(s) of {name!r} no claim can take"
+                   f"{'' if strays['count'] == len(strays['documents']) else ', the first ones'}:")
+        for doc in strays["documents"]:
+            click.echo(f"  {doc['id']}: {doc['reason']}")
 
 
 def _peek_table(entries: list[dict[str, Any]], now: dt.datetime) -> Any:

@@ -37,8 +37,8 @@ def relay(target: Target, collection: str, queue: str, field: str, batch_size: i
 
     \b
     Examples:
-      bucketq relay orders --queue order-events
-      bucketq relay orders --queue order-events --once
+      bucketq relay invoices --queue invoice-events
+      bucketq relay invoices --queue invoice-events --once
     """
     log_to_stderr(log_level, driver_log_level)
     run(_relay(target, collection, queue, field, batch_size, poll_interval, once))

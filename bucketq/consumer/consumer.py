@@ -81,7 +81,9 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         self._finishes = Finishes(store, min(options.finish_linger, options.state_flush_period), self._spawn)
         self._metrics = metrics.for_queue(store.name, store.database.name)
         self._rotation = Rotation()
-        self._permits = Permits(store, clock, options.rate_limit) if options.rate_limit is not None else None
+        # Until the first claim's set-up tells whether the queue has a rate limit (a consumer that names none
+        # adopts the queue's), every reserve goes through the permits; then None when it has none
+        self._permits: Permits | None = Permits(store, clock)
         self._turns = Turns(options.priority_fairness)
         # Claims that took a bucket (True) or found none (False), for the bench's measure of claim conflicts
         self.claim_counts: Counter[bool] = Counter()
@@ -103,6 +105,9 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         else:
             deadline = None if timeout is None else time.monotonic() + timeout
             await self._before_claim()  # the permits are counted by the server's clock: synced first
+            if self._store.rate_limit is None:  # the queue has none (learned at set-up): served without permits
+                self._permits = None
+                return await self.reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if not await self._permits.wait_for_one(deadline, lambda: self._draining):
                 return None
             message = await self._reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))

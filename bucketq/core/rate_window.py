@@ -6,11 +6,16 @@ Windows are fixed spans of the server's clock, one counter document each in ``Q.
 ``k`` permits with one ``$inc`` upsert and is granted what was left of the window when its increment landed:
 the counter may run past the limit (every ask adds to it), the grants never do. An ask retried after a lost
 reply adds twice and is granted less: a lost reply can waste permits, never exceed the limit.
+
+The limit itself is stored with the queue, in its layout document (``Q.control``, field ``rate_limit``) next to the
+partition count: the first consumer that names one stores it, a consumer that names another is refused, and one
+that names none adopts it, so that every consumer of a queue counts against the same limit.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +64,36 @@ class RateLimit:
         """How many permits to ask for when ``wanted`` are wanted now: those, or a share of the window's to serve
         the next messages from, whichever is more (within the limit and ``MAX_CHUNK``)."""
         return max(1, min(max(wanted, self.limit // CHUNK_SHARE), self.limit, MAX_CHUNK))
+
+
+STORED = "rate_limit"  # the field of the queue's layout document (``Q.control``) that holds its limit
+
+
+def store(limit: RateLimit) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(filter, update) that stores ``limit`` in the queue's layout document unless one is stored already."""
+    return {STORED: {"$exists": False}}, {"$set": {STORED: {"limit": limit.limit, "per": float(limit.per)}}}
+
+
+def adopted(layout: Mapping[str, Any] | None, wanted: RateLimit | None) -> RateLimit | None:
+    """The queue's rate limit: the one its layout stores, else ``wanted`` (None: no limit). ``InvalidOption``
+    naming both when ``wanted`` is another: consumers with different limits would each enforce their own."""
+    stored = (layout or {}).get(STORED)
+    if stored is None:
+        return wanted
+    try:
+        limit = RateLimit(stored["limit"], stored["per"])
+    except (InvalidOption, KeyError, TypeError) as exc:
+        raise InvalidOption(f"the queue's stored rate limit {stored!r} is not valid: {exc}") from None
+    if wanted is not None and (wanted.limit, wanted.per_ms) != (limit.limit, limit.per_ms):
+        raise InvalidOption(f"the queue's rate limit is {describe(limit)}, this consumer was opened with "
+                            f"rate_limit={describe(wanted)}: every consumer of a queue counts against the queue's "
+                            "limit (leave rate_limit out to adopt it; docs/FORMAT.md, Rate limit)")
+    return limit
+
+
+def describe(limit: RateLimit) -> str:
+    """``RateLimit(limit, per=seconds)``, as a user writes it."""
+    return f"RateLimit({limit.limit}, per={limit.per:g})"
 
 
 def ask(k: int) -> dict[str, Any]:

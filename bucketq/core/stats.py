@@ -9,6 +9,7 @@ from typing import Any
 from bucketq.core.claims import LIVE
 from bucketq.core.format import MAX_BUCKET_SIZE, as_utc
 from bucketq.core.priorities import PRIORITY, is_priority
+from bucketq.core.strays import claimable
 
 # Dates a real ``created`` lies between; in BSON's order across types, other types fall outside.
 _EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -18,11 +19,12 @@ STATS_KEYS = ("ready", "scheduled", "in_flight", "dead", "quarantined", "buckets
               "ready_by_priority")
 
 
-def stats_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
+def stats_pipeline(now: dt.datetime, partitions: int) -> list[dict[str, Any]]:
     """Messages left per bucket (``n - |done|``), summed by state and priority level (a row per level stored, in
     the same pass: ``shape_stats`` adds them up). A claimed bucket's ``due`` is its lease
     expiry, so "claimed and due later" is in flight, and an expired lease counts as ready again.
-    Tombstones are left out. A malformed document counts as a bucket with no messages: one bad document
+    Tombstones are left out, and so are the documents no claim can take (``core.strays``: counted apart, as not
+    buckets). A malformed document counts as a bucket with no messages: one bad document
     must not make the whole aggregation fail (a string ``n`` would make ``$subtract`` raise)."""
     counted = {"$and": [{"$gte": ["$n", 1]}, {"$lte": ["$n", MAX_BUCKET_SIZE]}, {"$isArray": "$done"}]}
     left = {"$cond": [counted, {"$subtract": ["$n", {"$size": "$done"}]}, 0]}
@@ -30,7 +32,7 @@ def stats_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
     leased = {"$ne": [{"$ifNull": ["$lease", None]}, None]}
     dated = {"$and": [{"$gte": ["$created", _EARLIEST]}, {"$lte": ["$created", _LATEST]}]}
     return [
-        {"$match": LIVE},
+        {"$match": {**LIVE, **claimable(partitions)}},
         {"$project": {"left": left, "is_due": is_due, "leased": leased, PRIORITY: 1,
                       "created": {"$cond": [dated, "$created", None]}}},
         {"$group": {

@@ -23,13 +23,19 @@ WAIT_SLICE_S = 0.25
 
 
 class Permits:
-    def __init__(self, store: AsyncQueueStore, clock: ServerClock, limit: RateLimit) -> None:
+    def __init__(self, store: AsyncQueueStore, clock: ServerClock) -> None:
         self._store = store
         self._clock = clock
-        self.limit = limit
         self._window: dt.datetime | None = None
         self._left = 0  # permits of ``_window`` at hand
         self._spent = False  # ``_window`` granted nothing more: wait for the next one
+
+    @property
+    def limit(self) -> RateLimit:
+        """The queue's rate limit, learned at set-up (``AsyncQueueStore.rate_limit``)."""
+        limit = self._store.rate_limit
+        assert limit is not None, "permits are asked for only under a rate limit"
+        return limit
 
     async def take(self, wanted: int) -> int:
         """Up to ``wanted`` permits of the current window, without waiting: those at hand, else one ask of the

@@ -19,7 +19,7 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
-from bucketq.core import groups, unique_keys
+from bucketq.core import groups, rate_window, unique_keys
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
 from bucketq.core.format import (
     CONTROL_SUFFIX,
@@ -33,10 +33,12 @@ from bucketq.core.format import (
 from bucketq.core.held import FlushPlan
 from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
 from bucketq.core.priorities import PRIORITY
+from bucketq.core.rate_window import RateLimit
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
-from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, layout_update
+from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, key, layout_update
 from bucketq.core.stats import groups_pipeline, stats_pipeline
+from bucketq.core.strays import BROKEN, DATED, strays
 from bucketq.store.sync.base import collections, insert_copies, insert_new, retrying
 
 
@@ -47,11 +49,14 @@ def _read_before(doc: dict) -> bool:
 
 class QueueStore:
     def __init__(self, database: Any, name: str, *, write_concern: int | str | None = None,
-                 op_timeout_s: float = 30.0, partitions: int | None = None) -> None:
+                 op_timeout_s: float = 30.0, partitions: int | None = None,
+                 rate_limit: RateLimit | None = None) -> None:
         self.database = database
         self.name = name
         self.wanted = partitions  # the client's count, checked against the queue's; None: adopt the queue's
         self._partitions: int | None = None  # the queue's count once stored (``partition_count``)
+        self.wanted_rate = rate_limit  # the client's limit, checked against the queue's; None: adopt the queue's
+        self.rate_limit: RateLimit | None = None  # the queue's, learned at set-up (``ensure_indexes``)
         self.spread = Spread()  # the partitions of the buckets this process writes
         (self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups, self.unique,
          self.rate) = collections(database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX,
@@ -77,6 +82,16 @@ class QueueStore:
         layout = self.control.find_one_and_update(LAYOUT, layout_update(self.wanted), upsert=True,
                                                         return_document=ReturnDocument.AFTER)
         self._partitions = adopted_partitions(layout, self.wanted)
+        if self.wanted_rate is not None and rate_window.STORED not in layout:  # the first client that names one
+            query, update = rate_window.store(self.wanted_rate)
+            stored = self.control.find_one_and_update({**LAYOUT, **query}, update,
+                                                            return_document=ReturnDocument.AFTER)
+            layout = stored or self.control.find_one(LAYOUT)  # None: another client stored one first
+        self.rate_limit = rate_window.adopted(layout, self.wanted_rate)
+
+    def stored_rate_limit(self) -> RateLimit | None:
+        """The queue's rate limit as stored now (``rate_window.adopted``), for operators; None when it has none."""
+        return rate_window.adopted(self.control.find_one(LAYOUT), None)
 
     def partition_count(self) -> int:
         """The queue's partition count (``sharding.adopted_partitions``): learned at set-up (``ensure_indexes``),
@@ -355,7 +370,8 @@ class QueueStore:
     def stats(self, now: dt.datetime) -> tuple[list[dict], int, int, list[dict]]:
         """The rows of ``core.stats``'s two pipelines and the counts of dead letters and quarantine entries:
         (stats rows, dead, quarantined, group rows)."""
-        rows = (self.buckets.aggregate(stats_pipeline(now), **SCAN)).to_list(None)
+        rows = (self.buckets.aggregate(stats_pipeline(now, self.partition_count()),
+                                                   **SCAN)).to_list(None)
         dead = self.dead.count_documents({}, **SCAN)
         quarantined = self.quarantine.count_documents({}, **SCAN)
         group_rows = (self.buckets.aggregate(groups_pipeline(now), **SCAN)).to_list(None)
@@ -363,8 +379,29 @@ class QueueStore:
 
     def live_buckets(self) -> Any:
         """A cursor over the unfinished buckets in due order (claims take higher priority levels first), a few at a
-        time (``Queue.peek``)."""
-        return self.buckets.find(every_partition(LIVE, self.partition_count()), sort=[("due", 1)], batch_size=4)
+        time (``Queue.peek``), without the documents no claim can take (``strays``)."""
+        return self.buckets.find(every_partition({**LIVE, **DATED}, self.partition_count()), sort=[("due", 1)],
+                                 batch_size=4)
+
+    # -- documents no claim can take (core.strays) -----------------------------------------------------------
+
+    def strays(self, *, broken: bool, limit: int) -> list[dict]:
+        """Up to ``limit`` live documents no claim can take: the broken buckets among them (``broken``), else all."""
+        query = strays(self.partition_count())
+        return self.buckets.find({**query, **BROKEN} if broken else query, limit=limit, **SCAN).to_list(None)
+
+    def count_strays(self) -> int:
+        return self.buckets.count_documents(strays(self.partition_count()), **SCAN)
+
+    def quarantine_strays(self, entries: list[dict], docs: list[dict]) -> int:
+        """Move broken buckets no claim can take to quarantine: their entries first (a crash in between leaves a
+        copy, never a loss), then each document deleted if it still is a stray (not mended meanwhile). No claimant
+        holds one, and no producer's insert retry can bring one back (bucketq writes none): nothing is fenced and no
+        tombstone is left. Returns how many were deleted."""
+        self.insert_copies(self.quarantine, entries)
+        query = {"$and": [strays(self.partition_count()), {"$or": [key(doc) for doc in docs]}]}
+        result = retrying(lambda _: self.buckets.delete_many(query, **SCAN), timeout_s=self.op_timeout_s)
+        return int(result.deleted_count)
 
     # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
 
