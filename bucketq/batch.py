@@ -163,9 +163,10 @@ class BatchQueue:
         """Delete the tombstones of buckets finished more than ``tombstone_retention`` ago (the async queue's
         housekeeping does the same); ``claim`` calls it at most once a minute."""
         self._reaped_at = time.monotonic()
-        query = claims.reap(self.now(), self.tombstone_retention)
+        now = self.now()
         with self._reaching():
-            return retrying(lambda _: self.store.reap_tombstones(query), timeout_s=self.op_timeout_s)
+            return retrying(lambda _: self.store.reap_tombstones(now, self.tombstone_retention),
+                            timeout_s=self.op_timeout_s)
 
     def claim(self, max_buckets: int) -> Batch | None:
         """Claim up to ``max_buckets`` due buckets under one new token; None when none is due or the queue is
@@ -290,7 +291,7 @@ class BatchQueue:
             return False
         entry = quarantined_bucket(doc, reason=reason, at=self.now(), host=self._host, pid=os.getpid())
         with self._reaching():
-            self.store.insert_copies(self.store.quarantine, [entry])
+            self.store.add_to_quarantine([entry])
         if not self._fenced(token, {doc["_id"]: ref},
                             lambda ref: ReplaceOne(claims.fenced(ref, token),
                                                    claims.finish(self.now(), token, ref["pt"])),
@@ -341,7 +342,7 @@ class BatchQueue:
             entries.append(quarantined_message(parsed[bucket_id], slot, reason=reason, at=at, host=self._host,
                                                pid=os.getpid()))
         with self._reaching():
-            self.store.insert_copies(self.store.quarantine, entries)
+            self.store.add_to_quarantine(entries)
 
     def _fenced(self, token: str, refs: dict[Any, dict[str, Any]], write: Callable[[dict[str, Any]], Any],
                 proof: Callable[[Any, str], dict]) -> list[Any]:

@@ -8,26 +8,18 @@ import logging
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from typing import Any
 
-from pymongo import ReplaceOne
-
 from bucketq import metrics
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.consumer import Consumer
-from bucketq.core import claims, entries, housekeeping, sharding, unique_keys
-from bucketq.core.cancellation import CANCELLED_RECORDS
-from bucketq.core.claims import LIVE, reap
+from bucketq.core import claims, entries, housekeeping, unique_keys
+from bucketq.core.entries import EntryKind, Selection
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.held import SlotState
 from bucketq.core.operator_writes import (
     check_message_id,
     copies_on_their_way,
-    holders,
     live_lease,
     pending_slots,
-    purge_mark,
-    purged_by,
-    removal,
-    set_pause,
     unfinished_messages,
 )
 from bucketq.core.stats import shape_groups, shape_stats
@@ -219,7 +211,7 @@ class Queue:
         rows, dead, quarantined, groups = await self._store.stats(now)
         row = shape_stats(rows, dead=dead, quarantined=quarantined, now=now)
         row["pending"] = metrics.record_pending(self.name, self.database.name, row)
-        row["cancelled"] = await self._store.count_entries(self._store.dead, CANCELLED_RECORDS)
+        row["cancelled"] = await self._store.count_cancelled()
         limit = await self._store.stored_rate_limit()
         return {**row, "groups": shape_groups(groups), "not_buckets": await self._store.count_strays(),
                 "rate_limit": None if limit is None else {"limit": limit.limit, "per": limit.per}}
@@ -271,33 +263,33 @@ class Queue:
                            error_contains: str | None = None) -> list[dict[str, Any]]:
         """The dead letters, oldest first, up to ``limit``: each with its ``_id``, payload, tries and ``error``;
         filtered by age (``older_than`` seconds) and by text in the error."""
-        return await self._list(self._store.dead, "error", limit, older_than, error_contains)
+        return await self._list(EntryKind.DEAD, limit, older_than, error_contains)
 
     async def requeue_dead(self, *, ids: list[str] | None = None, older_than: float | None = None,
                            error_contains: str | None = None) -> int:
         """Put dead letters back in the queue, tries reset, ids kept. Returns how many."""
-        return await self._requeue(self._store.dead, "error", ids, older_than, error_contains)
+        return await self._requeue(EntryKind.DEAD, ids, older_than, error_contains)
 
     async def purge_dead(self, *, ids: list[str] | None = None, older_than: float | None = None,
                          error_contains: str | None = None) -> int:
         """Delete dead letters (all, or those of ``ids``, or by age and error text). Returns how many."""
-        return await self._purge(self._store.dead, "error", ids, older_than, error_contains)
+        return await self._purge(EntryKind.DEAD, ids, older_than, error_contains)
 
     async def quarantined(self, *, limit: int = 100, older_than: float | None = None,
                           error_contains: str | None = None) -> list[dict[str, Any]]:
         """The quarantine entries, oldest first, up to ``limit``: buckets or messages that could not be served as
         stored, each with its ``reason``, host and pid; filtered by age and by text in the reason."""
-        return await self._list(self._store.quarantine, "reason", limit, older_than, error_contains)
+        return await self._list(EntryKind.QUARANTINE, limit, older_than, error_contains)
 
     async def requeue_quarantined(self, *, ids: list[Any] | None = None, older_than: float | None = None,
                                   error_contains: str | None = None) -> int:
         """Put quarantined buckets (as they were) and messages back in the queue. Returns how many entries."""
-        return await self._requeue(self._store.quarantine, "reason", ids, older_than, error_contains)
+        return await self._requeue(EntryKind.QUARANTINE, ids, older_than, error_contains)
 
     async def purge_quarantined(self, *, ids: list[Any] | None = None, older_than: float | None = None,
                                 error_contains: str | None = None) -> int:
         """Delete quarantine entries (all, or those of ``ids``, or by age and reason text). Returns how many."""
-        return await self._purge(self._store.quarantine, "reason", ids, older_than, error_contains)
+        return await self._purge(EntryKind.QUARANTINE, ids, older_than, error_contains)
 
     async def purge_expired(self) -> dict[str, int]:
         """Apply the retention options: quarantine entries, dedupe keys and finished buckets' tombstones older
@@ -305,11 +297,11 @@ class Queue:
         each queue at a time (``bucketq.core.housekeeping``)."""
         now = self._clock.now()
         counts = {}
-        for key, collection, retention in (("quarantined", self._store.quarantine, self.options.quarantine_retention),
-                                           ("inbox", self._store.inbox, self.options.inbox_retention)):
-            counts[key] = 0 if retention is None else await self._store.delete_entries_before(
-                collection, now - dt.timedelta(seconds=retention))
-        counts["tombstones"] = await self._store.reap_tombstones(reap(now, self.options.tombstone_retention))
+        for key, expire, retention in (("quarantined", self._store.expire_quarantined,
+                                        self.options.quarantine_retention),
+                                       ("inbox", self._store.expire_dedupe_keys, self.options.inbox_retention)):
+            counts[key] = 0 if retention is None else await expire(now - dt.timedelta(seconds=retention))
+        counts["tombstones"] = await self._store.reap_tombstones(now, self.options.tombstone_retention)
         return counts
 
     async def _keep_house(self) -> None:
@@ -318,31 +310,27 @@ class Queue:
         await self.purge_expired()
         await self._strays.sweep()
 
-    async def _list(self, collection: Any, field: str, limit: int, older_than: float | None,
+    async def _list(self, kind: EntryKind, limit: int, older_than: float | None,
                     error_contains: str | None) -> list[dict[str, Any]]:
         await self._ready(write=False)
-        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, now=self._clock.latest(),
-                                     error_field=field)
-        return await self._store.entries(collection, query, limit=limit)
+        selection = Selection(self._clock.latest(), older_than, error_contains)
+        return await self._store.entries(kind, selection, limit=limit)
 
-    async def _purge(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
+    async def _purge(self, kind: EntryKind, ids: list[Any] | None, older_than: float | None,
                      error_contains: str | None) -> int:
         await self._ready()
-        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
-                                     now=self._clock.latest(), error_field=field)
-        return await self._store.delete_entries(collection, query)
+        return await self._store.purge_entries(kind, Selection(self._clock.latest(), older_than, error_contains, ids))
 
-    async def _requeue(self, collection: Any, field: str, ids: list[Any] | None, older_than: float | None,
+    async def _requeue(self, kind: EntryKind, ids: list[Any] | None, older_than: float | None,
                        error_contains: str | None) -> int:
         """Copy entries back as buckets, then delete them: a crash in between requeues twice, never loses."""
         await self._ready()
-        query = entries.entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
-                                     now=self._clock.latest(), error_field=field)
+        selection = Selection(self._clock.latest(), older_than, error_contains, ids)
         total = 0
-        while batch := await self._store.requeue_chunk(collection, query, limit=entries.REQUEUE_CHUNK):
+        while batch := await self._store.requeue_chunk(kind, selection, limit=entries.REQUEUE_CHUNK):
             docs = entries.requeued_buckets(batch, now=self._clock.now())
             await self._store.insert_buckets(docs)
-            await self._store.delete_requeued(collection, batch)
+            await self._store.delete_requeued(kind, batch)
             total += len(batch)
         if total:
             self._wakeup.notify()
@@ -371,8 +359,7 @@ class Queue:
 
     async def _write_pause(self, paused: bool) -> None:
         await self._ready()
-        update = set_pause(paused, now=self._clock.now(), by=claims.owner_name())
-        await self._store.write_pause(update)
+        await self._store.write_pause(paused, now=self._clock.now(), by=claims.owner_name())
         self._pause.set(paused)  # this process's consumer follows at once
         if not paused:
             self._wakeup.notify()
@@ -389,7 +376,7 @@ class Queue:
         await self._ready()
         removed = False
         for _ in range(REMOVE_ATTEMPTS):
-            docs = await self._store.holders(holders(message_id))
+            docs = await self._store.holders(message_id)
             now = self._clock.now()
             found = [(doc, slots) for doc in docs if (slots := pending_slots(doc, message_id))]
             for doc, _ in found:
@@ -407,7 +394,7 @@ class Queue:
     async def _remove_from(self, doc: dict[str, Any], slots: list[int], now: dt.datetime) -> bool:
         """Mark ``slots`` of the bucket ``doc`` done, if it is still as read; a removed unique job is finished, so
         its key is freed (else a push of the key would merge into a job no one will run)."""
-        applied = await self._store.update_bucket(*removal(doc, slots, now))
+        applied = await self._store.remove_slots(doc, slots, now)
         if applied and "u" in doc:
             await release_keys(self._store, parse_bucket(doc), dict.fromkeys(slots, SlotState.ACKED))
         return applied
@@ -442,29 +429,18 @@ class Queue:
         now = self._clock.now()
         # ``late`` marks retry copies that landed after the mark: each repeats a message its original counts.
         token, late = claims.new_token(), claims.new_token()
-        await self._store.mark_buckets(LIVE, purge_mark(now, token), scan=True)
+        await self._store.mark_purged(now, token)
         total = 0
-        while batch := await self._store.marked_buckets(purged_by(token, late),
-                                                        {"n": 1, "done": 1, "r": 1, "fin.token": 1, "pt": 1,
-                                                         "k": 1, "o": 1, "u": 1}, limit=PURGE_CHUNK):
+        while batch := await self._store.purged_buckets(token, late, limit=PURGE_CHUNK):
             total += sum(unfinished_messages(doc) for doc in batch if doc["fin"]["token"] == token)
-            await self._purge_copies([c for doc in batch for c in copies_on_their_way(doc)], now, late)
-            tombstones = [ReplaceOne(claims.finished_by(sharding.key(doc), doc["fin"]["token"]),
-                                     claims.finish(now, doc["fin"]["token"], doc.get("pt"))) for doc in batch]
-            await self._store.replace_buckets(tombstones)
+            copies = [c for doc in batch for c in copies_on_their_way(doc)]
+            if copies:  # those that its buckets' claimants may still be inserting
+                await self._store.end_copies(copies, now, late)
+            await self._store.tombstone_purged(batch, now)
             held = {key: m for doc in batch for key, m in unique_keys.held_by(doc).items()}
             if held:  # the purged unique jobs' keys: free now, not at their ``until``
                 await self._store.release_keys(held)
         return total
-
-    async def _purge_copies(self, copies: list[dict[str, Any]], now: dt.datetime, late: str) -> None:
-        """End the retry copies that purged buckets' claimants may still be inserting: their tombstones first, so
-        that one landing later stores nothing; then one that landed since the purge's mark is marked ``late``, to
-        be replaced like the others, uncounted (its message is counted in its original)."""
-        if copies:
-            await self._store.insert_copies(self._store.buckets, [{**ref, **claims.finish(now, late, ref["pt"])}
-                                                                  for ref in copies])
-            await self._store.mark_buckets({"$or": copies, **LIVE}, purge_mark(now, late))
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

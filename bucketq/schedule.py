@@ -43,16 +43,15 @@ class Schedule:
         self.queue, self.cron, self.name, self.missed = queue, cron, name, missed
         self.catch_up_limit = catch_up_limit
         self._clock = clock or queue._clock.now
-        self._state = ticks.state_id(name)
 
     async def run_once(self, now: dt.datetime | None = None) -> list[dt.datetime]:
         """Enqueue the ticks due at ``now`` (default: the clock's) that no scheduler has; return them (UTC)."""
         await self.queue._ready()
         now = ticks.aware(now if now is not None else self._clock())
         store = self.queue._store
-        state = await store.read_schedule(self._state)
+        state = await store.read_schedule(self.name)
         if state is None:  # the first run: ticks from now on
-            await store.claim_tick(self._state, None, {"$set": {"tick": now, "sent": True}})
+            await store.claim_tick(self.name, None, now, sent=True)
             return []
         last = state["tick"]
         if not state["sent"]:  # a scheduler stopped between its claim and its insert, or is in between now
@@ -60,7 +59,7 @@ class Schedule:
         enqueued = []
         for tick in ticks.due_ticks(self.cron, self.zone, last=last, now=now, missed=self.missed,
                                     catch_up_limit=self.catch_up_limit):
-            if not await store.claim_tick(self._state, last, ticks.claim_update(tick)):
+            if not await store.claim_tick(self.name, last, tick):
                 break  # another scheduler moved on first: the ticks from here are its to enqueue
             await self._enqueue(tick, now)
             enqueued.append(last := tick)
@@ -92,4 +91,4 @@ class Schedule:
                                  codec=self.queue.codec.name, created=now, due=tick,
                                  partition=ticks.tick_partition(self.name, partitions))
         await self.queue._store.insert_buckets([bucket])
-        await self.queue._store.mark_tick_sent(self._state, tick)
+        await self.queue._store.mark_tick_sent(self.name, tick)

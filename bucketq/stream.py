@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bucketq.codecs import Codec, codec_option
-from bucketq.core import reader_groups, stream_retention
+from bucketq.core import reader_groups
 from bucketq.core.format import MAX_BUCKET_SIZE
 from bucketq.core.reader_groups import ReaderGroup
 from bucketq.core.stream_format import Partition, Position
@@ -162,7 +162,7 @@ class Stream:
         name = reader_groups.check_name(group)
         start = await self.start_positions(at if at is not None else to,  # type: ignore[arg-type]
                                            await self.store.group(name))
-        await self.store.upsert_group({"_id": name}, reader_groups.reset_update(start, self.clock.now()))
+        await self.store.reset_group(name, start, self.clock.now())
         for reader in self._readers:  # the group's readers in this process read from the new position at once
             reader.notify()
         return start[0] if len(start) == 1 else start
@@ -192,7 +192,7 @@ class Stream:
             for part in self.store.parts:
                 committed = group.at(part)
                 buckets = await self.store.buckets_from(part, committed.seq)
-                claims = await self.store.group_claims(group, part, committed.seq, None, {"s": 1, "fin": 1, "done": 1})
+                claims = await self.store.claim_progress(group, part, committed.seq)
                 lag.add(part, committed, buckets,
                         {c["s"]: (MAX_BUCKET_SIZE if c.get("fin") else len(c.get("done", []))) for c in claims})
             groups[group.name] = lag.report(group, self.store.parts, now)
@@ -216,7 +216,7 @@ class Stream:
             floors.append(floor)
             deleted += gone
         for group in await self.groups():
-            await self.store.delete_claims(stream_retention.claims_behind(group))
+            await self.store.delete_claims_behind(group)
         return {"floor": floors[0] if len(floors) == 1 else floors, "deleted": deleted}  # type: ignore[dict-item]
 
     async def _retain(self, part: Partition) -> tuple[int, int]:
@@ -232,8 +232,8 @@ class Stream:
             for group in await self.groups():
                 await self.expire_group(group, part, cut.floor)
         floor = (await self.store.counter_state(part))[1]
-        gone = stream_retention.retired(part, floor, self.clock.now(), self.options.queue.tombstone_retention)
-        return floor, await self.store.delete_retired(gone)
+        return floor, await self.store.delete_retired(part, floor, self.clock.now(),
+                                                      self.options.queue.tombstone_retention)
 
     async def expire_group(self, group: ReaderGroup, part: Partition, floor: int) -> None:
         """Move a group left below the retention floor of ``part`` up to it, counting what it lost (read before
@@ -242,7 +242,7 @@ class Stream:
         if committed.seq >= floor:
             return
         lost = await self.store.unread_messages(part, committed.seq, floor) - committed.slot
-        await self.store.move_group(*stream_retention.expire_update(group, part, floor, max(0, lost), self.clock.now()))
+        await self.store.expire_group(group, part, floor, max(0, lost), self.clock.now())
 
     # -- shutting down -------------------------------------------------------------------------------------
 

@@ -159,11 +159,11 @@ async def test_an_ask_answered_after_its_window_ended_waits_for_the_next_not_for
     ask = store.ask_permits
     late: list[dt.datetime] = []
 
-    async def answered_after_the_window(window: dt.datetime, update: dict) -> int:
+    async def answered_after_the_window(window: dt.datetime, k: int) -> int:
         if late:
-            return await ask(window, update)
-        await ask(window, rate_window.ask(limit.limit))  # another consumer spent the window first
-        counter = await ask(window, update)
+            return await ask(window, k)
+        await ask(window, limit.limit)  # another consumer spent the window first
+        counter = await ask(window, k)
         late.append(window)  # and the answer comes back once the window has ended
         await asyncio.sleep((limit.window_end(window) - q._clock.now()).total_seconds() + 0.01)
         return counter

@@ -12,7 +12,6 @@ from typing import Any
 from bucketq.codecs import Codec
 from bucketq.consumer.holding import Holding
 from bucketq.consumer.state import ConsumerState
-from bucketq.core import claims
 from bucketq.core.format import StoredBucket, quarantined_bucket
 from bucketq.core.sharding import key as shard_key
 
@@ -53,8 +52,7 @@ class Decoding(ConsumerState):
         now = self._clock.now()
         entry = quarantined_bucket(doc, reason=reason, at=now, host=self._owner.split(":")[0], pid=os.getpid())
         ref = shard_key(doc)
-        await self._store.quarantine_bucket(entry, claims.fenced(ref, token), claims.finish(now, token, ref["pt"]),
-                                            claims.finished_by(ref, token))
+        await self._store.quarantine_bucket(entry, ref, token, now)
         # reported once stored, not before: a copy refused (too large) must not read as quarantined
         log.warning("bucket %s quarantined%s: %s", doc.get("_id"),
                     f" without its fields {', '.join(entry['omitted'])} (over 16 MiB)" if "omitted" in entry else "",

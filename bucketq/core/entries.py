@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from bson import ObjectId
@@ -14,6 +16,34 @@ from bucketq.core.priorities import stored_priority
 from bucketq.errors import InvalidOption, MalformedBucket
 
 REQUEUE_CHUNK = 1000
+
+
+class EntryKind(enum.Enum):
+    """The entries an operator lists, requeues and purges: a queue's dead letters or its quarantine."""
+
+    DEAD = "dead"
+    QUARANTINE = "quarantine"
+
+    @property
+    def reason_field(self) -> str:
+        """The field that says why an entry is there (what ``error_contains`` searches)."""
+        return "error" if self is EntryKind.DEAD else "reason"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which entries an operator action takes: by age (``older_than_s``, by ``now``), by text in their reason,
+    by ids; None selects by nothing. ``entry_filter`` checks the values when the store asks for the filter."""
+
+    now: dt.datetime
+    older_than_s: float | None = None
+    error_contains: str | None = None
+    ids: list[Any] | None = None
+
+    def filter(self, kind: EntryKind) -> dict[str, Any]:
+        """The filter of the selected entries of ``kind`` (``entry_filter``)."""
+        return entry_filter(older_than_s=self.older_than_s, error_contains=self.error_contains, ids=self.ids,
+                            now=self.now, error_field=kind.reason_field)
 
 
 def entry_filter(*, older_than_s: float | None = None, error_contains: str | None = None,

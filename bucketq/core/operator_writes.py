@@ -118,6 +118,10 @@ def purge_mark(now: dt.datetime, token: str) -> dict[str, Any]:
     return {"$set": {"due": TOMBSTONE_DUE, "lease": None, "fin": {"token": token, "at": now}}}
 
 
+# what a purge reads of a marked bucket: its counts, its retry copies, its token and shard key, its unique keys
+PURGED_FIELDS = {"n": 1, "done": 1, "r": 1, "fin.token": 1, PARTITION: 1, "k": 1, "o": 1, "u": 1}
+
+
 def purged_by(*tokens: str) -> dict[str, Any]:
     """Buckets a purge marked with one of ``tokens`` and has not yet replaced by tombstones."""
     return {"fin.token": {"$in": list(tokens)}, "n": {"$exists": True}}  # a tombstone has no n

@@ -114,7 +114,13 @@ def state_id(name: str) -> dict[str, str]:
     return {"_id": STATE_PREFIX + name}
 
 
-def claim_update(tick: dt.datetime) -> dict[str, Any]:
+def claim_update(tick: dt.datetime, *, sent: bool = False) -> dict[str, Any]:
     """The state written before a tick's insert: ``sent: false`` tells the next scheduler to insert it again
-    (idempotent) if this one stops before its insert is known to be stored."""
-    return {"$set": {"tick": tick, "sent": False}}
+    (idempotent) if this one stops before its insert is known to be stored. A first run's state starts from a
+    tick that is not enqueued: ``sent`` already."""
+    return {"$set": {"tick": tick, "sent": sent}}
+
+
+def sent_update() -> dict[str, Any]:
+    """The state once its tick's insert is stored."""
+    return {"$set": {"sent": True}}

@@ -11,15 +11,13 @@ from bucketq.core.cancellation import (
     CANCELLED,
     NOT_FOUND,
     REQUESTED,
-    record_filter,
     records,
     reported,
-    request,
     still_pending,
 )
 from bucketq.core.format import parse_bucket
 from bucketq.core.held import SlotState
-from bucketq.core.operator_writes import holders, live_lease, pending_slots, removal
+from bucketq.core.operator_writes import live_lease, pending_slots
 from bucketq.core.retry import is_transient
 from bucketq.errors import MessageHeld
 from bucketq.shell.clock import ServerClock
@@ -32,10 +30,10 @@ ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming or fin
 async def cancel(store: AsyncQueueStore, clock: ServerClock, message_id: str) -> str:
     """``CANCELLED``, ``REQUESTED`` or ``NOT_FOUND`` (``core.cancellation``) for the message ``message_id``."""
     for _ in range(ATTEMPTS):
-        found = [(doc, slots) for doc in await store.holders(holders(message_id))
+        found = [(doc, slots) for doc in await store.holders(message_id)
                  if (slots := pending_slots(doc, message_id))]
         if not found:  # none pending: cancelled already (a repeat, or a lost reply), or nothing to cancel
-            return CANCELLED if await store.cancel_recorded(record_filter(message_id)) else NOT_FOUND
+            return CANCELLED if await store.cancel_recorded(message_id) else NOT_FOUND
         outcomes = [await _cancel_in(store, clock, doc, slots) for doc, slots in found]
         if None not in outcomes:
             return reported([o for o in outcomes if o is not None])
@@ -45,7 +43,7 @@ async def cancel(store: AsyncQueueStore, clock: ServerClock, message_id: str) ->
 async def _cancel_in(store: AsyncQueueStore, clock: ServerClock, doc: dict[str, Any], slots: list[int]) -> str | None:
     """Cancel ``slots`` of the bucket ``doc``: ``REQUESTED`` when a consumer holds it, ``CANCELLED`` once marked
     done here, None when the bucket changed meanwhile (finished, claimed, or a lost reply): read it again."""
-    after = await store.request_cancel(*request(doc, slots))
+    after = await store.request_cancel(doc, slots)
     if not still_pending(after, slots):
         return None
     # A lease is taken back only once it ended by the earliest reading of the clock, as a claim would.
@@ -53,9 +51,9 @@ async def _cancel_in(store: AsyncQueueStore, clock: ServerClock, doc: dict[str, 
     if live_lease(after, now) is not None:
         return REQUESTED
     bucket = parse_bucket(after)
-    await store.insert_copies(store.dead, records(bucket, slots, now))
+    await store.add_dead_letters(records(bucket, slots, now))
     try:
-        applied = await store.update_bucket(*removal(after, slots, now))
+        applied = await store.remove_slots(after, slots, now)
     except PyMongoError as exc:
         if not is_transient(exc):
             raise

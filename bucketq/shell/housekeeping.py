@@ -38,8 +38,8 @@ class Housekeeping:
         if not self.holding and time.monotonic() < self._next_try:
             return
         lease_s = housekeeping.HOUSEKEEPER_LEASE_S
-        self.holding = await self._store.take_housekeeping(
-            *housekeeping.take(self._clock.now(), self._token, claims.owner_name(), lease_s))
+        self.holding = await self._store.take_housekeeping(self._clock.now(), self._token, claims.owner_name(),
+                                                           lease_s)
         if not self.holding:  # jittered: the consumers of a fleet started together do not try together
             self._next_try = time.monotonic() + random.uniform(0.5, 1.0) * lease_s
             return
@@ -51,4 +51,4 @@ class Housekeeping:
             return
         self.holding = False
         with contextlib.suppress(PyMongoError):  # its lease ends by itself
-            await self._store.give_up_housekeeping(*housekeeping.give_up(self._clock.now(), self._token))
+            await self._store.give_up_housekeeping(self._clock.now(), self._token)

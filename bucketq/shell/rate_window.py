@@ -45,7 +45,7 @@ class Permits:
             self._window, self._left, self._spent = window, 0, False
         if not self._left and not self._spent:
             k = self.limit.chunk(wanted)
-            counter = await self._store.ask_permits(window, rate_window.ask(k))
+            counter = await self._store.ask_permits(window, k)
             self._left = rate_window.granted(counter, k, self.limit.limit)
             self._spent = self._left < k
             if rate_window.first_ask(counter, k):  # once a window, by the consumer that opened it
@@ -78,6 +78,6 @@ class Permits:
 
     async def _reap(self, window: dt.datetime) -> None:
         try:
-            await self._store.reap_windows(rate_window.stale_windows(window, self.limit))
+            await self._store.reap_windows(window, self.limit)
         except PyMongoError as exc:  # the next window's first ask tries again
             log.warning("could not delete old rate-limit windows: %s", exc)

@@ -201,8 +201,7 @@ class StreamReader:
             case stream_read.ReadWindow(part, start, size):
                 return await store.window(part, start, size)
             case stream_read.ReadClaims(group, part, start):
-                return await store.group_claims(group, part, start, reader_groups.SCAN_BUCKETS,
-                                                {"s": 1, "fin": 1, "lease": 1})
+                return await store.claim_leases(group, part, start, reader_groups.SCAN_BUCKETS)
             case stream_read.ReadBucket(part, seq):
                 return await store.bucket(part, seq)
             case stream_read.UpdateClaim(query, update, mine):
@@ -265,8 +264,7 @@ class StreamReader:
         return await self._converse(stream_read.window(group, part, last))
 
     async def _claim(self, group: ReaderGroup, part: Partition, seq: int, now: dt.datetime) -> bool:
-        query, update = stream_claims.claim(group, part, seq, now, self._options.queue.lease, self._token, self._owner)
-        claim = await self._store.claim(query, update)
+        claim = await self._store.claim(group, part, seq, now, self._options.queue.lease, self._token, self._owner)
         if claim is None:  # another reader holds it, or finished it meanwhile
             return False
         held = await self._converse(stream_read.after_claim(self.group, self._store.parts, group, part, seq, claim,
@@ -301,8 +299,7 @@ class StreamReader:
         until = stream_claims.NEVER if release else self._stream.clock.now() + lease
         for held in list(self._held.values()):
             unwritten = held.unwritten()
-            applied = await self._store.update_claim(stream_claims.claimed_by(held.cid, held.token),
-                                                     stream_claims.extend_claim(until, unwritten))
+            applied = await self._store.extend_claim(held.cid, held.token, until, unwritten)
             if applied:
                 held.written(unwritten)
             elif self._held.get(held.key) is held:

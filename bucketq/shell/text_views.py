@@ -14,7 +14,7 @@ import orjson
 from bson import ObjectId
 
 from bucketq.codecs import codec_named
-from bucketq.core.entries import entry_filter
+from bucketq.core.entries import EntryKind, Selection
 
 if TYPE_CHECKING:
     from bucketq.queue import Queue
@@ -86,7 +86,7 @@ def server_now(queue: Queue) -> dt.datetime:
 class Kind:
     """Dead letters or quarantine entries: their collection, their names and the Queue methods that act on them."""
 
-    command: str  # also the queue store's collection of these entries (``store.dead``, ``store.quarantine``)
+    command: str  # also the ``EntryKind`` of these entries
     one: str
     many: str
     reason: str  # the field the --error filter searches
@@ -105,26 +105,22 @@ QUARANTINE = Kind("quarantine", "quarantined entry", "quarantined entries", "rea
                   "Quarantine: buckets or messages that could not be decoded, kept with the reason.")
 
 
-def _query(queue: Queue, kind: Kind, older_than: float | None, error_contains: str | None,
-           ids: list[Any] | None) -> dict[str, Any]:
-    return entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids, now=queue._clock.latest(),
-                        error_field=kind.reason)
+def _selection(queue: Queue, older_than: float | None, error_contains: str | None,
+               ids: list[Any] | None) -> Selection:
+    return Selection(queue._clock.latest(), older_than, error_contains, ids)
 
 
 async def count_matching(queue: Queue, kind: Kind, *, older_than: float | None = None,
                          error_contains: str | None = None, ids: list[Any] | None = None) -> int:
     """How many of ``queue``'s entries of ``kind`` match the filters a requeue or purge is given."""
-    store = queue._store
-    return await store.count_entries(getattr(store, kind.command),
-                                     _query(queue, kind, older_than, error_contains, ids))
+    return await queue._store.count_entries(EntryKind(kind.command), _selection(queue, older_than, error_contains, ids))
 
 
 async def entries_page(queue: Queue, kind: Kind, *, skip: int, limit: int, error_contains: str | None = None,
                        ids: list[Any] | None = None) -> list[dict[str, Any]]:
     """The entries of ``kind`` matching the filters, oldest first, from the ``skip``-th on: a page of a listing."""
-    store = queue._store
-    return await store.entries(getattr(store, kind.command), _query(queue, kind, None, error_contains, ids),
-                               limit=limit, skip=skip)
+    return await queue._store.entries(EntryKind(kind.command), _selection(queue, None, error_contains, ids),
+                                      limit=limit, skip=skip)
 
 
 def entry_ids(ids: tuple[str, ...]) -> list[Any] | None:

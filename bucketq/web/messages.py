@@ -10,7 +10,7 @@ from typing import Any
 
 from bucketq.codecs import codec_named
 from bucketq.core.format import parse_bucket
-from bucketq.core.operator_writes import holders, live_lease, pending_slots
+from bucketq.core.operator_writes import live_lease, pending_slots
 from bucketq.queue import Queue
 from bucketq.shell.text_views import DEAD, QUARANTINE, entries_page, entry_ids, entry_view
 
@@ -47,7 +47,7 @@ async def _pending(queue: Queue, message_id: str) -> dict[str, Any] | None:
     requeued copy), with its deliveries so far and the lease it is under, if any."""
     store = queue._store
     now = queue._clock.latest()
-    for doc in await store.holders(holders(message_id)):
+    for doc in await store.holders(message_id):
         slots = pending_slots(doc, message_id)
         if not slots:
             continue

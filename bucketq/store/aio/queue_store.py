@@ -12,13 +12,24 @@ this one class. Written async once; ``bucketq.store.sync.QueueStore`` is generat
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
-from pymongo import ReplaceOne, ReturnDocument  # async-only
+from pymongo import ReplaceOne, ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
-from bucketq.core import groups, rate_window, unique_keys
+from bucketq.core import (
+    claims,
+    groups,
+    housekeeping,
+    rate_window,
+    sharding,
+    unique_keys,
+)
+from bucketq.core import schedule as ticks  # async-only
+from bucketq.core.cancellation import CANCELLED_RECORDS, record_filter, request
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
+from bucketq.core.entries import EntryKind, Selection
 from bucketq.core.format import (
     CONTROL_SUFFIX,
     DEAD_SUFFIX,
@@ -29,7 +40,17 @@ from bucketq.core.format import (
     UNIQUE_SUFFIX,
 )
 from bucketq.core.held import FlushPlan
-from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
+from bucketq.core.operator_writes import (
+    PAUSE,
+    PURGED_FIELDS,
+    holders,
+    initial_pause,
+    is_paused,
+    purge_mark,
+    purged_by,
+    removal,
+    set_pause,
+)
 from bucketq.core.priorities import PRIORITY
 from bucketq.core.rate_window import RateLimit
 from bucketq.core.retry import is_transient
@@ -39,8 +60,6 @@ from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.core.strays import BROKEN, DATED, strays
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_CHANGES, WATCH_CONTROL  # async-only
-
-# sync: from pymongo import ReturnDocument
 
 
 async def _read_before(doc: dict) -> bool:
@@ -221,10 +240,12 @@ class AsyncQueueStore:
     async def _matches(self, query: dict) -> bool:
         return await self.buckets.find_one(query, {"_id": 1}) is not None
 
-    async def quarantine_bucket(self, entry: dict, query: dict, tombstone: dict, mine: dict) -> bool:
-        """Move a bucket to quarantine: the copy first, then the fenced finish."""
+    async def quarantine_bucket(self, entry: dict, ref: dict, token: str, now: dt.datetime) -> bool:
+        """Move the bucket ``ref`` (its shard key), claimed with ``token``, to quarantine: the copy ``entry`` first,
+        then the fenced finish (``claims.finish``)."""
         await self.insert_copies(self.quarantine, [entry])
-        return await self.finish_fenced(query, tombstone, mine)
+        return await self.finish_fenced(claims.fenced(ref, token), claims.finish(now, token, ref[PARTITION]),
+                                        claims.finished_by(ref, token))
 
     async def write_plan(self, plan: FlushPlan) -> bool:
         """Run a claimed bucket's flush plan (``core.held.FlushPlan``) in order: an ordered group's lock first (never
@@ -245,28 +266,32 @@ class AsyncQueueStore:
             return await self.finish_fenced(plan.filter, plan.final, plan.mine)
         return await self.update_fenced(plan.filter, plan.final, mine=plan.mine)
 
-    async def reap_tombstones(self, query: dict) -> int:
-        """Delete the tombstones ``query`` (``claims.reap``) matches, in every partition."""
-        return (await self.buckets.delete_many(every_partition(query, await self.partition_count()))).deleted_count
+    async def reap_tombstones(self, now: dt.datetime, retention_s: float) -> int:
+        """Delete the tombstones of buckets finished more than ``retention_s`` before ``now`` (``claims.reap``), in
+        every partition."""
+        query = every_partition(claims.reap(now, retention_s), await self.partition_count())
+        return (await self.buckets.delete_many(query)).deleted_count
 
-    async def take_housekeeping(self, query: dict, update: dict) -> bool:
-        """Whether the upsert ``query``, ``update`` (``housekeeping.take``) took or renewed the housekeeping lease:
-        a duplicate ``_id`` says that another consumer holds it."""
+    async def take_housekeeping(self, now: dt.datetime, token: str, owner: str, lease_s: float) -> bool:
+        """Whether the consumer of ``token`` took or renewed the housekeeping lease for ``lease_s`` seconds
+        (``housekeeping.take``): a duplicate ``_id`` says that another consumer holds it."""
         try:
-            result = await self.control.update_one(query, update, upsert=True)
+            result = await self.control.update_one(*housekeeping.take(now, token, owner, lease_s), upsert=True)
         except DuplicateKeyError:
             return False
         return result.matched_count == 1 or result.upserted_id is not None
 
-    async def give_up_housekeeping(self, query: dict, update: dict) -> None:
-        """End the housekeeping lease (``housekeeping.give_up``) if this consumer still holds it."""
-        await self.control.update_one(query, update)
+    async def give_up_housekeeping(self, now: dt.datetime, token: str) -> None:
+        """End the housekeeping lease (``housekeeping.give_up``) if the consumer of ``token`` still holds it."""
+        await self.control.update_one(*housekeeping.give_up(now, token))
 
     async def read_pause(self) -> bool:
         """Whether the queue is paused (``Queue.pause``), read from the server now."""
         return is_paused(await self.control.find_one(PAUSE, {"paused": 1}))
 
-    async def write_pause(self, update: dict) -> None:
+    async def write_pause(self, paused: bool, *, now: dt.datetime, by: str) -> None:
+        """Pause or resume the queue (``operator_writes.set_pause``), by ``by`` at ``now``; retried."""
+        update = set_pause(paused, now=now, by=by)
         await retrying(lambda _: self.control.update_one(PAUSE, update, upsert=True), timeout_s=self.op_timeout_s)
 
     async def known_keys(self, keys: list[str]) -> set[str]:
@@ -425,42 +450,71 @@ class AsyncQueueStore:
         result = await retrying(lambda _: self.buckets.delete_many(query, **SCAN), timeout_s=self.op_timeout_s)
         return int(result.deleted_count)
 
-    # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
+    async def count_cancelled(self) -> int:
+        """How many dead letters are the records of cancelled messages (``Queue.cancel``): a scan."""
+        return await self.dead.count_documents(CANCELLED_RECORDS, **SCAN)
 
-    async def entries(self, target: Any, query: dict, *, limit: int, skip: int = 0) -> list[dict]:
-        """Up to ``limit`` entries matching ``query`` (``core.entries.entry_filter``), oldest first, after the first
-        ``skip`` of them (a page of a listing), in the order of the ``at`` index."""
-        return await target.find(query, sort=[("at", 1)], skip=skip, limit=limit).to_list(None)
+    # -- dead letters, quarantine and dedupe keys (core.entries) ----------------------------------------------
 
-    async def count_entries(self, target: Any, query: dict) -> int:
-        return await target.count_documents(query, **SCAN)
+    def _entries_of(self, kind: EntryKind) -> Any:
+        return self.dead if kind is EntryKind.DEAD else self.quarantine
 
-    async def delete_entries(self, target: Any, query: dict) -> int:
-        return (await target.delete_many(query, **SCAN)).deleted_count  # by error text: no index
+    async def entries(self, kind: EntryKind, selection: Selection, *, limit: int, skip: int = 0) -> list[dict]:
+        """Up to ``limit`` of the selected entries of ``kind``, oldest first, after the first ``skip`` of them (a
+        page of a listing), in the order of the ``at`` index."""
+        return await self._entries_of(kind).find(selection.filter(kind), sort=[("at", 1)], skip=skip,
+                                                 limit=limit).to_list(None)
 
-    async def delete_entries_before(self, target: Any, at: dt.datetime) -> int:
-        return (await target.delete_many({"at": {"$lt": at}})).deleted_count
+    async def count_entries(self, kind: EntryKind, selection: Selection) -> int:
+        """How many entries of ``kind`` the selection takes."""
+        return await self._entries_of(kind).count_documents(selection.filter(kind), **SCAN)
 
-    async def requeue_chunk(self, target: Any, query: dict, *, limit: int) -> list[dict]:
-        """The next ``limit`` entries to requeue; ``delete_requeued`` deletes them once their buckets are in."""
-        return await target.find(query, limit=limit, **SCAN).to_list(None)
+    async def purge_entries(self, kind: EntryKind, selection: Selection) -> int:
+        """Delete the selected entries of ``kind``; returns how many."""
+        return (await self._entries_of(kind).delete_many(selection.filter(kind), **SCAN)).deleted_count  # by text
 
-    async def delete_requeued(self, target: Any, entries: list[dict]) -> None:
-        await target.delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
+    async def requeue_chunk(self, kind: EntryKind, selection: Selection, *, limit: int) -> list[dict]:
+        """The next ``limit`` selected entries to requeue; ``delete_requeued`` deletes them once their buckets are
+        in."""
+        return await self._entries_of(kind).find(selection.filter(kind), limit=limit, **SCAN).to_list(None)
 
-    # -- operator controls (core.operator_writes) ------------------------------------------------------------------
+    async def delete_requeued(self, kind: EntryKind, entries: list[dict]) -> None:
+        """Delete requeued entries of ``kind``, once their buckets are stored."""
+        await self._entries_of(kind).delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
 
-    async def holders(self, query: dict) -> list[dict]:
-        """The buckets that hold a message (``operator_writes.holders``): a scan, for retry copies too."""
-        return await self.buckets.find(query, **SCAN).to_list(None)
+    async def add_dead_letters(self, docs: list[dict]) -> None:
+        """Insert dead letters (idempotent: their ``_id``s are the messages'), retried."""
+        await self.insert_copies(self.dead, docs)
 
-    async def update_bucket(self, query: dict, update: dict) -> bool:
-        """One conditional write to a bucket (``operator_writes.removal``), not retried: True when it matched."""
-        return (await self.buckets.update_one(query, update)).matched_count == 1
+    async def add_to_quarantine(self, entries: list[dict]) -> None:
+        """Insert quarantine entries (idempotent copies), retried."""
+        await self.insert_copies(self.quarantine, entries)
 
-    async def request_cancel(self, query: dict, update: dict) -> dict | None:
-        """The cancel request on a bucket (``cancellation.request``), retried (``$addToSet``: a repeat changes
-        nothing): the bucket as the request left it, or None when it matched nothing (finished meanwhile)."""
+    async def expire_quarantined(self, before: dt.datetime) -> int:
+        """Delete the quarantine entries stored before ``before`` (its retention); returns how many."""
+        return (await self.quarantine.delete_many({"at": {"$lt": before}})).deleted_count
+
+    async def expire_dedupe_keys(self, before: dt.datetime) -> int:
+        """Delete the dedupe keys recorded before ``before`` (their retention); returns how many."""
+        return (await self.inbox.delete_many({"at": {"$lt": before}})).deleted_count
+
+    # -- operator controls (core.operator_writes, core.cancellation) ------------------------------------------------
+
+    async def holders(self, message_id: str) -> list[dict]:
+        """The buckets that hold the message ``message_id`` (``operator_writes.holders``): a scan, for retry copies
+        too."""
+        return await self.buckets.find(holders(message_id), **SCAN).to_list(None)
+
+    async def remove_slots(self, doc: Mapping[str, Any], slots: list[int], now: dt.datetime) -> bool:
+        """Mark ``slots`` of the bucket ``doc`` done if it is still as read (``operator_writes.removal``); not
+        retried: True when it matched."""
+        return (await self.buckets.update_one(*removal(doc, slots, now))).matched_count == 1
+
+    async def request_cancel(self, doc: Mapping[str, Any], slots: list[int]) -> dict | None:
+        """The cancel request of ``slots`` on the bucket ``doc`` (``cancellation.request``), retried (``$addToSet``:
+        a repeat changes nothing): the bucket as the request left it, or None when it matched nothing (finished
+        meanwhile)."""
+        query, update = request(doc, slots)
         return await retrying(lambda _: self.buckets.find_one_and_update(query, update,
                                                                          return_document=ReturnDocument.AFTER),
                               timeout_s=self.op_timeout_s)
@@ -470,34 +524,50 @@ class AsyncQueueStore:
         doc = await self.buckets.find_one(ref, {"x": 1})
         return None if doc is None else doc.get("x")
 
-    async def cancel_recorded(self, query: dict) -> bool:
+    async def cancel_recorded(self, message_id: str) -> bool:
         """Whether a message's cancellation record is in the dead letters (``cancellation.record_filter``)."""
-        return await self.dead.find_one(query, {"_id": 1}) is not None
+        return await self.dead.find_one(record_filter(message_id), {"_id": 1}) is not None
 
-    async def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
-        """Mark every bucket matching ``query`` (``operator_writes.purge_mark``), retried: the mark is idempotent.
-        ``scan``: the query is served by no index (the operators' whole-collection reads, ``core.scans``)."""
-        options = SCAN if scan else {}
-        await retrying(lambda _: self.buckets.update_many(query, update, **options), timeout_s=self.op_timeout_s)
+    async def mark_purged(self, now: dt.datetime, token: str) -> None:
+        """Mark every unfinished bucket purged by ``token`` (``operator_writes.purge_mark``), retried: the mark is
+        idempotent. A scan (``core.scans``)."""
+        update = purge_mark(now, token)
+        await retrying(lambda _: self.buckets.update_many(LIVE, update, **SCAN), timeout_s=self.op_timeout_s)
 
-    async def marked_buckets(self, query: dict, projection: dict, *, limit: int) -> list[dict]:
-        return await self.buckets.find(query, projection, limit=limit, **SCAN).to_list(None)
+    async def purged_buckets(self, *tokens: str, limit: int) -> list[dict]:
+        """Up to ``limit`` buckets marked by one of the purges of ``tokens`` and not yet tombstones
+        (``operator_writes.purged_by``), with the fields a purge counts and ends them by."""
+        return await self.buckets.find(purged_by(*tokens), PURGED_FIELDS, limit=limit, **SCAN).to_list(None)
 
-    async def replace_buckets(self, ops: list[Any]) -> None:
-        """Idempotent ``ReplaceOne``s (tombstones fenced by a purge's token), in one bulk write, retried."""
+    async def tombstone_purged(self, docs: list[dict], now: dt.datetime) -> None:
+        """Replace purged buckets by their tombstones, each fenced by its purge's token, in one bulk write,
+        retried (idempotent)."""
+        ops = [ReplaceOne(claims.finished_by(sharding.key(doc), doc["fin"]["token"]),
+                          claims.finish(now, doc["fin"]["token"], doc.get(PARTITION))) for doc in docs]
         await retrying(lambda _: self.buckets.bulk_write(ops, ordered=False), timeout_s=self.op_timeout_s)
+
+    async def end_copies(self, copies: list[dict], now: dt.datetime, token: str) -> None:
+        """End the retry copies ``copies`` (their shard keys) as a purge of ``token``: their tombstones first, so
+        that one landing later stores nothing; then those that landed already are marked purged."""
+        await self.insert_copies(self.buckets, [{**ref, **claims.finish(now, token, ref[PARTITION])} for ref in copies])
+        query, update = {"$or": copies, **LIVE}, purge_mark(now, token)
+        await retrying(lambda _: self.buckets.update_many(query, update), timeout_s=self.op_timeout_s)
     # async-only: begin
 
     # -- schedules (core.schedule): one state document per schedule in ``name.control`` -------------
 
-    async def read_schedule(self, state: dict) -> dict | None:
-        return await self.control.find_one(state)
+    async def read_schedule(self, name: str) -> dict | None:
+        """The state of the schedule ``name`` (its last tick, and whether it was enqueued), None before its first
+        run."""
+        return await self.control.find_one(ticks.state_id(name))
 
-    async def claim_tick(self, state: dict, prev: dt.datetime | None, update: dict) -> bool:
-        """Move the schedule's state from its last tick ``prev`` (None: no state yet) on with ``update``;
-        False when another scheduler moved it first. A retry after a lost reply checks whether the state is the
-        one this claim writes: then this claim got through (or another one with the same tick, whose insert is
-        the same idempotent one)."""
+    async def claim_tick(self, name: str, prev: dt.datetime | None, tick: dt.datetime, *, sent: bool = False) -> bool:
+        """Move the schedule ``name``'s state from its last tick ``prev`` (None: no state yet) on to ``tick``
+        (``schedule.claim_update``; ``sent``: a first run's start, which enqueues nothing); False when another
+        scheduler moved it first. A retry after a lost reply checks whether the state is the one this claim
+        writes: then this claim got through (or another one with the same tick, whose insert is the same
+        idempotent one)."""
+        state, update = ticks.state_id(name), ticks.claim_update(tick, sent=sent)
 
         async def op(retry: bool) -> bool:
             if prev is None:
@@ -512,15 +582,18 @@ class AsyncQueueStore:
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 
-    async def mark_tick_sent(self, state: dict, tick: dt.datetime) -> None:
-        await retrying(lambda _: self.control.update_one({**state, "tick": tick}, {"$set": {"sent": True}}),
-                       timeout_s=self.op_timeout_s)
+    async def mark_tick_sent(self, name: str, tick: dt.datetime) -> None:
+        """Record that the schedule ``name``'s ``tick`` is enqueued, if its state is still at that tick."""
+        query = {**ticks.state_id(name), "tick": tick}
+        await retrying(lambda _: self.control.update_one(query, ticks.sent_update()), timeout_s=self.op_timeout_s)
 
     # -- the rate limit (core.rate_window): one counter per window in ``name.rate`` -----------------------
 
-    async def ask_permits(self, window: dt.datetime, update: dict) -> int:
-        """Apply an ask to the counter of ``window`` (created by the first ask) and return the counter after it.
-        A retry after a lost reply asks again: its permits are counted twice, and fewer are granted."""
+    async def ask_permits(self, window: dt.datetime, k: int) -> int:
+        """Ask for ``k`` permits of ``window`` (``rate_window.ask``: the counter is created by the first ask) and
+        return the counter after it. A retry after a lost reply asks again: its permits are counted twice, and
+        fewer are granted."""
+        update = rate_window.ask(k)
 
         async def op(retry: bool) -> int:
             def once() -> Any:
@@ -534,7 +607,9 @@ class AsyncQueueStore:
 
         return await retrying(op, timeout_s=self.op_timeout_s)
 
-    async def reap_windows(self, query: dict) -> None:
+    async def reap_windows(self, window: dt.datetime, limit: rate_window.RateLimit) -> None:
+        """Delete the counters of the windows before the one preceding ``window`` (``rate_window.stale_windows``)."""
+        query = rate_window.stale_windows(window, limit)
         await retrying(lambda _: self.rate.delete_many(query), timeout_s=self.op_timeout_s)
 
     # async-only: end

@@ -21,11 +21,11 @@ from typing import Any
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from bucketq.core import stream_format, stream_gaps, stream_retention
+from bucketq.core import reader_groups, stream_claims, stream_format, stream_gaps, stream_retention
 from bucketq.core.format import CLAIMS_SUFFIX, POSITIONS_SUFFIX, SEQ_SUFFIX
 from bucketq.core.reader_groups import ReaderGroup
 from bucketq.core.scans import SCAN
-from bucketq.core.stream_format import Partition
+from bucketq.core.stream_format import Partition, Position
 from bucketq.store.aio.base import collections, insert_new, retrying
 from bucketq.store.aio.changes import STREAM_AWAIT_MS, WATCH_STREAM_INSERTS  # async-only
 
@@ -218,9 +218,9 @@ class AsyncStreamStore:
     async def raise_floor(self, part: Partition, floor: int) -> None:
         await self.counter.update_one(*stream_retention.raise_floor(part, floor))
 
-    async def delete_retired(self, query: dict) -> int:
-        """Delete the documents ``stream_retention.retired`` names; how many."""
-        return (await self.buckets.delete_many(query)).deleted_count
+    async def delete_retired(self, part: Partition, floor: int, now: dt.datetime, keep_gaps_s: float) -> int:
+        """Delete what retention retires in ``part`` below ``floor`` (``stream_retention.retired``); how many."""
+        return (await self.buckets.delete_many(stream_retention.retired(part, floor, now, keep_gaps_s))).deleted_count
 
     # -- reader groups and their claims --------------------------------------------------------------------
 
@@ -237,36 +237,61 @@ class AsyncStreamStore:
         always)."""
         await self.positions.update_one(query, update, upsert=True)
 
+    async def reset_group(self, name: str, start: list[Position], now: dt.datetime) -> None:
+        """Move the group ``name`` to ``start`` in a new epoch, creating it if missing
+        (``reader_groups.reset_update``)."""
+        await self.upsert_group({"_id": name}, reader_groups.reset_update(start, now))
+
     async def move_group(self, query: dict, update: dict) -> bool:
-        """A conditional move of a group (``reader_groups.commit``, ``stream_retention.expire_update``); True when it
-        applied."""
+        """A conditional move of a group (``reader_groups.commit``); True when it applied."""
         return (await self.positions.update_one(query, update)).matched_count == 1
+
+    async def expire_group(self, group: ReaderGroup, part: Partition, floor: int, lost: int, now: dt.datetime) -> bool:
+        """Move ``group`` up to the retention ``floor`` of ``part``, counting the ``lost`` messages it never read
+        (``stream_retention.expire_update``); True when it applied (the group had not moved meanwhile)."""
+        return await self.move_group(*stream_retention.expire_update(group, part, floor, lost, now))
 
     async def delete_group(self, name: str) -> bool:
         """Forget a group and its claims; True if it existed."""
         await self.claims.delete_many({"g": name})
         return (await self.positions.delete_one({"_id": name})).deleted_count == 1
 
-    async def group_claims(self, group: ReaderGroup, part: Partition, start: int, size: int | None,
-                           projection: dict) -> list[dict]:
-        """The claims of ``group``'s epoch in ``part`` from sequence ``start`` on (``size`` of them at most, when
-        given)."""
-        seqs = {"$gte": start} if size is None else {"$gte": start, "$lt": start + size}
+    async def claim_leases(self, group: ReaderGroup, part: Partition, start: int, size: int) -> list[dict]:
+        """The claims of ``group``'s epoch in ``part`` on the ``size`` sequences from ``start``, as a reader skips
+        by them: their sequence, finish and lease."""
+        return await self._group_claims(group, part, {"$gte": start, "$lt": start + size},
+                                        {"s": 1, "fin": 1, "lease": 1})
+
+    async def claim_progress(self, group: ReaderGroup, part: Partition, start: int) -> list[dict]:
+        """The claims of ``group``'s epoch in ``part`` from sequence ``start`` on, as its lag counts them: their
+        sequence, finish and acked slots."""
+        return await self._group_claims(group, part, {"$gte": start}, {"s": 1, "fin": 1, "done": 1})
+
+    async def _group_claims(self, group: ReaderGroup, part: Partition, seqs: dict, projection: dict) -> list[dict]:
         where = {"pt": part.number} if part.partitioned else {}
         return [c async for c in self.claims.find({"g": group.name, "e": group.epoch, **where, "s": seqs},
                                                   projection)]
 
-    async def claim(self, query: dict, update: dict) -> dict | None:
-        """Claim a bucket for a reader (``stream_claims.claim``); None when another reader holds or finished it. Not
-        retried: a claim whose reply was lost expires with its lease."""
+    async def claim(self, group: ReaderGroup, part: Partition, seq: int, now: dt.datetime, lease_s: float, token: str,
+                    owner: str) -> dict | None:
+        """Claim bucket ``seq`` of ``part`` for ``group``'s reader of ``token`` for ``lease_s`` seconds
+        (``stream_claims.claim``); None when another reader holds or finished it. Not retried: a claim whose reply
+        was lost expires with its lease."""
+        query, update = stream_claims.claim(group, part, seq, now, lease_s, token, owner)
         try:
             return await self.claims.find_one_and_update(query, update, upsert=True,
                                                          return_document=ReturnDocument.AFTER)
         except DuplicateKeyError:
             return None
 
-    async def delete_claims(self, query: dict) -> None:
-        await self.claims.delete_many(query)
+    async def delete_claims_behind(self, group: ReaderGroup) -> None:
+        """Delete ``group``'s claims that count for nothing any more (``stream_retention.claims_behind``)."""
+        await self.claims.delete_many(stream_retention.claims_behind(group))
+
+    async def extend_claim(self, cid: dict, token: str, until: dt.datetime, done: list[int]) -> bool:
+        """Record the ``done`` slots of the claim ``cid`` and move its lease's end to ``until``
+        (``stream_claims.extend_claim``), if the reader of ``token`` still holds it; True when applied."""
+        return await self.update_claim(stream_claims.claimed_by(cid, token), stream_claims.extend_claim(until, done))
 
     async def update_claim(self, query: dict, update: dict, *, mine: dict | None = None) -> bool:
         """A write to a claim fenced by the reader's token (``stream_claims.claimed_by``); True when applied, False when

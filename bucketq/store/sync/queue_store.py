@@ -14,13 +14,23 @@ this one class. Written async once; ``bucketq.store.sync.QueueStore`` is generat
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
-from pymongo import ReturnDocument
+from pymongo import ReplaceOne, ReturnDocument
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
-from bucketq.core import groups, rate_window, unique_keys
+from bucketq.core import (
+    claims,
+    groups,
+    housekeeping,
+    rate_window,
+    sharding,
+    unique_keys,
+)
+from bucketq.core.cancellation import CANCELLED_RECORDS, record_filter, request
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
+from bucketq.core.entries import EntryKind, Selection
 from bucketq.core.format import (
     CONTROL_SUFFIX,
     DEAD_SUFFIX,
@@ -31,7 +41,17 @@ from bucketq.core.format import (
     UNIQUE_SUFFIX,
 )
 from bucketq.core.held import FlushPlan
-from bucketq.core.operator_writes import PAUSE, initial_pause, is_paused
+from bucketq.core.operator_writes import (
+    PAUSE,
+    PURGED_FIELDS,
+    holders,
+    initial_pause,
+    is_paused,
+    purge_mark,
+    purged_by,
+    removal,
+    set_pause,
+)
 from bucketq.core.priorities import PRIORITY
 from bucketq.core.rate_window import RateLimit
 from bucketq.core.retry import is_transient
@@ -199,10 +219,12 @@ class QueueStore:
     def _matches(self, query: dict) -> bool:
         return self.buckets.find_one(query, {"_id": 1}) is not None
 
-    def quarantine_bucket(self, entry: dict, query: dict, tombstone: dict, mine: dict) -> bool:
-        """Move a bucket to quarantine: the copy first, then the fenced finish."""
+    def quarantine_bucket(self, entry: dict, ref: dict, token: str, now: dt.datetime) -> bool:
+        """Move the bucket ``ref`` (its shard key), claimed with ``token``, to quarantine: the copy ``entry`` first,
+        then the fenced finish (``claims.finish``)."""
         self.insert_copies(self.quarantine, [entry])
-        return self.finish_fenced(query, tombstone, mine)
+        return self.finish_fenced(claims.fenced(ref, token), claims.finish(now, token, ref[PARTITION]),
+                                        claims.finished_by(ref, token))
 
     def write_plan(self, plan: FlushPlan) -> bool:
         """Run a claimed bucket's flush plan (``core.held.FlushPlan``) in order: an ordered group's lock first (never
@@ -223,28 +245,32 @@ class QueueStore:
             return self.finish_fenced(plan.filter, plan.final, plan.mine)
         return self.update_fenced(plan.filter, plan.final, mine=plan.mine)
 
-    def reap_tombstones(self, query: dict) -> int:
-        """Delete the tombstones ``query`` (``claims.reap``) matches, in every partition."""
-        return (self.buckets.delete_many(every_partition(query, self.partition_count()))).deleted_count
+    def reap_tombstones(self, now: dt.datetime, retention_s: float) -> int:
+        """Delete the tombstones of buckets finished more than ``retention_s`` before ``now`` (``claims.reap``), in
+        every partition."""
+        query = every_partition(claims.reap(now, retention_s), self.partition_count())
+        return (self.buckets.delete_many(query)).deleted_count
 
-    def take_housekeeping(self, query: dict, update: dict) -> bool:
-        """Whether the upsert ``query``, ``update`` (``housekeeping.take``) took or renewed the housekeeping lease:
-        a duplicate ``_id`` says that another consumer holds it."""
+    def take_housekeeping(self, now: dt.datetime, token: str, owner: str, lease_s: float) -> bool:
+        """Whether the consumer of ``token`` took or renewed the housekeeping lease for ``lease_s`` seconds
+        (``housekeeping.take``): a duplicate ``_id`` says that another consumer holds it."""
         try:
-            result = self.control.update_one(query, update, upsert=True)
+            result = self.control.update_one(*housekeeping.take(now, token, owner, lease_s), upsert=True)
         except DuplicateKeyError:
             return False
         return result.matched_count == 1 or result.upserted_id is not None
 
-    def give_up_housekeeping(self, query: dict, update: dict) -> None:
-        """End the housekeeping lease (``housekeeping.give_up``) if this consumer still holds it."""
-        self.control.update_one(query, update)
+    def give_up_housekeeping(self, now: dt.datetime, token: str) -> None:
+        """End the housekeeping lease (``housekeeping.give_up``) if the consumer of ``token`` still holds it."""
+        self.control.update_one(*housekeeping.give_up(now, token))
 
     def read_pause(self) -> bool:
         """Whether the queue is paused (``Queue.pause``), read from the server now."""
         return is_paused(self.control.find_one(PAUSE, {"paused": 1}))
 
-    def write_pause(self, update: dict) -> None:
+    def write_pause(self, paused: bool, *, now: dt.datetime, by: str) -> None:
+        """Pause or resume the queue (``operator_writes.set_pause``), by ``by`` at ``now``; retried."""
+        update = set_pause(paused, now=now, by=by)
         retrying(lambda _: self.control.update_one(PAUSE, update, upsert=True), timeout_s=self.op_timeout_s)
 
     def known_keys(self, keys: list[str]) -> set[str]:
@@ -403,42 +429,71 @@ class QueueStore:
         result = retrying(lambda _: self.buckets.delete_many(query, **SCAN), timeout_s=self.op_timeout_s)
         return int(result.deleted_count)
 
-    # -- dead letters, quarantine and dedupe keys (``target``: ``dead``, ``quarantine`` or ``inbox``) --------
+    def count_cancelled(self) -> int:
+        """How many dead letters are the records of cancelled messages (``Queue.cancel``): a scan."""
+        return self.dead.count_documents(CANCELLED_RECORDS, **SCAN)
 
-    def entries(self, target: Any, query: dict, *, limit: int, skip: int = 0) -> list[dict]:
-        """Up to ``limit`` entries matching ``query`` (``core.entries.entry_filter``), oldest first, after the first
-        ``skip`` of them (a page of a listing), in the order of the ``at`` index."""
-        return target.find(query, sort=[("at", 1)], skip=skip, limit=limit).to_list(None)
+    # -- dead letters, quarantine and dedupe keys (core.entries) ----------------------------------------------
 
-    def count_entries(self, target: Any, query: dict) -> int:
-        return target.count_documents(query, **SCAN)
+    def _entries_of(self, kind: EntryKind) -> Any:
+        return self.dead if kind is EntryKind.DEAD else self.quarantine
 
-    def delete_entries(self, target: Any, query: dict) -> int:
-        return (target.delete_many(query, **SCAN)).deleted_count  # by error text: no index
+    def entries(self, kind: EntryKind, selection: Selection, *, limit: int, skip: int = 0) -> list[dict]:
+        """Up to ``limit`` of the selected entries of ``kind``, oldest first, after the first ``skip`` of them (a
+        page of a listing), in the order of the ``at`` index."""
+        return self._entries_of(kind).find(selection.filter(kind), sort=[("at", 1)], skip=skip,
+                                                 limit=limit).to_list(None)
 
-    def delete_entries_before(self, target: Any, at: dt.datetime) -> int:
-        return (target.delete_many({"at": {"$lt": at}})).deleted_count
+    def count_entries(self, kind: EntryKind, selection: Selection) -> int:
+        """How many entries of ``kind`` the selection takes."""
+        return self._entries_of(kind).count_documents(selection.filter(kind), **SCAN)
 
-    def requeue_chunk(self, target: Any, query: dict, *, limit: int) -> list[dict]:
-        """The next ``limit`` entries to requeue; ``delete_requeued`` deletes them once their buckets are in."""
-        return target.find(query, limit=limit, **SCAN).to_list(None)
+    def purge_entries(self, kind: EntryKind, selection: Selection) -> int:
+        """Delete the selected entries of ``kind``; returns how many."""
+        return (self._entries_of(kind).delete_many(selection.filter(kind), **SCAN)).deleted_count  # by text
 
-    def delete_requeued(self, target: Any, entries: list[dict]) -> None:
-        target.delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
+    def requeue_chunk(self, kind: EntryKind, selection: Selection, *, limit: int) -> list[dict]:
+        """The next ``limit`` selected entries to requeue; ``delete_requeued`` deletes them once their buckets are
+        in."""
+        return self._entries_of(kind).find(selection.filter(kind), limit=limit, **SCAN).to_list(None)
 
-    # -- operator controls (core.operator_writes) ------------------------------------------------------------------
+    def delete_requeued(self, kind: EntryKind, entries: list[dict]) -> None:
+        """Delete requeued entries of ``kind``, once their buckets are stored."""
+        self._entries_of(kind).delete_many({"_id": {"$in": [e["_id"] for e in entries]}})
 
-    def holders(self, query: dict) -> list[dict]:
-        """The buckets that hold a message (``operator_writes.holders``): a scan, for retry copies too."""
-        return self.buckets.find(query, **SCAN).to_list(None)
+    def add_dead_letters(self, docs: list[dict]) -> None:
+        """Insert dead letters (idempotent: their ``_id``s are the messages'), retried."""
+        self.insert_copies(self.dead, docs)
 
-    def update_bucket(self, query: dict, update: dict) -> bool:
-        """One conditional write to a bucket (``operator_writes.removal``), not retried: True when it matched."""
-        return (self.buckets.update_one(query, update)).matched_count == 1
+    def add_to_quarantine(self, entries: list[dict]) -> None:
+        """Insert quarantine entries (idempotent copies), retried."""
+        self.insert_copies(self.quarantine, entries)
 
-    def request_cancel(self, query: dict, update: dict) -> dict | None:
-        """The cancel request on a bucket (``cancellation.request``), retried (``$addToSet``: a repeat changes
-        nothing): the bucket as the request left it, or None when it matched nothing (finished meanwhile)."""
+    def expire_quarantined(self, before: dt.datetime) -> int:
+        """Delete the quarantine entries stored before ``before`` (its retention); returns how many."""
+        return (self.quarantine.delete_many({"at": {"$lt": before}})).deleted_count
+
+    def expire_dedupe_keys(self, before: dt.datetime) -> int:
+        """Delete the dedupe keys recorded before ``before`` (their retention); returns how many."""
+        return (self.inbox.delete_many({"at": {"$lt": before}})).deleted_count
+
+    # -- operator controls (core.operator_writes, core.cancellation) ------------------------------------------------
+
+    def holders(self, message_id: str) -> list[dict]:
+        """The buckets that hold the message ``message_id`` (``operator_writes.holders``): a scan, for retry copies
+        too."""
+        return self.buckets.find(holders(message_id), **SCAN).to_list(None)
+
+    def remove_slots(self, doc: Mapping[str, Any], slots: list[int], now: dt.datetime) -> bool:
+        """Mark ``slots`` of the bucket ``doc`` done if it is still as read (``operator_writes.removal``); not
+        retried: True when it matched."""
+        return (self.buckets.update_one(*removal(doc, slots, now))).matched_count == 1
+
+    def request_cancel(self, doc: Mapping[str, Any], slots: list[int]) -> dict | None:
+        """The cancel request of ``slots`` on the bucket ``doc`` (``cancellation.request``), retried (``$addToSet``:
+        a repeat changes nothing): the bucket as the request left it, or None when it matched nothing (finished
+        meanwhile)."""
+        query, update = request(doc, slots)
         return retrying(lambda _: self.buckets.find_one_and_update(query, update,
                                                                          return_document=ReturnDocument.AFTER),
                               timeout_s=self.op_timeout_s)
@@ -448,19 +503,31 @@ class QueueStore:
         doc = self.buckets.find_one(ref, {"x": 1})
         return None if doc is None else doc.get("x")
 
-    def cancel_recorded(self, query: dict) -> bool:
+    def cancel_recorded(self, message_id: str) -> bool:
         """Whether a message's cancellation record is in the dead letters (``cancellation.record_filter``)."""
-        return self.dead.find_one(query, {"_id": 1}) is not None
+        return self.dead.find_one(record_filter(message_id), {"_id": 1}) is not None
 
-    def mark_buckets(self, query: dict, update: dict, *, scan: bool = False) -> None:
-        """Mark every bucket matching ``query`` (``operator_writes.purge_mark``), retried: the mark is idempotent.
-        ``scan``: the query is served by no index (the operators' whole-collection reads, ``core.scans``)."""
-        options = SCAN if scan else {}
-        retrying(lambda _: self.buckets.update_many(query, update, **options), timeout_s=self.op_timeout_s)
+    def mark_purged(self, now: dt.datetime, token: str) -> None:
+        """Mark every unfinished bucket purged by ``token`` (``operator_writes.purge_mark``), retried: the mark is
+        idempotent. A scan (``core.scans``)."""
+        update = purge_mark(now, token)
+        retrying(lambda _: self.buckets.update_many(LIVE, update, **SCAN), timeout_s=self.op_timeout_s)
 
-    def marked_buckets(self, query: dict, projection: dict, *, limit: int) -> list[dict]:
-        return self.buckets.find(query, projection, limit=limit, **SCAN).to_list(None)
+    def purged_buckets(self, *tokens: str, limit: int) -> list[dict]:
+        """Up to ``limit`` buckets marked by one of the purges of ``tokens`` and not yet tombstones
+        (``operator_writes.purged_by``), with the fields a purge counts and ends them by."""
+        return self.buckets.find(purged_by(*tokens), PURGED_FIELDS, limit=limit, **SCAN).to_list(None)
 
-    def replace_buckets(self, ops: list[Any]) -> None:
-        """Idempotent ``ReplaceOne``s (tombstones fenced by a purge's token), in one bulk write, retried."""
+    def tombstone_purged(self, docs: list[dict], now: dt.datetime) -> None:
+        """Replace purged buckets by their tombstones, each fenced by its purge's token, in one bulk write,
+        retried (idempotent)."""
+        ops = [ReplaceOne(claims.finished_by(sharding.key(doc), doc["fin"]["token"]),
+                          claims.finish(now, doc["fin"]["token"], doc.get(PARTITION))) for doc in docs]
         retrying(lambda _: self.buckets.bulk_write(ops, ordered=False), timeout_s=self.op_timeout_s)
+
+    def end_copies(self, copies: list[dict], now: dt.datetime, token: str) -> None:
+        """End the retry copies ``copies`` (their shard keys) as a purge of ``token``: their tombstones first, so
+        that one landing later stores nothing; then those that landed already are marked purged."""
+        self.insert_copies(self.buckets, [{**ref, **claims.finish(now, token, ref[PARTITION])} for ref in copies])
+        query, update = {"$or": copies, **LIVE}, purge_mark(now, token)
+        retrying(lambda _: self.buckets.update_many(query, update), timeout_s=self.op_timeout_s)
