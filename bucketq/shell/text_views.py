@@ -15,6 +15,7 @@ from bson import ObjectId
 
 from bucketq.codecs import codec_named
 from bucketq.core.entries import entry_filter
+from bucketq.queue import internals
 
 if TYPE_CHECKING:
     from bucketq.queue import Queue
@@ -77,7 +78,7 @@ def relative(when: dt.datetime | None, now: dt.datetime) -> str:
 def server_now(queue: Queue) -> dt.datetime:
     """The server's clock as ``queue`` reads it (``bucketq.shell.clock``): what the ages of its messages are counted
     from. Never this host's wall clock, which a step or a skew would put in every age shown."""
-    return queue._clock.now()
+    return internals(queue).clock.now()
 
 
 # -- dead letters and quarantine ------------------------------------------------------------------------------
@@ -107,14 +108,14 @@ QUARANTINE = Kind("quarantine", "quarantined entry", "quarantined entries", "rea
 
 def _query(queue: Queue, kind: Kind, older_than: float | None, error_contains: str | None,
            ids: list[Any] | None) -> dict[str, Any]:
-    return entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids, now=queue._clock.latest(),
-                        error_field=kind.reason)
+    return entry_filter(older_than_s=older_than, error_contains=error_contains, ids=ids,
+                        now=internals(queue).clock.latest(), error_field=kind.reason)
 
 
 async def count_matching(queue: Queue, kind: Kind, *, older_than: float | None = None,
                          error_contains: str | None = None, ids: list[Any] | None = None) -> int:
     """How many of ``queue``'s entries of ``kind`` match the filters a requeue or purge is given."""
-    store = queue._store
+    store = internals(queue).store
     return await store.count_entries(getattr(store, kind.command),
                                      _query(queue, kind, older_than, error_contains, ids))
 
@@ -122,7 +123,7 @@ async def count_matching(queue: Queue, kind: Kind, *, older_than: float | None =
 async def entries_page(queue: Queue, kind: Kind, *, skip: int, limit: int, error_contains: str | None = None,
                        ids: list[Any] | None = None) -> list[dict[str, Any]]:
     """The entries of ``kind`` matching the filters, oldest first, from the ``skip``-th on: a page of a listing."""
-    store = queue._store
+    store = internals(queue).store
     return await store.entries(getattr(store, kind.command), _query(queue, kind, None, error_contains, ids),
                                limit=limit, skip=skip)
 
