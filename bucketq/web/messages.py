@@ -45,8 +45,8 @@ async def find_message(queue: Queue, message_id: str) -> dict[str, Any] | None:
 async def _pending(queue: Queue, message_id: str) -> dict[str, Any] | None:
     """The message in the first live bucket that holds it unfinished (its producer's bucket, or a retry or
     requeued copy), with its deliveries so far and the lease it is under, if any."""
-    store, clock = internals(queue).store, internals(queue).clock
-    now = clock.latest()
+    store = internals(queue).store
+    now = internals(queue).clock.latest()
     for doc in await store.holders(holders(message_id)):
         slots = pending_slots(doc, message_id)
         if not slots:
