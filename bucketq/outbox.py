@@ -69,7 +69,7 @@ from bucketq.core.retry import is_transient
 from bucketq.errors import InvalidOption, PayloadTooLarge
 from bucketq.motor_adapter import MotorCollection, is_motor
 from bucketq.options import check_delay
-from bucketq.queue import Queue
+from bucketq.queue import Queue, internals
 from bucketq.shell.redaction import redact
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.base import raise_if_cancelled
@@ -145,6 +145,7 @@ class Outbox:
                                 "application's collection")
         self.store = OutboxStore(source, field, op_timeout_s=queue.options.write_timeout)
         self.queue = queue
+        self._queue = internals(queue)
         self.field = field
         self.namespace = f"{source.database.name}.{source.name}"
         self.relayed = 0
@@ -158,15 +159,15 @@ class Outbox:
     async def run_once(self) -> int:
         """One pass: relay the events of up to ``batch_size`` documents. Returns how many events it took out of
         documents (relayed, or set aside as malformed); 0 when none was waiting."""
-        await self.queue._ready()
+        await self._queue.ready()
         docs = await self.store.waiting(self._batch_size)
         if not docs:
             return 0
-        now = self.queue._clock.now()
+        now = self._queue.clock.now()
         relay_pass = plan(docs, field=self.field, namespace=self.namespace, now=now, after=self._after)
         if relay_pass.buckets:
-            await self.queue._store.insert_buckets(relay_pass.buckets)  # a duplicate key: that event is already in
-            self.queue._wakeup.notify()
+            await self._queue.store.insert_buckets(relay_pass.buckets)  # a duplicate key: that event is already in
+            self._queue.wake()
         await self._remove(relay_pass, now)
         self._after = relay_pass.next_due
         self.relayed += len(relay_pass.buckets)
@@ -187,7 +188,7 @@ class Outbox:
         try:
             while not self._stopping:
                 if self._change_streams is not False:
-                    self._wakeup.start_stream(self.store.watch_events, self.queue._clock,
+                    self._wakeup.start_stream(self.store.watch_events, self._queue.clock,
                                               required=bool(self._change_streams))
                 self._wakeup.checking()
                 try:

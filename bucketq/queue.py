@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from bucketq import metrics
@@ -43,6 +44,18 @@ from bucketq.store.aio.queue_store import AsyncQueueStore
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
 PURGE_CHUNK = 1000
 log = logging.getLogger("bucketq")
+
+
+@dataclass(frozen=True)
+class QueueInternals:
+    """What bucketq's own modules built on a ``Queue`` use of it (``Schedule``, ``Outbox``, ``Worker``, the CLI's and
+    the dashboard's views): the one door to its machinery, ``internals(queue)``, instead of its private attributes
+    (tests/test_queue_internals.py keeps it so). Not part of the public API."""
+
+    store: AsyncQueueStore
+    clock: ServerClock  # the server's clock as the queue reads it: stored times are the server's
+    ready: Callable[[], Awaitable[None]]  # the queue's set-up (clock, indexes), due before a read or write
+    wake: Callable[[], None]  # buckets were written: wake this queue's consumer, before any change stream tells
 
 
 class Queue:
@@ -85,6 +98,7 @@ class Queue:
         self._life = Lifecycle("queue", SetUp(self._connection, self._clock, self._store.ensure_indexes,
                                               self.options.write_timeout))
         self._strays = Strays(self._store, self._clock)
+        self._internals = QueueInternals(self._store, self._clock, self._ready, self._wakeup.notify)
 
     @property
     def database(self) -> Any:
@@ -462,3 +476,7 @@ class Queue:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+
+def internals(queue: Queue) -> QueueInternals:
+    """``queue``'s store, clock, set-up and wake-up, for bucketq's own modules built on it (``QueueInternals``)."""
+    return queue._internals

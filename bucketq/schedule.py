@@ -15,7 +15,7 @@ from pymongo.errors import PyMongoError
 
 from bucketq.core import schedule as ticks
 from bucketq.core.format import bucket_document, encode_slot
-from bucketq.queue import Queue
+from bucketq.queue import Queue, internals
 
 log = logging.getLogger("bucketq.schedule")
 MAX_SLEEP_S = 60.0  # a scheduler re-reads the state at least this often (another one may have moved it)
@@ -42,13 +42,14 @@ class Schedule:
         self.zone = ticks.check_schedule(cron, tz, missed, catch_up_limit, name)
         self.queue, self.cron, self.name, self.missed = queue, cron, name, missed
         self.catch_up_limit = catch_up_limit
-        self._clock = clock or queue._clock.now
+        self._queue = internals(queue)
+        self._clock = clock or self._queue.clock.now
 
     async def run_once(self, now: dt.datetime | None = None) -> list[dt.datetime]:
         """Enqueue the ticks due at ``now`` (default: the clock's) that no scheduler has; return them (UTC)."""
-        await self.queue._ready()
+        await self._queue.ready()
         now = ticks.aware(now if now is not None else self._clock())
-        store = self.queue._store
+        store = self._queue.store
         state = await store.read_schedule(self.name)
         if state is None:  # the first run: ticks from now on
             await store.claim_tick(self.name, None, now, sent=True)
@@ -64,7 +65,7 @@ class Schedule:
             await self._enqueue(tick, now)
             enqueued.append(last := tick)
         if enqueued:
-            self.queue._wakeup.notify()
+            self._queue.wake()
         return enqueued
 
     async def run(self) -> None:
@@ -86,9 +87,9 @@ class Schedule:
     async def _enqueue(self, tick: dt.datetime, now: dt.datetime) -> None:
         """Insert the tick's bucket (a duplicate key: already stored), then mark the state sent."""
         slot = self._slot._replace(key=ticks.tick_key(self.name, tick))
-        partitions = await self.queue._store.partition_count()  # the queue's: options.partitions may be None
+        partitions = await self._queue.store.partition_count()  # the queue's: options.partitions may be None
         bucket = bucket_document(ticks.tick_bucket_id(self.queue.name, self.name, tick), [slot],
                                  codec=self.queue.codec.name, created=now, due=tick,
                                  partition=ticks.tick_partition(self.name, partitions))
-        await self.queue._store.insert_buckets([bucket])
-        await self.queue._store.mark_tick_sent(self.name, tick)
+        await self._queue.store.insert_buckets([bucket])
+        await self._queue.store.mark_tick_sent(self.name, tick)

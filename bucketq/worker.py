@@ -38,7 +38,7 @@ from bucketq.core.logbudget import LogBudget
 from bucketq.errors import BucketqError, HandlerTimeout, InvalidOption, LeaseLost
 from bucketq.message import Message
 from bucketq.options import check_delay
-from bucketq.queue import Queue
+from bucketq.queue import Queue, internals
 from bucketq.shell.handler_threads import HandlerThreads
 
 log = logging.getLogger("bucketq.worker")
@@ -134,6 +134,7 @@ class Worker:
             if handler_timeout <= 0:
                 raise InvalidOption("handler_timeout must be None or a positive number of seconds")
         self.queue = queue
+        self._clock = internals(queue).clock
         self.handler = handler
         self.concurrency = concurrency
         self.batch_size = batch_size
@@ -264,7 +265,7 @@ class Worker:
 
     async def _handle(self, batch: list[Message]) -> None:
         started = time.monotonic()
-        now = self.queue._clock.now()  # enqueue times are the server's: so is the time they are measured to
+        now = self._clock.now()  # enqueue times are the server's: so is the time they are measured to
         queue_times = [max(0.0, (now - m.enqueued_at).total_seconds()) for m in batch]
         failures: dict[str, BaseException] = {}
         try:

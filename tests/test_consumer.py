@@ -267,8 +267,7 @@ async def test_stale_consumers_flush_is_refused(make_queue, sync_db):
     fast = make_queue(lease=1.0, state_flush_period=0.3)
     await slow.push_many(["a", "b"])
     message = await slow.reserve(timeout=2)
-    slow._consumer._flusher.cancel()  # the slow consumer hangs: it stops extending its lease
-    slow._consumer._flusher = None
+    slow._consumer._flushing.stop()  # the slow consumer hangs: it stops extending its lease
     taken = await fast.reserve(timeout=5)  # once the lease has run out: fast knows when it ends
     assert taken is not None and taken.payload == "a", "the expired lease was not claimable"
     assert taken.tries == 1
@@ -304,7 +303,7 @@ async def test_next_bucket_is_claimed_ahead_while_one_is_served_and_handed_back_
     q = make_queue(bucket_max_size=10, bucket_max_wait=0.01)
     await q.push_many(range(40))  # four buckets
     got = [await q.reserve(timeout=2) for _ in range(11)]  # the first bucket, then the first of the second
-    await q._consumer._ahead_landed()
+    await q._consumer._claiming.ahead_landed()
     # Buckets written in the same millisecond are due alike: which one a claim takes among them is the server's
     # choice, so the test counts the buckets never claimed (``c`` is 0).
     assert sync_db.events.count_documents({"c": 0}) == 1, "a backlog: one bucket is claimed ahead, and no more"
@@ -363,7 +362,7 @@ async def test_a_first_claim_of_a_bucket_written_under_load_already_claims_ahead
     q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
     await q.push_many(range(300))
     first = await q.reserve(timeout=2)
-    await q._consumer._ahead_landed()
+    await q._consumer._claiming.ahead_landed()
     assert sync_db.events.count_documents({"c": 0}) == 1, "the first bucket, a full one, and one ahead"
     await first.ack()
 
@@ -376,7 +375,7 @@ async def test_a_consumer_serving_from_held_buckets_resyncs_its_clock_at_its_cla
     q = make_queue(bucket_max_size=100, bucket_max_wait=0.01)
     await q.push_many(range(300))
     messages = [await q.reserve(timeout=2)]
-    await q._consumer._ahead_landed()  # the second bucket is held
+    await q._consumer._claiming.ahead_landed()  # the second bucket is held
     held = [holding.held.bucket.id for holding in q._consumer._holdings]
     assert len(held) == 2
     synced_at = q._clock._synced_at
@@ -385,7 +384,7 @@ async def test_a_consumer_serving_from_held_buckets_resyncs_its_clock_at_its_cla
     assert q._clock.stale
     while len(messages) < 101:  # the first bucket's, then the second's first, which sends a claim ahead
         messages.append(await q.reserve(timeout=0))
-    await q._consumer._ahead_landed()
+    await q._consumer._claiming.ahead_landed()
     assert not q._clock.stale and q._clock._synced_at > synced_at
     # Every one came from the two buckets held before the clock aged, the first's 100 then one of the second's
     # (which two of the three buckets, written at once, the claims took is the server's choice).
@@ -401,7 +400,7 @@ async def test_no_claim_ahead_while_buckets_come_one_at_a_time(make_queue):
         message = await q.reserve(timeout=2)
         await message.ack()
         assert await q.reserve(timeout=0.05) is None
-    assert q._consumer._ahead is None, "an empty claim ahead per bucket: commands a trickle does not need"
+    assert q._consumer._claiming.ahead is None, "an empty claim ahead per bucket: commands a trickle does not need"
 
 
 async def test_drain_nacks_handlers_that_do_not_finish(make_queue):

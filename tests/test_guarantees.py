@@ -44,8 +44,7 @@ async def _take_over(make_queue: Callable[..., bucketq.Queue], payloads: list[An
     a, b = make_queue(**options), make_queue(**options)
     await a.push_many(payloads)
     mine = [await a.reserve(timeout=5) for _ in payloads]
-    a._consumer._flusher.cancel()  # A hangs (a GC pause, a partition): its lease is not extended
-    a._consumer._flusher = None
+    a._consumer._flushing.stop()  # A hangs (a GC pause, a partition): its lease is not extended
     theirs = [await b.reserve(timeout=5) for _ in payloads]  # B polls: it claims once A's lease has run out
     assert all(m is not None and m.tries == 1 for m in theirs), "B did not take the bucket over"
     return a, b, mine, theirs
@@ -122,8 +121,7 @@ async def test_a_stale_consumers_gathered_finish_is_refused_where_another_finish
     a, b = make_queue(**options), make_queue(**options)
     await a.push_many(list(range(2 * 64)))
     mine = [await a.reserve(timeout=5) for _ in range(64)]
-    a._consumer._flusher.cancel()  # A hangs: its leases are not extended
-    a._consumer._flusher = None
+    a._consumer._flushing.stop()  # A hangs: its leases are not extended
     theirs = [await b.reserve(timeout=5) for _ in range(64)]
     first = mine[0]._holding.held
     assert all(m._holding.held.bucket.id == first.bucket.id and m.tries == 1 for m in theirs), "B took another bucket"
@@ -376,7 +374,7 @@ async def test_a_failing_close_stops_every_background_task(mongo_uri, db_name, s
     with pytest.raises((PyMongoError, bucketq.WriteFailed)):
         await q.close()
     consumer = q._consumer
-    assert consumer._flusher is None and not consumer._background
+    assert consumer._flushing._loop is None and not consumer._drainer._background.running()
 
     def leftover() -> list[asyncio.Task]:
         return [t for t in asyncio.all_tasks() if t.get_name().startswith("bucketq") and not t.done()]

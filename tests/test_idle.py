@@ -202,7 +202,8 @@ async def test_a_wake_up_names_its_partition_and_the_consumer_claims_there_first
     q, producer = make_queue(target=target, partitions=4), make_queue(partitions=4)
     await _idle(q)
     pushed = partition_of("g", 4)  # an ordered group's bucket goes to the group's partition
-    q._consumer._rotation._start = (pushed + 1) % 4  # without the event's partition, its first claim looks there
+    # without the event's partition, its first claim looks there
+    q._consumer._claiming._rotation._start = (pushed + 1) % 4
 
     def claims() -> list[Any]:
         return [c[2] for c in sent() if c[0] == "findAndModify" and c[1] == "events"]

@@ -207,7 +207,7 @@ async def test_purge_ends_every_bucket_with_a_count_and_keeps_dead_letters(make_
     # Two buckets claimed in a row make a backlog, so serving the held one sent a claim ahead: once it has found
     # nothing, the ready bucket stays ready (on a loaded machine its request went out after that bucket was written,
     # and took it: in_flight 8, ready 0)
-    await consumer._consumer._ahead_landed()
+    await consumer._consumer._claiming.ahead_landed()
     await producer.push_many([f"ready {i}" for i in range(5)])
     await producer.push_many([bucketq.Outgoing(f"later {i}", delay=60) for i in range(3)])
     row = await producer.stats()

@@ -218,7 +218,7 @@ async def test_bug_13_dedupe_ack_after_the_lease_expired_raises_lease_lost(make_
     c = make_queue(**options)
     await a.push("m", key="k-m")
     first = await a.reserve(timeout=5)
-    a._consumer._flusher.cancel()  # A hangs (a pause, a partition, a server restart): its lease is not extended
+    a._consumer._flushing._loop.cancel()  # A hangs (a pause, a partition, a server restart): its lease is not extended
     await asyncio.sleep(1.3)
     second = await c.reserve(timeout=5)  # C claims the expired bucket; "k-m" is not in the inbox yet
     assert second is not None and second.payload == "m"
@@ -234,7 +234,7 @@ async def test_bug_15_no_message_is_served_from_a_bucket_whose_extension_was_not
     c = make_queue(**options)
     await a.push_many(list(range(10)))
     assert await a.reserve(timeout=5) is not None
-    store = a._consumer._store
+    store = a._store
     update_fenced = store.update_fenced
     reachable = asyncio.Event()
 

@@ -3,7 +3,7 @@
 Runs the sans-I/O ``ClaimedBucket`` and ``claims``; adds the event loop around them: one claim in flight at a
 time, a periodic flusher that writes resolutions and extends leases, wake-ups, and an orderly drain. Each of
 those is a part of its own in this package (``Claiming``, ``Decoding``, ``OrderedGroupTurns``, ``Flushing``,
-``Draining``); ``Consumer`` sets up their shared state (``ConsumerState``) and serves and resolves messages.
+``Draining``), given only what it uses; ``Consumer`` wires them together and serves and resolves messages.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from itertools import repeat
 from operator import attrgetter
-from typing import Any
 
 from pymongo.errors import PyMongoError
 
 from bucketq import metrics
 from bucketq.codecs import Codec
-from bucketq.consumer.claiming import Claiming
+from bucketq.consumer.claiming import Backlog, Claiming
 from bucketq.consumer.decoding import Decoding
 from bucketq.consumer.dedupe_keys import KeyRecorder
 from bucketq.consumer.draining import Draining
@@ -31,13 +30,13 @@ from bucketq.consumer.finishing import Finishes
 from bucketq.consumer.flushing import Flushing
 from bucketq.consumer.group_turns import OrderedGroupTurns
 from bucketq.consumer.holding import Holding
+from bucketq.consumer.tasks import BackgroundTasks
 from bucketq.core import claims
 from bucketq.core.backoff import Backoff
 from bucketq.core.claim_step import Claimer
 from bucketq.core.held import Policy, SlotState
 from bucketq.core.priorities import Turns
 from bucketq.core.retry import is_transient
-from bucketq.core.sharding import Rotation
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
@@ -50,43 +49,56 @@ from bucketq.store.aio.queue_store import AsyncQueueStore
 log = logging.getLogger("bucketq")
 
 
-class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
+class Consumer:
+    """The consume path of one queue object: reserves and serves messages, resolves them; its parts claim, decode,
+    flush and drain."""
+
     def __init__(self, store: AsyncQueueStore, codec: Codec, options: QueueOptions, clock: ServerClock,
                  wakeup: Wakeup, pause: PauseGate, *, before_claim: Callable[[], Awaitable[None]]) -> None:
-        self._store = store
-        self._pause = pause
         self._before_claim = before_claim  # the queue's set-up, clock resync and stream restarts, as they fall due
-        self._codec = codec
         self._options = options
         self._clock = clock
         self._wakeup = wakeup
         self._backoff = Backoff(options.retry_base, options.retry_factor, options.retry_max, options.retry_jitter)
-        self._policy = Policy(options.lease, options.max_attempts, options.due_granularity)
-        self._holdings: list[Holding] = []
-        self._claim_lock = asyncio.Lock()
-        self._flusher: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._holdings: list[Holding] = []  # the buckets held, oldest first: shared with the parts
         self._draining = False
-        self._owner = claims.owner_name()
-        self._claimer = Claimer(self._owner, self._policy, quarantine_malformed=options.malformed == "quarantine",
-                                dedupe=options.dedupe)
-        # Claims in a row that took a bucket: from two on (or one of a bucket written under load, see
-        # BACKLOG_BUCKET_SIZE), the queue has a backlog and claiming ahead pays. A consumer that empties each
-        # bucket before the next is written alternates found and empty claims, and claiming ahead would only add
-        # an empty claim per bucket.
-        self._found_in_a_row = 0
-        self._ahead: asyncio.Task[None] | None = None  # the claim ahead under way, if any
-        self._ahead_unsent = False  # it is spawned and its claim's request is not sent yet (see reserve)
         self._keys = KeyRecorder(store, clock)
-        self._finishes = Finishes(store, min(options.finish_linger, options.state_flush_period), self._spawn)
         self._metrics = metrics.for_queue(store.name, store.database.name)
-        self._rotation = Rotation()
         # Until the first claim's set-up tells whether the queue has a rate limit (a consumer that names none
         # adopts the queue's), every reserve goes through the permits; then None when it has none
         self._permits: Permits | None = Permits(store, clock)
-        self._turns = Turns(options.priority_fairness)
+        owner = claims.owner_name()
+        background = BackgroundTasks()
+        finishes = Finishes(store, min(options.finish_linger, options.state_flush_period), background.spawn)
+        backlog = Backlog()
+        group_turns = OrderedGroupTurns(store, wakeup)
+        self._flushing = Flushing(store, clock, options, wakeup, self._holdings, owner=owner, metrics=self._metrics,
+                                  finishes=finishes, backlog=backlog, spawn=background.spawn,
+                                  converse=group_turns.converse, draining=self._is_draining)
+        self._schedule_flush = self._flushing.schedule_flush  # bound once: resolving a message calls it
+        self._decoding = Decoding(store, clock, owner, self._metrics, self._schedule_flush)
+        claimer = Claimer(owner, Policy(options.lease, options.max_attempts, options.due_granularity),
+                          quarantine_malformed=options.malformed == "quarantine", dedupe=options.dedupe)
+        self._claiming = Claiming(store, codec, clock, wakeup, pause, self._holdings, claimer=claimer,
+                                  turns=Turns(options.priority_fairness), backlog=backlog, decoding=self._decoding,
+                                  before_claim=before_claim, group_step=group_turns.step,
+                                  schedule_flush=self._schedule_flush, spawn=background.spawn,
+                                  draining=self._is_draining)
+        self._backlog = backlog
+        self._drainer = Draining(options, clock, self._holdings, finishes=finishes, flushing=self._flushing,
+                                 background=background, claims_landed=self._claiming.claims_landed)
         # Claims that took a bucket (True) or found none (False), for the bench's measure of claim conflicts
-        self.claim_counts: Counter[bool] = Counter()
+        self.claim_counts: Counter[bool] = self._claiming.claim_counts
+
+    def _is_draining(self) -> bool:
+        return self._draining
+
+    async def drain(self) -> None:
+        """Stop claiming and wake the reserves waiting, then drain (``Draining.drain``: served messages waited
+        for, held buckets flushed and released, within ``drain_timeout`` plus one ``write_timeout``)."""
+        self._draining = True
+        self._wakeup.notify()
+        await self._drainer.drain()
 
     # -- reserving -----------------------------------------------------------------------------------------
 
@@ -105,7 +117,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         else:
             deadline = None if timeout is None else time.monotonic() + timeout
             await self._before_claim()  # the permits are counted by the server's clock: synced first
-            if self._store.rate_limit is None:  # the queue has none (learned at set-up): served without permits
+            if self._permits.unlimited:  # the queue has none (learned at set-up): served without permits
                 self._permits = None
                 return await self.reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if not await self._permits.wait_for_one(deadline, lambda: self._draining):
@@ -113,7 +125,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
             message = await self._reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if message is None:
                 self._permits.give_back(1)
-        if message is not None and self._ahead_unsent:
+        if message is not None and self._claiming.ahead_unsent:
             # Yield until the claim ahead has sent its request (after the pause read, if one is due): tasks whose
             # handlers never await I/O would not yield before the messages at hand run out, and its round trip
             # would not overlap their work. Every such task yields once a message meanwhile, so it is soon its turn.
@@ -122,7 +134,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
 
     async def _reserve(self, timeout: float | None) -> Message | None:
         """``reserve`` when no message is at hand: claim, or wait for a wake-up, until one is or ``timeout``."""
-        self._start()  # before the first claim: a message at hand means the flusher runs already
+        self._flushing.start()  # before the first claim: a message at hand means the flusher runs already
         deadline = None if timeout is None else time.monotonic() + timeout
         claimed = False
         must_claim = timeout == 0  # a reserve that may not wait claims once, wake-up or not
@@ -198,16 +210,17 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
         """Under the claim lock: a message at hand (once the claim ahead under way, if any, has landed), or else
         one claim if a wake-up calls for it (``Wakeup.ready``) or ``force``. Returns the message, or None and
         whether a bucket was claimed (none while draining)."""
-        async with self._claim_lock:
+        claiming = self._claiming
+        async with claiming.lock:
             message = self._next_message()
-            if message is None and self._ahead is not None and not self._ahead.done():
-                await self._ahead_landed()
+            if message is None and claiming.ahead is not None and not claiming.ahead.done():
+                await claiming.ahead_landed()
                 message = self._next_message()
             if message is not None or self._draining or not (force or self._wakeup.ready):
                 return message, False
             await self._before_claim()  # its errors reach the reserve, as before a first claim
             try:
-                claimed = await self._claim()
+                claimed = await claiming.claim()
             except PyMongoError as exc:
                 if not is_transient(exc):
                     raise
@@ -220,7 +233,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
 
     def _next_message(self) -> Message | None:
         """The next message at hand, if any; the claim ahead is started when it came from the newest bucket held
-        while the queue has a backlog and no claim is under way (``_claim_ahead``)."""
+        while the queue has a backlog and no claim is under way (``Claiming.start_ahead``)."""
         now = self._clock.latest()  # serve only while no reading of the clock could put the lease past its end
         for holding in self._holdings:
             held = holding.held
@@ -235,13 +248,14 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                     try:
                         payload = holding.load(payload)
                     except Exception as exc:
-                        self._undecodable(holding, slot, exc)
+                        self._decoding.undecodable(holding, slot, exc)
                         continue
                 self._metrics.consumed(1)
-                if (holding is self._holdings[-1] and (self._ahead is None or self._ahead.done())
-                        and not self._claim_lock.locked() and self._backlog(held)):
-                    self._ahead = self._spawn(self._claim_ahead(holding))
-                    self._ahead_unsent = True
+                if holding is self._holdings[-1]:  # the checks inline, not a call: most messages come here
+                    claiming = self._claiming
+                    if ((claiming.ahead is None or claiming.ahead.done()) and not claiming.lock.locked()
+                            and self._backlog.likely(held)):
+                        claiming.start_ahead(holding)
                 return Message(payload, self, holding, slot)
         return None
 
@@ -265,7 +279,7 @@ class Consumer(Claiming, Decoding, OrderedGroupTurns, Flushing, Draining):
                 try:
                     payloads = list(map(holding.load, map(stored.__getitem__, slots)))
                 except Exception:  # one at a time, to quarantine each that fails
-                    slots, payloads = self._decoded(holding, slots)
+                    slots, payloads = self._decoding.decoded(holding, slots)
             batch += map(Message, payloads, repeat(self), repeat(holding), slots)
             if len(batch) >= n:
                 break

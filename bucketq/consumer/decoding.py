@@ -11,15 +11,29 @@ from typing import Any
 
 from bucketq.codecs import Codec
 from bucketq.consumer.holding import Holding
-from bucketq.consumer.state import ConsumerState
 from bucketq.core.format import StoredBucket, quarantined_bucket
 from bucketq.core.sharding import key as shard_key
+from bucketq.metrics import Metrics
+from bucketq.shell.clock import ServerClock
+from bucketq.store.aio.queue_store import AsyncQueueStore
 
 log = logging.getLogger("bucketq")
 
 
-class Decoding(ConsumerState):
-    def _undecodable(self, holding: Holding, slot: int, exc: Exception) -> None:
+class Decoding:
+    """Decodes the buckets claimed by consumer ``owner``, and quarantines what cannot be served (written to
+    ``store``, counted in ``metrics``); a bucket whose last message went to quarantine is flushed
+    (``schedule_flush``)."""
+
+    def __init__(self, store: AsyncQueueStore, clock: ServerClock, owner: str, metrics: Metrics,
+                 schedule_flush: Callable[[Holding], None]) -> None:
+        self._store = store
+        self._clock = clock
+        self._owner = owner
+        self._metrics = metrics
+        self._schedule_flush = schedule_flush
+
+    def undecodable(self, holding: Holding, slot: int, exc: Exception) -> None:
         """A payload of a bucket its writer checked failed to decode as it was served: that message alone goes to
         quarantine, as with ``malformed="skip"``; the rest of the bucket is served."""
         held = holding.held
@@ -30,16 +44,16 @@ class Decoding(ConsumerState):
         if held.finished:
             self._schedule_flush(holding)
 
-    def _decoded(self, holding: Holding, slots: list[int]) -> tuple[list[int], list[Any]]:
+    def decoded(self, holding: Holding, slots: list[int]) -> tuple[list[int], list[Any]]:
         """A served batch of a bucket its writer checked, decoded one at a time (one failed): the slots whose payload
-        decodes, with their payloads; each that fails goes to quarantine (``_undecodable``)."""
+        decodes, with their payloads; each that fails goes to quarantine (``undecodable``)."""
         assert holding.load is not None
         decoded, failed = _decode_each(holding.load, holding.payloads, slots)
         for slot, exc in failed.items():
-            self._undecodable(holding, slot, exc)
+            self.undecodable(holding, slot, exc)
         return list(decoded), list(decoded.values())
 
-    def _decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
+    def decode(self, bucket: StoredBucket, codec: Codec) -> tuple[list[Any], dict[int, str]]:
         """Each payload not done decoded (None for a done one), and the reason each undecodable one failed."""
         load, done = codec.load, bucket.done
         if not done:  # a bucket's first claim: all of it at C speed, unless a payload fails
@@ -48,7 +62,8 @@ class Decoding(ConsumerState):
         decoded, failed = _decode_each(load, bucket.payloads, (s for s in range(bucket.size) if s not in done))
         return [decoded.get(slot) for slot in range(bucket.size)], {s: _failure(e) for s, e in failed.items()}
 
-    async def _quarantine_bucket(self, doc: dict, token: str, reason: str) -> None:
+    async def quarantine_bucket(self, doc: dict, token: str, reason: str) -> None:
+        """Send the claimed bucket ``doc`` (claimed with ``token``) to quarantine, for ``reason``."""
         now = self._clock.now()
         entry = quarantined_bucket(doc, reason=reason, at=now, host=self._owner.split(":")[0], pid=os.getpid())
         ref = shard_key(doc)

@@ -6,31 +6,65 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from pymongo.errors import PyMongoError
 
+from bucketq.consumer.claiming import Backlog
+from bucketq.consumer.finishing import Finishes
 from bucketq.consumer.holding import Holding
-from bucketq.consumer.state import ConsumerState
 from bucketq.core import group_turn
+from bucketq.core.group_turn import GroupStep
 from bucketq.core.held import FlushPlan
 from bucketq.core.retry import is_too_large
 from bucketq.errors import LeaseLost, WriteFailed
+from bucketq.metrics import Metrics
+from bucketq.options import QueueOptions
+from bucketq.shell.clock import ServerClock
 from bucketq.shell.unique_keys import release_keys
+from bucketq.shell.wakeup import Wakeup
+from bucketq.store.aio.queue_store import AsyncQueueStore
 
 log = logging.getLogger("bucketq")
 
 
-class Flushing(ConsumerState):
-    def _start(self) -> None:
-        if self._flusher is None:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-flush")
+class Flushing:
+    """Flushes the buckets in ``holdings`` (the consumer's list, shared with the other parts) that consumer
+    ``owner`` holds: writes to ``store``, each flush a task of ``spawn``'s; lone finishes gathered in ``finishes``
+    while the queue has a ``backlog`` and the consumer is not ``draining``; an ordered group's turn ended through
+    ``converse`` (``OrderedGroupTurns``)."""
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+    def __init__(self, store: AsyncQueueStore, clock: ServerClock, options: QueueOptions, wakeup: Wakeup,
+                 holdings: list[Holding], *, owner: str, metrics: Metrics, finishes: Finishes, backlog: Backlog,
+                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[Any]],
+                 converse: Callable[[Generator[GroupStep, Any, None]], Coroutine[Any, Any, None]],
+                 draining: Callable[[], bool]) -> None:
+        self._store = store
+        self._clock = clock
+        self._options = options
+        self._wakeup = wakeup
+        self._holdings = holdings
+        self._owner = owner
+        self._metrics = metrics
+        self._finishes = finishes
+        self._backlog = backlog
+        self._spawn = spawn
+        self._converse = converse
+        self._draining = draining
+        self._loop: asyncio.Task[None] | None = None  # the periodic flush loop, once started
+
+    def start(self) -> None:
+        """Start the periodic flush loop, unless it runs already."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop().create_task(self._flush_loop(), name="bucketq-flush")
+
+    def stop(self) -> asyncio.Task[None] | None:
+        """Cancel the flush loop, if it runs; returns its task, for the caller to wait for."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.cancel()
+        return loop
 
     async def _flush_loop(self) -> None:
         """Every ``state_flush_period``, start a flush for each held bucket that needs one and has none under
@@ -41,21 +75,21 @@ class Flushing(ConsumerState):
             now = self._clock.latest()
             for holding in list(self._holdings):
                 if holding.held.needs_flush(now):
-                    self._schedule_flush(holding)
+                    self.schedule_flush(holding)
 
-    def _schedule_flush(self, holding: Holding) -> None:
+    def schedule_flush(self, holding: Holding) -> None:
         """Start a flush of ``holding`` unless one is under way: that one goes on to write what is resolved
-        meanwhile when the bucket is finished or someone waits for a resolution (see ``_flush``)."""
+        meanwhile when the bucket is finished or someone waits for a resolution (see ``flush``)."""
         if holding.flushing is None or holding.flushing.done():
             holding.flushing = self._spawn(self._flush_logged(holding))
 
     async def _flush_logged(self, holding: Holding) -> None:
         try:
-            await self._flush(holding)
+            await self.flush(holding)
         except Exception as exc:
             log.warning("state flush of bucket %s failed; will retry: %s", holding.held.bucket.id, exc)
 
-    async def _flush(self, holding: Holding, *, release: bool = False) -> None:
+    async def flush(self, holding: Holding, *, release: bool = False) -> None:
         """Write the bucket's pending plan (a failed one first, as it was), then go on while resolutions that
         someone waits for were made meanwhile. A release, or a bucket with every slot resolved, goes on until
         the write that ends the bucket is applied or refused."""
@@ -77,8 +111,8 @@ class Flushing(ConsumerState):
             # queue has a backlog (more buckets, so more finishes, follow soon), goes with the others that come
             # within a linger (``Finishes``). Else, and in a drain, it is written at once: a consumer that dies
             # meanwhile gives back its bucket's acks since the last flush, which gathering only pays for when busy.
-            if (plan.lone_finish and not holding.waiters and not self._draining and self._options.finish_linger
-                    and self._backlog(self._holdings[-1].held)):
+            if (plan.lone_finish and not holding.waiters and not self._draining() and self._options.finish_linger
+                    and self._backlog.likely(self._holdings[-1].held)):
                 applied = await self._finishes.finish(plan)
             else:
                 applied = await self._store.write_plan(plan)

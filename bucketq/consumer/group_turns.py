@@ -5,21 +5,30 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any, TypeVar
 
-from bucketq.consumer.state import ConsumerState
 from bucketq.core import group_turn
 from bucketq.core.conversation import carry_async
 from bucketq.core.group_turn import GroupStep
+from bucketq.shell.wakeup import Wakeup
+from bucketq.store.aio.queue_store import AsyncQueueStore
 
 T = TypeVar("T")
 
 
-class OrderedGroupTurns(ConsumerState):
-    async def _converse(self, conversation: Generator[GroupStep, Any, T]) -> T:
+class OrderedGroupTurns:
+    """Carries an ordered group's conversations to ``store``; a bucket woken for a group's next turn wakes
+    ``wakeup``."""
+
+    def __init__(self, store: AsyncQueueStore, wakeup: Wakeup) -> None:
+        self._store = store
+        self._wakeup = wakeup
+
+    async def converse(self, conversation: Generator[GroupStep, Any, T]) -> T:
         """Carry an ordered group's conversation (``core.group_turn``) to the store (``conversation.carry_async``:
         an error is thrown in at the step that raised it, as the lock may still have to be given back)."""
-        return await carry_async(conversation, self._group_step)
+        return await carry_async(conversation, self.step)
 
-    async def _group_step(self, step: GroupStep) -> Any:
+    async def step(self, step: GroupStep) -> Any:
+        """One step of an ordered group's conversation, carried to the store."""
         store = self._store
         match step:
             case group_turn.LockGroup(query, update, mine):

@@ -1,5 +1,5 @@
 """The claim step as a conversation with the store, sans-I/O: a generator that yields the next store call (a
-``ClaimStep``) and takes its reply back, h11 style. The async consumer (``consumer.claiming.Claiming._claim``) and
+``ClaimStep``) and takes its reply back, h11 style. The async consumer (``consumer.claiming.Claiming.claim``) and
 the batch queue (``batch.BatchQueue._claim_step``) carry it (``core.conversation``); what a claim's reply decides
 lives here, once:
 

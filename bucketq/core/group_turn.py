@@ -1,6 +1,6 @@
 """An ordered group's turn as a conversation with the store, sans-I/O: generators that yield the next store call
 (a ``GroupStep``) and take its reply back, h11 style. The consumer only carries steps to the store and replies
-back (``Consumer._converse``); the order of the writes, and what each reply decides, live here. The filters and
+back (``OrderedGroupTurns.converse``); the order of the writes, and what each reply decides, live here. The filters and
 updates are ``core.groups``'s; the protocol is docs/FORMAT.md's (Ordered groups) and ``core.groups``'s docstring.
 
 - ``take_turn``: after the claim of an ordered group's bucket, take the group's lock and check that no earlier

@@ -31,6 +31,11 @@ class Permits:
         self._spent = False  # ``_window`` granted nothing more: wait for the next one
 
     @property
+    def unlimited(self) -> bool:
+        """Whether the queue has no rate limit (learned at set-up): its messages are served without permits."""
+        return self._store.rate_limit is None
+
+    @property
     def limit(self) -> RateLimit:
         """The queue's rate limit, learned at set-up (``AsyncQueueStore.rate_limit``)."""
         limit = self._store.rate_limit

@@ -15,6 +15,7 @@ from bson import ObjectId
 
 from bucketq.codecs import codec_named
 from bucketq.core.entries import EntryKind, Selection
+from bucketq.queue import internals
 
 if TYPE_CHECKING:
     from bucketq.queue import Queue
@@ -77,7 +78,7 @@ def relative(when: dt.datetime | None, now: dt.datetime) -> str:
 def server_now(queue: Queue) -> dt.datetime:
     """The server's clock as ``queue`` reads it (``bucketq.shell.clock``): what the ages of its messages are counted
     from. Never this host's wall clock, which a step or a skew would put in every age shown."""
-    return queue._clock.now()
+    return internals(queue).clock.now()
 
 
 # -- dead letters and quarantine ------------------------------------------------------------------------------
@@ -107,20 +108,21 @@ QUARANTINE = Kind("quarantine", "quarantined entry", "quarantined entries", "rea
 
 def _selection(queue: Queue, older_than: float | None, error_contains: str | None,
                ids: list[Any] | None) -> Selection:
-    return Selection(queue._clock.latest(), older_than, error_contains, ids)
+    return Selection(internals(queue).clock.latest(), older_than, error_contains, ids)
 
 
 async def count_matching(queue: Queue, kind: Kind, *, older_than: float | None = None,
                          error_contains: str | None = None, ids: list[Any] | None = None) -> int:
     """How many of ``queue``'s entries of ``kind`` match the filters a requeue or purge is given."""
-    return await queue._store.count_entries(EntryKind(kind.command), _selection(queue, older_than, error_contains, ids))
+    return await internals(queue).store.count_entries(EntryKind(kind.command),
+                                                     _selection(queue, older_than, error_contains, ids))
 
 
 async def entries_page(queue: Queue, kind: Kind, *, skip: int, limit: int, error_contains: str | None = None,
                        ids: list[Any] | None = None) -> list[dict[str, Any]]:
     """The entries of ``kind`` matching the filters, oldest first, from the ``skip``-th on: a page of a listing."""
-    return await queue._store.entries(EntryKind(kind.command), _selection(queue, None, error_contains, ids),
-                                      limit=limit, skip=skip)
+    return await internals(queue).store.entries(EntryKind(kind.command), _selection(queue, None, error_contains, ids),
+                                                limit=limit, skip=skip)
 
 
 def entry_ids(ids: tuple[str, ...]) -> list[Any] | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from bucketq.core.format import SEQ_SUFFIX
 from bucketq.core.holdings import by_holder
-from bucketq.queue import Queue
+from bucketq.queue import Queue, internals
 from bucketq.shell.clock import ServerClock
 from bucketq.shell.connection import connect, reaching
 from bucketq.shell.discovery import queue_names
@@ -136,7 +136,8 @@ class Dashboard:
 
     async def held(self, queue: Queue) -> dict[str, dict[str, Any]]:
         """Who holds what in ``queue`` now: ``core.holdings.by_holder`` of its live leases and group locks."""
-        buckets, locks = await queue._store.held(queue._clock.latest())
+        door = internals(queue)
+        buckets, locks = await door.store.held(door.clock.latest())
         return by_holder(buckets, locks)
 
     # -- sampling ------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 from bucketq.codecs import codec_named
 from bucketq.core.format import parse_bucket
 from bucketq.core.operator_writes import live_lease, pending_slots
-from bucketq.queue import Queue
+from bucketq.queue import Queue, internals
 from bucketq.shell.text_views import DEAD, QUARANTINE, entries_page, entry_ids, entry_view
 
 # what each place offers: verb -> (label, the call on the queue). A pending message has no retry: it is on its way.
@@ -45,8 +45,8 @@ async def find_message(queue: Queue, message_id: str) -> dict[str, Any] | None:
 async def _pending(queue: Queue, message_id: str) -> dict[str, Any] | None:
     """The message in the first live bucket that holds it unfinished (its producer's bucket, or a retry or
     requeued copy), with its deliveries so far and the lease it is under, if any."""
-    store = queue._store
-    now = queue._clock.latest()
+    store = internals(queue).store
+    now = internals(queue).clock.latest()
     for doc in await store.holders(message_id):
         slots = pending_slots(doc, message_id)
         if not slots:
