@@ -1,10 +1,14 @@
+import java.time.Instant;
 import java.util.List;
 
 import de.bwaldvogel.mongo.MongoBackend;
+import de.bwaldvogel.mongo.MongoCollection;
 import de.bwaldvogel.mongo.MongoServer;
 import de.bwaldvogel.mongo.MongoVersion;
 import de.bwaldvogel.mongo.backend.h2.H2Backend;
 import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
+import de.bwaldvogel.mongo.bson.BsonTimestamp;
+import de.bwaldvogel.mongo.bson.Document;
 
 /**
  * Starts mongo-java-server on 127.0.0.1 with its oplog enabled (for change streams).
@@ -46,6 +50,13 @@ import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
  *
  * With the system property bucketq.shippedHandshake set, the backend keeps mongo-java-server's own (wire 8):
  * the tests of a server the installed pymongo refuses use it.
+ *
+ * <p>The oplog. mongo-java-server keeps every write in local.oplog.rs, uncapped, and each change-stream getMore
+ * reads it whole, under its lock: a long run with many streams (the stress and soak runs) slows every write and
+ * read down until the server barely answers. With the system property bucketq.oplogWindowS set to N, entries
+ * older than N seconds are deleted every N/4 seconds, as a capped oplog drops its oldest: a change stream that
+ * resumes from further back misses what was dropped (MongoDB refuses it instead; bucketq opens its streams from
+ * a second ago). The oplog does not log deletes from itself.
  */
 public class Launcher {
     /** MongoDB 4.4: wire version 9. */
@@ -69,6 +80,10 @@ public class Launcher {
         }
         MongoServer server = new MongoServer(backend);
         server.enableOplog();
+        long windowS = Long.getLong("bucketq.oplogWindowS", 0L);
+        if (windowS > 0) {
+            trimOplog(backend, windowS);
+        }
         server.bind("127.0.0.1", port);
         Runtime.getRuntime().addShutdownHook(new Thread(server::shutdown));
         System.out.println("listening mongodb://127.0.0.1:" + port + "/");
@@ -80,5 +95,27 @@ public class Launcher {
             System.exit(0);
         }
         Thread.currentThread().join();
+    }
+
+    /** Deletes, every windowS / 4 seconds, the oplog entries older than windowS seconds (a daemon thread). */
+    static void trimOplog(MongoBackend backend, long windowS) {
+        Thread trimmer = new Thread(() -> {
+            while (true) {
+                try {
+                    Thread.sleep(Math.max(1L, windowS / 4) * 1000L);
+                    MongoCollection<?> oplog = backend.resolveDatabase("local").resolveCollection("oplog.rs", false);
+                    if (oplog != null) {
+                        BsonTimestamp oldest = new BsonTimestamp(Instant.now().minusSeconds(windowS), 0);
+                        oplog.deleteDocuments(new Document("ts", new Document("$lt", oldest)), 0);
+                    }
+                } catch (InterruptedException e) {
+                    return;
+                } catch (RuntimeException e) {
+                    System.err.println("oplog trim failed: " + e);
+                }
+            }
+        }, "bucketq-oplog-trim");
+        trimmer.setDaemon(true);
+        trimmer.start();
     }
 }

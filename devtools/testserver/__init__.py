@@ -56,6 +56,7 @@ class TestServer:
     port: int = 0
     outlive_parent: bool = False  # the dev server outlives the command that starts it; others die with theirs
     shipped_handshake: bool = False
+    oplog_window_s: int = 0  # > 0: oplog entries older than this are deleted (Launcher.java); 0: kept forever
     pid: int | None = None
     _process: subprocess.Popen[bytes] | None = None
 
@@ -74,6 +75,8 @@ class TestServer:
             cmd.append("-Dbucketq.exitOnStdinEof=true")
         if self.shipped_handshake:
             cmd.append("-Dbucketq.shippedHandshake=true")
+        if self.oplog_window_s:
+            cmd.append(f"-Dbucketq.oplogWindowS={self.oplog_window_s}")
         cmd += ["Launcher", str(self.port)]
         if self.h2_file is not None:
             cmd.append(str(self.h2_file))
