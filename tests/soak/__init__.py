@@ -1,0 +1,1 @@
+"""The soak run: an hour of mixed work under faults, its history and a checker over it."""
