@@ -55,9 +55,10 @@ class History:
     def op(self, op: str, **fields: Any) -> None:
         self._ops.write({**self.stamp(), "proc": self.proc, "op": op, **fields})
 
-    def sample(self, metric: str, value: float, *, proc: str | None = None, server: bool = False) -> None:
-        """A resource sample of this process, of ``proc`` (the runner samples its children), or of the server."""
-        who = {"server": "server"} if server else {"proc": proc or self.proc}
+    def sample(self, metric: str, value: float, *, proc: str | None = None, server: str | None = None) -> None:
+        """A resource sample of this process, of ``proc`` (the runner samples its children), or of the server
+        (``server``: ``"server"`` for what lasts across its restarts, ``"server.g<n>"`` for one process of it)."""
+        who = {"server": server} if server else {"proc": proc or self.proc}
         self._resources.write({"at": self.stamp()["at"], **who, "metric": metric, "value": value})
 
     async def sync(self, database: Any) -> None:

@@ -64,13 +64,14 @@ ROLES: dict[str, tuple[str, int, dict[int, list[str]]]] = {
 WRITERS = ("producer", "relay")  # stopped first at the drain
 CLOCK_STEPPED = ("worker", "consumer")
 SAMPLE_S = 3.0
+READY_S = 120.0
 PROGRESS_S = 10.0
 TICK_S = 0.1
 RESPAWN_S = (0.5, 1.5)
 DRAIN_S = 90.0
 STOP_S = 40.0  # a role's SIGTERM to exit: drain_timeout, a flush, a close, on a loaded machine
 SAMPLER_TIMEOUT_MS = 2_000
-SERVER_HEAP = "384m"
+SERVER_HEAP = "160m"
 ERRORS_SHOWN = 20
 VIOLATIONS_SHOWN = 5  # in the report; the rest: python -m tests.soak.checker <run> (with --keep-results)
 OUTAGES = {"restart": "server_restart", "stall": "server_stall"}  # fault kind -> its name in the history
@@ -101,6 +102,12 @@ class Server:
     uri: str
     test_server: Any = None
     stalled: bool = False
+    generation: int = 0  # restarts so far
+
+    @property
+    def process(self) -> str:
+        """The server's samples of what a restart resets (RSS, connections, cursors): one series per process."""
+        return f"server.g{self.generation}"
 
     @property
     def pid(self) -> int | None:
@@ -174,6 +181,19 @@ class Runner:
         """Its signal handlers are installed (``role._main`` marks it): SIGUSR1 would kill it before."""
         return (self.run_dir / "ready" / proc.name).exists()
 
+    def wait_ready(self) -> None:
+        """Until every role process has started (eleven interpreters importing bucketq take tens of seconds on two
+        busy cores): the minutes, the fault schedule and the samples count from there, so that the trends' warm-up
+        is the work's, not the imports'."""
+        deadline = time.monotonic() + READY_S
+        while not all(self.ready(p) for p in self.procs.values()):
+            if time.monotonic() > deadline:
+                late = sorted(p.name for p in self.procs.values() if not self.ready(p))
+                self.tally.errors.append(f"not started within {READY_S:g} s: {', '.join(late)}")
+                return
+            self.reap(time.monotonic())
+            time.sleep(TICK_S)
+
     def kill(self, proc: Proc) -> None:
         if proc.popen.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
@@ -245,6 +265,7 @@ class Runner:
         for role_name, (_, count, _) in ROLES.items():
             for i in range(count):
                 self.spawn(role_name, i)
+        self.wait_ready()
         self._sampler.start()
         started = time.monotonic()
         end = started + self.minutes * 60.0
@@ -333,6 +354,7 @@ class Runner:
             started = time.monotonic()
             if kind == "restart":
                 self.server.test_server.restart()
+                self.server.generation += 1
                 self.tally.restart_s.append(round(time.monotonic() - started, 2))
             else:
                 self.server.stall()
@@ -363,7 +385,7 @@ class Runner:
                 h.sample("rss", psutil.Process(proc.pid).memory_info().rss, proc=proc.name)
         if self.server.pid is not None:
             with contextlib.suppress(psutil.Error):
-                h.sample("rss", psutil.Process(self.server.pid).memory_info().rss, server=True)
+                h.sample("rss", psutil.Process(self.server.pid).memory_info().rss, server=self.server.process)
         h.sample("rss", psutil.Process().memory_info().rss)
         try:
             self._sample_server()
@@ -377,30 +399,30 @@ class Runner:
             status = admin.command("serverStatus")
             for name, value in (status.get("connections") or {}).items():
                 if isinstance(value, (int, float)):
-                    h.sample(f"connections.{name}", value, server=True)
+                    h.sample(f"connections.{name}", value, server=self.server.process)
             cursors = ((status.get("metrics") or {}).get("cursor") or {}).get("open") or {}
             if isinstance(cursors.get("total"), (int, float)):
-                h.sample("cursors.open", cursors["total"], server=True)
+                h.sample("cursors.open", cursors["total"], server=self.server.process)
         with contextlib.suppress(PyMongoError):
             ops = list(admin.aggregate([{"$currentOp": {"allUsers": True, "idleCursors": True}}]))
-            h.sample("connections.current_ops", len(ops), server=True)
-            h.sample("cursors.idle", sum(op.get("type") == "idleCursor" for op in ops), server=True)
+            h.sample("connections.current_ops", len(ops), server=self.server.process)
+            h.sample("cursors.idle", sum(op.get("type") == "idleCursor" for op in ops), server=self.server.process)
         with contextlib.suppress(PyMongoError):
             oplog = self.sampler_client.local.command("collStats", "oplog.rs")
-            h.sample("server.oplog.count", oplog.get("count", 0), server=True)
-            h.sample("server.oplog.size_mb", oplog.get("size", 0) / 2**20, server=True)
+            h.sample("server.oplog.count", oplog.get("count", 0), server="server")
+            h.sample("server.oplog.size_mb", oplog.get("size", 0) / 2**20, server="server")
         db = self.sampler_client[self.db_name]
         for name in db.list_collection_names():
             if name not in QUEUES:
-                h.sample(f"docs.{name}", db[name].estimated_document_count(), server=True)
+                h.sample(f"docs.{name}", db[name].estimated_document_count(), server="server")
                 continue
             # One pass over the bucket collection: buckets and tombstones (``fin``), and the backlog.
             rows = {r["_id"]: r for r in db[name].aggregate([{"$group": {
                 "_id": {"$cond": [{"$ifNull": ["$fin", False]}, "tombstones", "buckets"]},
                 "docs": {"$sum": 1}, "messages": {"$sum": UNDONE}}}])}
             for kind in ("buckets", "tombstones"):
-                h.sample(f"docs.{name}.{kind}", rows.get(kind, {}).get("docs", 0), server=True)
-            h.sample(f"backlog.{name}", rows.get("buckets", {}).get("messages", 0), server=True)
+                h.sample(f"docs.{name}.{kind}", rows.get(kind, {}).get("docs", 0), server="server")
+            h.sample(f"backlog.{name}", rows.get("buckets", {}).get("messages", 0), server="server")
 
     def progress(self, phase: str, started: float) -> None:
         now = time.monotonic()
