@@ -247,18 +247,19 @@ class Runner:
     # -- the run -----------------------------------------------------------------------------------------------
 
     def write_config(self) -> None:
-        """The one ``config`` record: the main queue, the rate limit (of the queue of the pushes of kind ``rate``),
-        ``unique_for``, and the tolerances the checker may take from the setup (the rest are its defaults)."""
+        """A ``config`` record per queue: its rate limit and ``unique_for``, and the tolerances the checker takes
+        from the setup (the rest are its defaults)."""
         options = role.queue_options()
         # A cancel request reaches its holder within about lease / 2; a server stall or restart can delay that by
         # its length, and the holder may be a handler run cut off by the handler timeout.
         notice_s = faults.LEASE_S / 2 + options["state_flush_period"] + faults.STALL_S[1] + HANDLER_TIMEOUT_S
         tolerance = {"cancel_notice_ms": 1000 * notice_s, "outage_faults": list(OUTAGES.values()),
                      "end_grace_ms": 0.0}
-        self.history.op("config", queue=role.QUEUE, rate_limit=role.RATE_LIMIT, unique_for_s=role.UNIQUE_FOR_S,
-                        tolerance=tolerance, seed=self.seed, minutes=self.minutes, db=self.db_name,
-                        queues={"rate": role.RATED, "batch": role.BULK, "schedule": role.TICKS, "stream": role.STREAM},
-                        lease_s=faults.LEASE_S, max_attempts=role.MAX_ATTEMPTS, handler_timeout_s=HANDLER_TIMEOUT_S)
+        for queue in (*QUEUES, role.STREAM):
+            self.history.op("config", queue=queue, rate_limit=role.RATE_LIMIT if queue == role.RATED else None,
+                            unique_for_s=role.UNIQUE_FOR_S if queue == role.QUEUE else None, tolerance=tolerance,
+                            seed=self.seed, minutes=self.minutes, db=self.db_name, lease_s=faults.LEASE_S,
+                            max_attempts=role.MAX_ATTEMPTS, handler_timeout_s=HANDLER_TIMEOUT_S)
 
     def run(self) -> dict[str, Any]:
         self.write_config()
@@ -382,11 +383,11 @@ class Runner:
         h = self.history
         for proc in list(self.procs.values()):
             with contextlib.suppress(psutil.Error):
-                h.sample("rss", psutil.Process(proc.pid).memory_info().rss, proc=proc.name)
+                h.sample("rss_bytes", psutil.Process(proc.pid).memory_info().rss, proc=proc.name)
         if self.server.pid is not None:
             with contextlib.suppress(psutil.Error):
-                h.sample("rss", psutil.Process(self.server.pid).memory_info().rss, server=self.server.process)
-        h.sample("rss", psutil.Process().memory_info().rss)
+                h.sample("rss_bytes", psutil.Process(self.server.pid).memory_info().rss, server=self.server.process)
+        h.sample("rss_bytes", psutil.Process().memory_info().rss)
         try:
             self._sample_server()
         except PyMongoError as exc:  # a restart: the next sample
