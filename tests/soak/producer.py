@@ -1,9 +1,11 @@
 """A soak producer: ``python -m tests.soak.producer URI DB RUN_DIR PROC [--rate N]``.
 
-It pushes, about ``--rate`` messages a second, a mix of kinds into ``jobs``: plain, delayed, prioritised, unique
-(``unique_for``), grouped (``group=``, with a sequence per group); rate-limited ones into ``rated``, plain ones
-into ``bulk`` (the ``BatchQueue``'s). Each payload names its handler's *fate* (``handlers.FATES``). It cancels a
-share of its delayed messages while they wait, and the long-running ones once a handler holds them. Producers
+It pushes, about ``--rate`` times a second, a mix of kinds into ``jobs``: plain, delayed, prioritised, unique
+(``unique_for``), grouped (``group=``, with a sequence per group); bursts of ``RATE_BURST`` into the rate-limited
+``rated`` (``push_many``: a burst is the limit's whole window, so that bursts of both producers meeting in a
+window test it); plain ones into ``bulk`` (the ``BatchQueue``'s). Each ``jobs`` payload names its handler's *fate*
+(``handlers.FATES``). It cancels a share of its delayed messages while they wait, and the long-running ones once
+a handler holds them. Producers
 are held back (application backpressure) while the ``jobs`` backlog is above ``BACKLOG_HIGH``: the slow phase
 makes it grow.
 """
@@ -20,6 +22,8 @@ import bucketq
 from tests.soak import role
 from tests.soak.handlers import pick_fate
 
+KINDS = {"plain": 30, "delayed": 12, "priority": 10, "unique": 8, "group": 15, "rate": 3, "bulk": 15}  # by weight
+RATE_BURST = role.RATE_LIMIT["count"]
 BACKLOG_HIGH = 150
 WINDOW = 40  # pushes in flight at most
 CANCEL_PENDING = 0.2  # of the delayed messages
@@ -39,18 +43,23 @@ async def produce(ctx: role.Context) -> None:
 
     async def push(queue: str, kind: str, payload: dict[str, Any], record: dict[str, Any], **options: Any) -> None:
         try:
-            message_id = await queues[queue].push(payload, **options)
+            if kind == "rate":
+                ids = await queues[queue].push_many([{**payload, "n": f"{payload['n']}.{k}"}
+                                                     for k in range(RATE_BURST)])
+            else:
+                ids = [await queues[queue].push(payload, **options)]
         except bucketq.BucketqError as exc:
             print(f"{ctx.history.proc}: push failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return
         finally:
             slots.release()
-        ctx.history.op("push_ok", queue=queue, id=message_id, kind=kind, **record)
+        for message_id in ids:
+            ctx.history.op("push_ok", queue=queue, id=message_id, kind=kind, **record)
         if payload["fate"] == "long":
             await ctx.pause(LONG_CANCEL_AFTER_S)
-            await _cancel(ctx, jobs, message_id)
+            await _cancel(ctx, jobs, ids[0])
         elif kind == "delayed" and rng.random() < CANCEL_PENDING:
-            await _cancel(ctx, jobs, message_id)
+            await _cancel(ctx, jobs, ids[0])
 
     try:
         while not ctx.stop.is_set():
@@ -61,9 +70,8 @@ async def produce(ctx: role.Context) -> None:
                 continue
             await slots.acquire()
             i = next(n)
-            kind = rng.choices(["plain", "delayed", "priority", "unique", "group", "rate", "bulk"],
-                               [30, 12, 10, 8, 15, 10, 15])[0]
-            payload = {"p": ctx.history.proc, "n": i, "fate": pick_fate(rng) if kind != "bulk" else "ok"}
+            kind = rng.choices(list(KINDS), list(KINDS.values()))[0]
+            payload = {"p": ctx.history.proc, "n": i, "fate": "ok" if kind in ("rate", "bulk") else pick_fate(rng)}
             queue, options, record = role.QUEUE, {}, {}
             if kind == "delayed":
                 delay = round(rng.uniform(0.5, 8.0), 3)

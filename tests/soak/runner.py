@@ -497,7 +497,9 @@ def describe(server: Server) -> dict[str, Any]:
         client.close()
     return {"kind": "BUCKETQ_MONGODB_URI" if server.test_server is None else "mongo-java-server (H2 file backend)",
             "version": info.get("version"), "max_wire_version": hello.get("maxWireVersion"),
-            "replica_set": hello.get("setName"), "restarts_and_stalls": server.test_server is not None}
+            "replica_set": hello.get("setName"), "restarts_and_stalls": server.test_server is not None,
+            "settings": {"java_heap": SERVER_HEAP} if server.test_server is not None else {},
+            "queue_options": role.queue_options()}
 
 
 def verdict(run_dir: Path, *, plot: bool) -> tuple[dict[str, Any], list[str]]:
