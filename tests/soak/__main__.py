@@ -18,6 +18,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the soak once; the exit status."""
     parser = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=60.0, help="how long faults are injected (then the drain)")
     parser.add_argument("--seed", type=int, help="replays a run's fault schedule (default: a random one)")

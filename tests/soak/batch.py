@@ -24,6 +24,7 @@ BATCH_LEASE_S = 10 * LEASE_S  # a batch job's lease is long (5 minutes by defaul
 
 
 async def consume(ctx: role.Context) -> None:
+    """Claim, "process" and commit batches of ``bulk`` until stopped."""
     client: MongoClient[Any] = MongoClient(ctx.args.uri, tz_aware=True, serverSelectionTimeoutMS=60_000)
     bq = BatchQueue(client, name=role.BULK, db=ctx.db_name, lease=BATCH_LEASE_S, max_attempts=role.MAX_ATTEMPTS,
                     op_timeout_s=role.WRITE_TIMEOUT_S, tombstone_retention=role.TOMBSTONES_KEPT_S)
@@ -71,6 +72,7 @@ def _start(h: Any, batch: Batch) -> list[str]:
 
 
 def main() -> int:
+    """The role's entry point."""
     return role.run(consume, role.parser(__doc__ or "").parse_args())
 
 

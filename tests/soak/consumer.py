@@ -15,6 +15,7 @@ BATCH = 10
 
 
 async def consume(ctx: role.Context) -> None:
+    """Reserve, ack and wait for the acks of ``rated`` until stopped."""
     limit = bucketq.RateLimit(role.RATE_LIMIT["count"], per=role.RATE_LIMIT["per_s"])
     q = ctx.queue(role.RATED, rate_limit=limit)
     h = ctx.history
@@ -42,6 +43,7 @@ async def consume(ctx: role.Context) -> None:
 
 
 def main() -> int:
+    """The role's entry point."""
     return role.run(consume, role.parser(__doc__ or "").parse_args())
 
 

@@ -36,6 +36,7 @@ class Fault:
     params: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
     def as_record(self) -> dict[str, Any]:
+        """The fault as the fields of its ``fault`` history record."""
         return {"kind": self.kind, "at_s": round(self.at_s, 3), **self.params}
 
 

@@ -29,6 +29,7 @@ SLOW_PHASE_S = 2.0  # added per message during the slow phase; within the handle
 
 
 def pick_fate(rng: random.Random) -> str:
+    """A fate drawn by ``FATES``' weights."""
     return rng.choices(list(FATES), list(FATES.values()))[0]
 
 
@@ -46,19 +47,23 @@ class Recorder:
         return {"queue": self.queue, "id": message.id, **extra}
 
     def start(self, message: bucketq.Message) -> None:
+        """The handler starts running ``message``."""
         self.history.op("start", attempt=message.tries, **self._ids(message))
 
     def end(self, message: bucketq.Message) -> None:
+        """The handler stopped running ``message``; ``lease_lost`` when its bucket was no longer held."""
         extra = {"lease_lost": True} if lease_lost(message) else {}
         self.history.op("end", queue=self.queue, id=message.id, **extra)
 
     def returned(self, message: bucketq.Message) -> None:
+        """The handler returned: ``ack``, or ``dead`` when the message was cancelled meanwhile."""
         if message.cancelled:  # the worker records it as cancelled, whatever the handler did
             self.history.op("dead", queue=self.queue, id=message.id, reason="cancelled")
         else:
             self.history.op("ack", queue=self.queue, id=message.id)
 
     async def on_error(self, message: bucketq.Message, error: BaseException) -> None:
+        """The ``Worker``'s ``on_error`` hook: ``nack``, or ``dead`` with why."""
         if message.cancelled:
             reason = "cancelled"
         elif isinstance(error, bucketq.Reject):

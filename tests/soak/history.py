@@ -29,11 +29,13 @@ class JsonLines:
         self._lock = threading.Lock()
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one line."""
         line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
         with self._lock:
             os.write(self._fd, line)
 
     def close(self) -> None:
+        """Close the file (after the last write)."""
         with self._lock:
             os.close(self._fd)
 
@@ -53,6 +55,7 @@ class History:
         return {"at": self.clock.now().timestamp() * 1000, "err": self.clock.error().total_seconds() * 1000}
 
     def op(self, op: str, **fields: Any) -> None:
+        """Append an op record, stamped with this process's reading of the server's clock."""
         self._ops.write({**self.stamp(), "proc": self.proc, "op": op, **fields})
 
     def sample(self, metric: str, value: float, *, proc: str | None = None, server: str | None = None) -> None:
@@ -67,9 +70,11 @@ class History:
             await self.clock.sync(database)
 
     def sync_blocking(self, database: Any) -> None:
+        """The same for a synchronous client (the runner's)."""
         if self.clock.stale:
             self.clock.sync_blocking(database)
 
     def close(self) -> None:
+        """Close both files."""
         self._ops.close()
         self._resources.close()

@@ -31,6 +31,7 @@ LONG_CANCEL_AFTER_S = 1.5
 
 
 async def produce(ctx: role.Context) -> None:
+    """Push the mix until stopped; then wait for the pushes in flight."""
     rng = random.Random(f"{ctx.args.seed}:{ctx.history.proc}")
     jobs, rated, bulk = ctx.queue(), ctx.queue(role.RATED), ctx.queue(role.BULK)
     queues = {role.QUEUE: jobs, role.RATED: rated, role.BULK: bulk}
@@ -125,6 +126,7 @@ async def _watch_backlog(ctx: role.Context, q: bucketq.Queue, backlog: dict[str,
 
 
 def main() -> int:
+    """The role's entry point."""
     p = role.parser(__doc__ or "")
     p.add_argument("--rate", type=float, default=8.0, help="pushes per second")
     return role.run(produce, p.parse_args())

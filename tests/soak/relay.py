@@ -22,6 +22,7 @@ LAST_PASSES = 20
 
 
 async def relay(ctx: role.Context) -> None:
+    """Write orders with events and relay them until stopped; then relay what is left."""
     rng = random.Random(f"{ctx.args.seed}:{ctx.history.proc}")
     q = ctx.queue()
     outbox = Outbox(ORDERS, q, poll_interval=0.2)
@@ -63,6 +64,7 @@ async def _relay_left(outbox: Outbox) -> int:
 
 
 def main() -> int:
+    """The role's entry point."""
     return role.run(relay, role.parser(__doc__ or "").parse_args())
 
 

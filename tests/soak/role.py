@@ -64,15 +64,18 @@ class Context:
     slow: bool = False
 
     def request_stop(self) -> None:
+        """SIGTERM: stop the role, and whatever registered a stop hook."""
         self.stop.set()
         for hook in self.stop_hooks:
             hook()
 
     @property
     def db(self) -> Any:
+        """The run's database."""
         return self.client[self.db_name]
 
     def queue(self, name: str = QUEUE, **options: Any) -> bucketq.Queue:
+        """A queue of the run with the soak's options (``queue_options``), overridden by ``options``."""
         return bucketq.Queue(self.client, name=name, db=self.db_name, **{**queue_options(), **options})
 
     async def pause(self, seconds: float) -> bool:
@@ -85,6 +88,7 @@ class Context:
 
 
 def parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every role takes; a role adds its own."""
     p = argparse.ArgumentParser(description=description)
     for name in ("uri", "db", "run_dir", "proc"):
         p.add_argument(name)

@@ -42,6 +42,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from bucketq.core.claims import LIVE
+from bucketq.redaction import redact
 from tests.proxy import TcpProxy
 from tests.soak import faults, role
 from tests.soak.handlers import HANDLER_TIMEOUT_S
@@ -81,6 +82,7 @@ UNDONE = {"$subtract": ["$n", {"$size": {"$ifNull": ["$done", []]}}]}  # a bucke
 
 @dataclass
 class Proc:
+    """A role process: its role, its index in the role, its generation (one more per replacement)."""
     role: str
     index: int
     gen: int
@@ -88,10 +90,12 @@ class Proc:
 
     @property
     def name(self) -> str:
+        """As in the history: ``<role>-<index>.g<generation>``."""
         return f"{self.role}-{self.index}.g{self.gen}"
 
     @property
     def pid(self) -> int:
+        """Its process id."""
         return self.popen.pid
 
 
@@ -111,14 +115,17 @@ class Server:
 
     @property
     def pid(self) -> int | None:
+        """The test server's process id (it changes with each restart); None on ``BUCKETQ_MONGODB_URI``."""
         return self.test_server.pid if self.test_server is not None else None
 
     def stall(self) -> None:
+        """SIGSTOP the test server: it holds every connection and answers nothing."""
         assert self.pid is not None
         os.kill(self.pid, signal.SIGSTOP)
         self.stalled = True
 
     def resume(self) -> None:
+        """SIGCONT it, if stalled."""
         if self.stalled and self.pid is not None:
             os.kill(self.pid, signal.SIGCONT)
         self.stalled = False
@@ -126,6 +133,7 @@ class Server:
 
 @dataclass
 class Tally:
+    """What the run did: faults injected and skipped, process errors, restart times."""
     injected: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
@@ -133,6 +141,7 @@ class Tally:
 
 
 class Runner:
+    """One soak run on ``server``: its processes, faults, samples and history (``run``, then ``close``)."""
     def __init__(self, seed: int, minutes: float, run_dir: Path, server: Server) -> None:
         self.seed = seed
         self.minutes = minutes
@@ -164,6 +173,7 @@ class Runner:
     # -- processes ---------------------------------------------------------------------------------------------
 
     def spawn(self, role_name: str, index: int) -> Proc:
+        """Start the next generation of process ``index`` of ``role_name``."""
         module, _, extra = ROLES[role_name]
         gen = self.generations[(role_name, index)]
         self.generations[(role_name, index)] += 1
@@ -195,6 +205,7 @@ class Runner:
             time.sleep(TICK_S)
 
     def kill(self, proc: Proc) -> None:
+        """SIGKILL ``proc`` and wait for it."""
         if proc.popen.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.popen.wait()
@@ -239,6 +250,7 @@ class Runner:
         self.reap(time.monotonic())
 
     def kill_all(self) -> None:
+        """SIGKILL every process still there (the last resort of ``close``)."""
         for p in list(self.procs.values()):
             with contextlib.suppress(ProcessLookupError):
                 self.kill(p)
@@ -262,6 +274,7 @@ class Runner:
                             max_attempts=role.MAX_ATTEMPTS, handler_timeout_s=HANDLER_TIMEOUT_S)
 
     def run(self) -> dict[str, Any]:
+        """Start the roles, inject the faults for ``minutes``, drain; what happened, for the report."""
         self.write_config()
         for role_name, (_, count, _) in ROLES.items():
             for i in range(count):
@@ -318,6 +331,7 @@ class Runner:
     # -- faults ------------------------------------------------------------------------------------------------
 
     def inject(self, fault: faults.Fault) -> None:
+        """Inject ``fault`` and write it into the history (a kill is also a ``killed`` record)."""
         record = fault.as_record()
         kind = fault.kind
         if kind == "kill":
@@ -380,6 +394,7 @@ class Runner:
                 self.sample()
 
     def sample(self) -> None:
+        """One sample of every resource: the processes' RSS, the server's figures, the collections."""
         h = self.history
         for proc in list(self.procs.values()):
             with contextlib.suppress(psutil.Error):
@@ -426,6 +441,7 @@ class Runner:
             h.sample(f"backlog.{name}", rows.get("buckets", {}).get("messages", 0), server="server")
 
     def progress(self, phase: str, started: float) -> None:
+        """A progress line on stderr every ``PROGRESS_S``."""
         now = time.monotonic()
         if now - self._last_progress < PROGRESS_S:
             return
@@ -448,6 +464,7 @@ class Runner:
                                 observed="quarantine")
 
     def close(self) -> None:
+        """Stop the sampler, resume a stalled server, kill what is left, close the proxy and clients."""
         self._sampling_done.set()
         if self._sampler.is_alive():
             self._sampler.join(timeout=2 * SAMPLER_TIMEOUT_MS / 1000 + SAMPLE_S)
@@ -489,6 +506,7 @@ def server() -> Iterator[Server]:
 
 
 def describe(server: Server) -> dict[str, Any]:
+    """The server's version and settings, for the report."""
     client: MongoClient[Any] = MongoClient(server.uri, serverSelectionTimeoutMS=10_000)
     try:
         info = client.admin.command("buildInfo")
@@ -496,6 +514,7 @@ def describe(server: Server) -> dict[str, Any]:
     finally:
         client.close()
     return {"kind": "BUCKETQ_MONGODB_URI" if server.test_server is None else "mongo-java-server (H2 file backend)",
+            "uri": redact(server.uri, server.uri),
             "version": info.get("version"), "max_wire_version": hello.get("maxWireVersion"),
             "replica_set": hello.get("setName"), "restarts_and_stalls": server.test_server is not None,
             "settings": {"java_heap": SERVER_HEAP} if server.test_server is not None else {},

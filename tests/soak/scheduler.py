@@ -26,6 +26,7 @@ PURGE_EVERY_S = 20.0
 
 
 async def schedule(ctx: role.Context) -> None:
+    """Fire the schedule's ticks until stopped, and purge old dead letters beside it."""
     q = ctx.queue(role.TICKS)
     schedule = bucketq.Schedule(q, CRON, {"tick": NAME}, name=NAME)
     now_ms = ctx.history.stamp()["at"]
@@ -67,6 +68,7 @@ async def _purge_dead_letters(ctx: role.Context) -> None:
 
 
 def main() -> int:
+    """The role's entry point."""
     return role.run(schedule, role.parser(__doc__ or "").parse_args())
 
 

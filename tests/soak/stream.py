@@ -25,10 +25,12 @@ RETENTION_S = 180.0  # far behind the readers, and the stream's size levels off 
 
 
 def as_int(position: Position) -> int:
+    """A position as one int that orders positions of a partition."""
     return position.seq * SLOT_SPAN + position.slot
 
 
 async def stream(ctx: role.Context) -> None:
+    """Push into the stream and read it with the group's readers until stopped."""
     rng = random.Random(f"{ctx.args.seed}:{ctx.history.proc}")
     shared = {k: v for k, v in role.queue_options().items() if k in STREAM_QUEUE_OPTIONS}
     s = bucketq.Stream(ctx.client, name=role.STREAM, db=ctx.db_name, partitions=PARTITIONS,
@@ -92,6 +94,7 @@ async def _commits(ctx: role.Context, s: bucketq.Stream) -> None:
 
 
 def main() -> int:
+    """The role's entry point."""
     return role.run(stream, role.parser(__doc__ or "").parse_args())
 
 

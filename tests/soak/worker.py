@@ -12,6 +12,7 @@ from tests.soak.handlers import HANDLER_TIMEOUT_S, Recorder, async_handler, sync
 
 
 async def work(ctx: role.Context) -> None:
+    """Run the ``Worker`` until stopped; it drains the queue on its way out."""
     q = ctx.queue()
     recorder = Recorder(ctx.history, q.name)
     if ctx.args.sync:
@@ -26,6 +27,7 @@ async def work(ctx: role.Context) -> None:
 
 
 def main() -> int:
+    """The role's entry point."""
     p = role.parser(__doc__ or "")
     p.add_argument("--sync", action="store_true", help="a sync handler on the worker's threads")
     return role.run(work, p.parse_args())
