@@ -29,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     print(f"seed {seed}", flush=True)
     signal.signal(signal.SIGTERM, _terminate)
-    report = run(seed, args.minutes, args.keep_results)
+    try:
+        report = run(seed, args.minutes, args.keep_results)
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM: the processes, the server and the temp dirs are gone
+        print(f"soak: interrupted ({exc or 'SIGINT'}); seed {seed}", file=sys.stderr)
+        return 130
     for failure in report.get("failures", []):
         print(f"soak: FAILED: {failure}", file=sys.stderr)
     print(json.dumps(report, default=str), flush=True)
