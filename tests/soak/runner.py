@@ -45,6 +45,7 @@ from bucketq.core.claims import LIVE
 from bucketq.redaction import redact
 from tests.proxy import TcpProxy
 from tests.soak import faults, role
+from tests.soak.consumer import BATCH as CONSUMER_BATCH
 from tests.soak.handlers import HANDLER_TIMEOUT_S
 from tests.soak.history import History
 from tests.stress.common import die_with_parent
@@ -265,8 +266,12 @@ class Runner:
         # A cancel request reaches its holder within about lease / 2; a server stall or restart can delay that by
         # its length, and the holder may be a handler run cut off by the handler timeout.
         notice_s = faults.LEASE_S / 2 + options["state_flush_period"] + faults.STALL_S[1] + HANDLER_TIMEOUT_S
+        # Starts of the rate-limited queue in a span of per_s: two windows' permits (a span straddles two), and "a
+        # permit taken at the very end of a window may be spent just after it" (docs/guide/rate-limits.md): at most
+        # one reserve_many's worth per consumer (42 in a span of a 25-minute run, where 40 were allowed).
+        rate_extra = role.RATE_LIMIT["count"] + ROLES["consumer"][1] * CONSUMER_BATCH
         tolerance = {"cancel_notice_ms": 1000 * notice_s, "outage_faults": list(OUTAGES.values()),
-                     "end_grace_ms": 0.0}
+                     "end_grace_ms": 0.0, "rate_extra": rate_extra}
         for queue in (*QUEUES, role.STREAM):
             self.history.op("config", queue=queue, rate_limit=role.RATE_LIMIT if queue == role.RATED else None,
                             unique_for_s=role.UNIQUE_FOR_S if queue == role.QUEUE else None, tolerance=tolerance,

@@ -1,8 +1,9 @@
 """A soak stream: ``python -m tests.soak.stream URI DB RUN_DIR PROC``: pushes into the stream ``events`` (two
-partitions), and two readers of the reader group ``audit`` read and ack what it holds. ``read`` says which
-position a reader was handed; ``commit_pos`` the group's committed position per partition (``stats()``), every
-few seconds and once at the end. A position is written as one int, ``seq * SLOT_SPAN + slot`` (and as ``seq``
-and ``slot``), so that positions of a partition compare as numbers."""
+partitions), and the readers of two reader groups (``GROUPS``: two of ``audit``, one of ``index``) read and ack
+all it holds, each group for itself. ``read`` says which position a reader was handed; ``commit_pos`` a group's
+committed position per partition (``stats()``), every twenty messages or so and once at the end. A position is
+written as one int, ``seq * SLOT_SPAN + slot`` (and as ``seq`` and ``slot``), so that positions of a partition
+compare as numbers."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from bucketq import Position
 from bucketq.options import STREAM_QUEUE_OPTIONS
 from tests.soak import role
 
-GROUP = "audit"
-READERS = 2
+GROUPS = {"audit": 2, "index": 1}  # reader group -> its readers
 PARTITIONS = 2
 SLOT_SPAN = 1_000_000  # more than a bucket's slots
 RETENTION_S = 180.0  # far behind the readers, and the stream's size levels off within the run
@@ -36,7 +36,7 @@ async def stream(ctx: role.Context) -> None:
     s = bucketq.Stream(ctx.client, name=role.STREAM, db=ctx.db_name, partitions=PARTITIONS,
                        retention_age=RETENTION_S, **shared)
     h = ctx.history
-    readers = [asyncio.create_task(_read(ctx, s, i)) for i in range(READERS)]
+    readers = [asyncio.create_task(_read(ctx, s, group, i)) for group, count in GROUPS.items() for i in range(count)]
     n = 0
     try:
         while not await ctx.pause(rng.uniform(0.2, 0.8)):
@@ -49,7 +49,7 @@ async def stream(ctx: role.Context) -> None:
             n += len(payloads)
             for p in positions:
                 h.op("push_ok", queue=s.name, id=str(p), kind="stream", partition=p.partition, position=as_int(p))
-            if n // 20 != (n - len(payloads)) // 20:  # every twenty messages or so
+            if n // 20 != (n - len(payloads)) // 20:
                 await _commits(ctx, s)
         await asyncio.gather(*readers)
         await _commits(ctx, s)
@@ -59,9 +59,9 @@ async def stream(ctx: role.Context) -> None:
         await s.close()
 
 
-async def _read(ctx: role.Context, s: bucketq.Stream, i: int) -> None:
+async def _read(ctx: role.Context, s: bucketq.Stream, group: str, i: int) -> None:
     h = ctx.history
-    async with s.reader(GROUP, start="beginning") as reader:
+    async with s.reader(group, start="beginning") as reader:
         while not ctx.stop.is_set():
             try:
                 messages = await reader.read_many(20, timeout=0.5)
@@ -70,7 +70,7 @@ async def _read(ctx: role.Context, s: bucketq.Stream, i: int) -> None:
                 await ctx.pause(0.2)
                 continue
             for m in messages:
-                h.op("read", stream=s.name, reader_group=GROUP, partition=m.position.partition,
+                h.op("read", stream=s.name, reader_group=group, partition=m.position.partition,
                      position=as_int(m.position), seq=m.position.seq, slot=m.position.slot, id=str(m.position),
                      reader=i)
                 try:
@@ -85,12 +85,13 @@ async def _commits(ctx: role.Context, s: bucketq.Stream) -> None:
     except Exception as exc:  # a restart or a stall: the next one
         print(f"{ctx.history.proc}: stream stats failed: {exc}", file=sys.stderr)
         return
-    group = stats["groups"].get(GROUP)
-    if group is None:
-        return
-    for text in group["position"].split():
-        p = Position.parse(text)
-        ctx.history.op("commit_pos", stream=s.name, reader_group=GROUP, partition=p.partition, position=as_int(p))
+    for group in GROUPS:
+        if group not in stats["groups"]:  # its readers have not joined yet
+            continue
+        for text in stats["groups"][group]["position"].split():
+            p = Position.parse(text)
+            ctx.history.op("commit_pos", stream=s.name, reader_group=group, partition=p.partition,
+                           position=as_int(p))
 
 
 def main() -> int:
