@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv jars browser lint docs test test-loaded test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick clean
+.PHONY: help venv jars browser lint docs test test-loaded test-pythons unit demo demo-cluster devserver devserver-stop bench bench-quick stress stress-quick soak clean
 
 help:
 	@echo "make demo          run the main job end to end (produce, consume, Spark) on the embedded test server"
@@ -23,6 +23,7 @@ help:
 	@echo "make devserver-stop"
 	@echo "make bench | bench-quick    throughput: bucketq vs keuss vs naive vs floor"
 	@echo "make stress | stress-quick  crash and fault harness"
+	@echo "make soak          MINUTES (60) of mixed work under faults, then the history checker (SEED= replays)"
 
 # The editable install of two package roots (bucketq, spark/bucketq_spark) makes setuptools print a boxed notice
 # about same-named folders, as a Python warning that pip -q still shows: that one warning is ignored.
@@ -126,6 +127,12 @@ stress: venv jars
 
 stress-quick: venv jars
 	$(PY) -m tests.stress --quick $(STRESS_ARGS)
+
+# The soak run (tests/soak/runner.py): every role at once under a seeded fault schedule, then the checker.
+MINUTES ?= 60
+SEED ?=
+soak: venv jars
+	$(PY) -m tests.soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis bench/.node

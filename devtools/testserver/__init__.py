@@ -20,6 +20,10 @@ HERE = Path(__file__).resolve().parent
 CLASSES = CACHE / "testserver" / "classes"
 LOGS = CACHE / "testserver" / "logs"
 START_TIMEOUT_S = 60.0
+# The oplog window of the long runs' servers (the stress and soak runs: ``TestServer.oplog_window_s``). Uncapped,
+# every change-stream getMore reads all of a run's writes: a stress run with an inbox entry per message slowed the
+# server until a ping took 25 s. Far longer than any stream of bucketq goes unread (``wakeup.FEED_REST_MAX_S``).
+LONG_RUN_OPLOG_WINDOW_S = 120
 
 
 def free_port() -> int:

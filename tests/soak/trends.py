@@ -20,7 +20,7 @@ from typing import Any
 
 MARGIN = 0.20
 MIN_SAMPLES = 8
-NOT_JUDGED_PREFIX = "server.oplog."
+NOT_JUDGED = ("server.oplog.",)  # metrics reported, never judged (by prefix)
 # Floors by the first of these parts found in the metric's name (its unit or what it counts); else DEFAULT_FLOOR.
 FLOORS: tuple[tuple[str, float], ...] = (("_mb", 32.0), ("_bytes", 32.0 * 2**20), ("tasks", 50.0),
                                          ("connections", 10.0), ("cursors", 10.0), ("docs.", 1000.0),
@@ -67,21 +67,23 @@ def series(samples: Iterable[dict[str, Any]]) -> dict[tuple[str, str], list[tupl
     return {key: sorted(points) for key, points in found.items()}
 
 
-def trend(proc: str, metric: str, points: list[tuple[float, float]]) -> Trend:
-    """The verdict on one series (the rule in the module's docstring)."""
+def trend(proc: str, metric: str, points: list[tuple[float, float]],
+          not_judged: tuple[str, ...] = NOT_JUDGED) -> Trend:
+    """The verdict on one series (the rule in the module's docstring); metrics starting with one of
+    ``not_judged`` are reported only."""
     values = [v for _, v in points]
     quarter = len(values) // 4
     if quarter == 0:
         return Trend(proc, metric, len(values), 0.0, 0.0, judged=False, grows=False)
     second, last = fmean(values[quarter:2 * quarter]), fmean(values[-quarter:])
-    judged = len(values) >= MIN_SAMPLES and not metric.startswith(NOT_JUDGED_PREFIX)
+    judged = len(values) >= MIN_SAMPLES and not metric.startswith(not_judged)
     grows = judged and last - second > max(MARGIN * abs(second), floor(metric))
     return Trend(proc, metric, len(values), second, last, judged, grows)
 
 
-def trends(samples: Iterable[dict[str, Any]]) -> list[Trend]:
+def trends(samples: Iterable[dict[str, Any]], not_judged: tuple[str, ...] = NOT_JUDGED) -> list[Trend]:
     """Every series' verdict."""
-    return [trend(proc, metric, points) for (proc, metric), points in sorted(series(samples).items())]
+    return [trend(proc, metric, points, not_judged) for (proc, metric), points in sorted(series(samples).items())]
 
 
 def read_resources(run_dir: Path | str) -> list[dict[str, Any]]:
@@ -97,9 +99,9 @@ def read_resources(run_dir: Path | str) -> list[dict[str, Any]]:
     return samples
 
 
-def check_trends(run_dir: Path | str) -> list[Trend]:
+def check_trends(run_dir: Path | str, not_judged: tuple[str, ...] = NOT_JUDGED) -> list[Trend]:
     """Every series' verdict for the run in ``run_dir``."""
-    return trends(read_resources(run_dir))
+    return trends(read_resources(run_dir), not_judged)
 
 
 def growing(found: Iterable[Trend]) -> list[Trend]:

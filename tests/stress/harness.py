@@ -67,10 +67,6 @@ TICK_S = 0.1
 WATCH_EVERY_S = 1.0
 PROGRESS_EVERY_S = 2.0
 STALL_S = 90.0  # a phase with no progress for this long is stuck: stop and account for what happened
-# The test server's oplog keeps this many seconds of writes, as a capped one would (Launcher.java): uncapped, every
-# change-stream getMore reads all of a run's writes, and a dedupe run (an inbox entry per message) slowed the
-# server until a ping took 25 s. Far longer than any stream goes unread (wakeup.FEED_REST_MAX_S).
-OPLOG_WINDOW_S = 120
 # A delayed retry is held back past the lease: meanwhile another consumer may claim the bucket again, or
 # finish it (a bucket insert's retry then comes after its messages were consumed).
 RETRY_HELD_S = (LEASE_S + 0.5, 3 * LEASE_S)
@@ -772,13 +768,13 @@ MODE_KEYS = ("ok", "written", "lost", "duplicated", "duplicates_explained", "une
 def _server(uri: str | None) -> Iterator[tuple[str, Callable[[], None] | None]]:
     """``(uri, restart)``: ``uri`` as given (a server the harness cannot restart), or a fresh test server on an H2
     file of its own (data survives its restarts), stopped and deleted afterwards."""
-    from devtools.testserver import TestServer
+    from devtools.testserver import LONG_RUN_OPLOG_WINDOW_S, TestServer
 
     if uri:
         yield uri, None
         return
     h2_dir = Path(tempfile.mkdtemp(prefix="bucketq-stress-h2-"))
-    server = TestServer(h2_file=h2_dir / "stress", oplog_window_s=OPLOG_WINDOW_S).start()
+    server = TestServer(h2_file=h2_dir / "stress", oplog_window_s=LONG_RUN_OPLOG_WINDOW_S).start()
     try:
         yield server.uri, server.restart
     finally:
