@@ -109,7 +109,8 @@ class Consumer:
             raise QueueClosed("the consumer is draining or closed")
         if type(timeout) is not float or timeout != timeout:  # else a number of seconds already: no call
             timeout = check_timeout(timeout)
-        if self._permits is None:
+        permits = self._permits  # read once: a concurrent reserve may drop them while this one awaits
+        if permits is None:
             # A message at hand is served without a further coroutine (most reserves of a busy consumer).
             message = self._next_message()
             if message is None:
@@ -117,14 +118,14 @@ class Consumer:
         else:
             deadline = None if timeout is None else time.monotonic() + timeout
             await self._before_claim()  # the permits are counted by the server's clock: synced first
-            if self._permits.unlimited:  # the queue has none (learned at set-up): served without permits
+            if permits.unlimited:  # the queue has none (learned at set-up): served without permits
                 self._permits = None
                 return await self.reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if not await self._permits.wait_for_one(deadline, lambda: self._draining):
+            if not await permits.wait_for_one(deadline, lambda: self._draining):
                 return None
             message = await self._reserve(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if message is None:
-                self._permits.give_back(1)
+                permits.give_back(1)
         if message is not None and self._claiming.ahead_unsent:
             # Yield until the claim ahead has sent its request (after the pause read, if one is due): tasks whose
             # handlers never await I/O would not yield before the messages at hand run out, and its round trip
@@ -170,9 +171,10 @@ class Consumer:
         batch = [first]
         # under a rate limit, as many further messages as the window has permits left for, without waiting
         allowed = n
-        if self._permits is not None:
+        permits = self._permits
+        if permits is not None:
             try:
-                allowed = 1 + await self._permits.take(n - 1)
+                allowed = 1 + await permits.take(n - 1)
             except PyMongoError as exc:  # the message at hand is held: hand it over
                 log.warning("asking for rate-limit permits failed, returning the message at hand: %s", exc)
                 allowed = 1
@@ -193,8 +195,8 @@ class Consumer:
             fruitless = message is None
             if message is not None:
                 batch.append(message)
-        if self._permits is not None:
-            self._permits.give_back(allowed - len(batch))
+        if permits is not None:
+            permits.give_back(allowed - len(batch))
         return batch
 
     async def consume(self, idle_timeout: float | None = None) -> AsyncIterator[Message]:
