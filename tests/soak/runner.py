@@ -49,7 +49,7 @@ from tests.soak.consumer import BATCH as CONSUMER_BATCH
 from tests.soak.handlers import HANDLER_TIMEOUT_S
 from tests.soak.history import History
 from tests.stress.common import die_with_parent
-from tests.stress.harness import FENCED_WRITES, _host_port, is_fenced
+from tests.stress.harness import FENCED_WRITES, host_port, is_fenced
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -159,7 +159,7 @@ class Runner:
         self.sampler_client: MongoClient[Any] = MongoClient(
             server.uri, tz_aware=True, serverSelectionTimeoutMS=SAMPLER_TIMEOUT_MS, socketTimeoutMS=SAMPLER_TIMEOUT_MS,
             connectTimeoutMS=SAMPLER_TIMEOUT_MS)
-        host, port = _host_port(server.uri)
+        host, port = host_port(server.uri)
         self.proxy = TcpProxy(host, port).start()
         for sub in ("history", "clock", "ready", "logs"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)

@@ -243,7 +243,7 @@ class Harness:
         self.phase = "setup"
         self._last_progress = 0.0
         self.client: MongoClient = MongoClient(server_uri, serverSelectionTimeoutMS=30_000, tz_aware=True)
-        host, port = _host_port(server_uri)
+        host, port = host_port(server_uri)
         # Meters the queue's write commands (not the harness's own ``processed`` records) for the report.
         self.proxy = TcpProxy(host, port, meter=lambda c: c == self.queue or c.startswith(self.queue + ".")).start()
         self.host = socket.gethostname()
@@ -753,7 +753,8 @@ def is_fenced(command: Command) -> bool:
     return any(isinstance(f, dict) and "lease.token" in f for f in [*filters, body.get("query")])
 
 
-def _host_port(uri: str) -> tuple[str, int]:
+def host_port(uri: str) -> tuple[str, int]:
+    """The host and port of a single-host URI: what the proxy forwards to (the soak run's too)."""
     netloc = urlsplit(uri).netloc.rsplit("@", 1)[-1]
     if "," in netloc:
         raise ValueError(f"{uri}: the proxy needs a single host:port")
