@@ -43,7 +43,9 @@ async def test_an_applications_document_is_reported_as_not_a_bucket_and_left_alo
     assert (stats["buckets"], stats["ready"], stats["not_buckets"]) == (1, 2, 1)
     assert [e.get("payload") for e in await q.peek()] == ["a", "b"]  # no "malformed bucket" entry
     assert await q.not_buckets() == {"count": 1, "documents": [{"id": 1, "reason": NOT_A_BUCKET}]}
-    assert sorted([(await q.reserve(timeout=5)).payload, (await q.reserve(timeout=5)).payload]) == ["a", "b"]
+    served = [await q.reserve(timeout=5), await q.reserve(timeout=5)]
+    assert sorted(m.payload for m in served) == ["a", "b"]
+    await asyncio.gather(*(m.ack() for m in served))
     await q._keep_house()  # the consumer's housekeeping round: it leaves the application's document where it is
     assert sync_db.events.find_one({"_id": 1}) == FOREIGN and await q.quarantined() == []
 
