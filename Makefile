@@ -16,7 +16,7 @@ help:
 	@echo "make test-loaded   make test with two CPU-bound processes beside it: no test may depend on an idle machine"
 	@echo "make browser       install Debian's chromium and chromium-driver (the dashboard's browser test), as root"
 	@echo "make docs          the documentation site (mkdocs.yml), strict: a broken link, anchor or API name fails it"
-	@echo "make lint          ruff, mypy (bucketq), the generated sync store, no tracker numbers in what users read"
+	@echo "make lint          ruff, mypy (bucketq and the Spark jobs), the generated sync store, no tracker numbers in what users read"
 	@echo "make test-pythons  all but the Spark and browser tests on Python 3.12 and 3.13 (own venvs in .cache/venvs)"
 	@echo "make unit          the tests that need no server (-m unit), in parallel: no JVM, no jars"
 	@echo "make devserver     start a background test server; prints BUCKETQ_MONGODB_URI=<uri>"

@@ -162,6 +162,7 @@ class BatchJob:
         malformed = messages.where("malformed").select("bucket_id", "slot", "message_id")
         if self.malformed == "fail":
             first = malformed.first()
+            assert first is not None  # bad > 0
             raise MalformedPayloads(f"{bad} of {total} payload(s) do not parse with payload_schema "
                                     f"(first: message {first.message_id})")
         batch.malformed.update({(ObjectId(row.bucket_id), row.slot): self.malformed_reason

@@ -171,8 +171,10 @@ def bucket_schema(payload_schema: str | StructType) -> StructType:
     """``BUCKET_SCHEMA`` for ``bson`` buckets: ``p`` as an array of ``payload_schema`` structs."""
     from pyspark.sql.types import ArrayType, DataType, StructField, StructType
 
+    bucket = DataType.fromDDL(BUCKET_SCHEMA)
+    assert isinstance(bucket, StructType)  # BUCKET_SCHEMA is a struct's DDL
     return StructType([StructField("p", ArrayType(payload_struct(payload_schema))) if f.name == "p" else f
-                       for f in DataType.fromDDL(BUCKET_SCHEMA).fields])
+                       for f in bucket.fields])
 
 
 def payload_struct(payload_schema: str | StructType) -> StructType:

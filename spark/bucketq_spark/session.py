@@ -99,7 +99,7 @@ def default_jars() -> list[Path]:
 
 def executor_ids(spark: SparkSession) -> list[str]:
     """The ids of the executors the application has now: none in local mode, where the driver runs the tasks."""
-    ids = spark.sparkContext._jsc.sc().getExecutorIds().mkString(",")  # type: ignore[union-attr]
+    ids = spark.sparkContext._jsc.sc().getExecutorIds().mkString(",")
     return sorted(i for i in ids.split(",") if i)
 
 
