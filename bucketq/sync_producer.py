@@ -22,7 +22,7 @@ from typing import Any
 
 from bucketq import metrics
 from bucketq.codecs import Codec, codec_option
-from bucketq.core import unique_keys
+from bucketq.core import unique
 from bucketq.core.accumulator import Accumulator, SealedBucket
 from bucketq.core.format import DOCUMENT_CODEC
 from bucketq.errors import InvalidOption, QueueClosed
@@ -31,7 +31,7 @@ from bucketq.shell.clock import ServerClock
 from bucketq.shell.connection import reaching
 from bucketq.shell.producer import PushEncoder
 from bucketq.shell.sync_database import SyncTarget, sync_database
-from bucketq.shell.unique_keys import merge_held
+from bucketq.shell.unique import merge_held
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
 
@@ -196,8 +196,8 @@ class SyncProducer(PushEncoder):
                 if bucket.immediate:
                     bucket.document["due"] = due
             docs = [bucket.document for bucket in batch]
-            holds = list(unique_keys.holds(docs))
-            if holds:  # unique jobs: their keys first (``bucketq.shell.unique_keys``)
+            holds = list(unique.holds(docs))
+            if holds:  # unique jobs: their keys first (``bucketq.shell.unique``)
                 now = self._clock.now()
                 merged = retrying(lambda _: self._store.hold_keys(holds, now), timeout_s=self.options.write_timeout)
                 docs = merge_held(batch, merged)

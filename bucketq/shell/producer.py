@@ -31,7 +31,7 @@ from bucketq.core.priorities import MAX_PRIORITY, check_priority
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.shell.clock import ServerClock
-from bucketq.shell.unique_keys import hold_keys, unique_until
+from bucketq.shell.unique import hold_keys, unique_until
 from bucketq.store.aio.base import retrying
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.store.aio.stream_store import AsyncStreamStore
