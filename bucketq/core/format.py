@@ -182,7 +182,7 @@ def bucket_documents(slots: Sequence[Slot], *, codec: str, created: dt.datetime,
     """New buckets holding ``slots`` in order, as many as it takes to keep each within ``max_size`` slots
     and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds. Buckets of a
     ``group`` get their place in it (``s``) when written, in list order (``Store.number_groups``). Without a
-    ``partition`` the store gives them one when it writes them (``sharding.Spread``)."""
+    ``partition`` they get one before they are written (``sharding.assign_by_id``)."""
     return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due, group=group,
                             partition=partition, priority=priority, checked=checked)
             for chunk in _chunks(slots, max_size, max_bytes)]

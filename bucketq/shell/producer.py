@@ -28,6 +28,7 @@ from bucketq.core.format import (
     encode_slot,
 )
 from bucketq.core.priorities import MAX_PRIORITY, check_priority
+from bucketq.core.sharding import Spread
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.shell.clock import ServerClock
@@ -207,6 +208,7 @@ class Producer(PushEncoder):
         """``mark_checked``: mark the buckets written as checked (``format.CHECKED``) when the codec checks what it
         dumps (``checks_on_dump``): a queue's producer; a stream's buckets have no such field."""
         self._store = store
+        self._spread = Spread()  # a queue's buckets' partitions (a stream's store allocates its own, in turn)
         self._codec = codec
         self._plain_codec = codec.name != DOCUMENT_CODEC  # its payloads are text or binary: plain slots (_plain_slot)
         self._options = options
@@ -475,6 +477,8 @@ class Producer(PushEncoder):
             docs = await hold_keys(self._store, batch, now, self._options.write_timeout)
 
             async def insert(retry: bool) -> dict[Any, BaseException]:
+                if isinstance(self._store, AsyncQueueStore):
+                    self._spread.assign(docs, await self._store.partition_count())  # a retry keeps them
                 return await self._store.write_buckets(docs)
 
             if docs:

@@ -55,7 +55,15 @@ from bucketq.core.priorities import PRIORITY
 from bucketq.core.rate_limit import RateLimit
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
-from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, key, layout_update
+from bucketq.core.sharding import (
+    LAYOUT,
+    PARTITION,
+    adopted_partitions,
+    assign_by_id,
+    every_partition,
+    key,
+    layout_update,
+)
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.core.strays import BROKEN, DATED, strays
 from bucketq.store.aio.base import collections, insert_copies, insert_new, retrying
@@ -77,7 +85,6 @@ class AsyncQueueStore:
         self._partitions: int | None = None  # the queue's count once stored (``partition_count``)
         self.wanted_rate = rate_limit  # the client's limit, checked against the queue's; None: adopt the queue's
         self.rate_limit: RateLimit | None = None  # the queue's, learned at set-up (``ensure_indexes``)
-        self.spread = Spread()  # the partitions of the buckets this process writes
         (self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups, self.unique,
          self.rate) = collections(database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX,
                                   CONTROL_SUFFIX, GROUPS_SUFFIX, UNIQUE_SUFFIX, RATE_SUFFIX)
@@ -142,9 +149,8 @@ class AsyncQueueStore:
 
     async def write_buckets(self, docs: list[dict]) -> dict[Any, BaseException]:
         """One attempt at the producer's write: group buckets numbered, then all inserted (``insert_new``).
-        Returns the ``_id``s that failed for good; raises on transient errors (the producer retries). Buckets get
-        their partitions first (``sharding.Spread``)."""
-        self.spread.assign(docs, await self.partition_count())
+        Returns the ``_id``s that failed for good; raises on transient errors (the producer retries). Each bucket
+        comes with its partition (``pt``), which the producer gave it (``sharding.Spread``)."""
         await self.number_groups(docs)
         return await insert_new(self.buckets, docs)
 
@@ -157,8 +163,8 @@ class AsyncQueueStore:
         With a session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the
         whole transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets
         (a requeue) are numbered first, to go to the end of their groups. Buckets without a partition get the one
-        their ``_id`` hashes to: the same for every writer of the same bucket (``Spread.assign``)."""
-        self.spread.assign(docs, await self.partition_count(), by_id=True)
+        their ``_id`` hashes to: the same for every writer of the same bucket (``sharding.assign_by_id``)."""
+        assign_by_id(docs, await self.partition_count())
         if session is not None:
             await self.buckets.insert_many(docs, session=session)
         else:
