@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from typing import Any
 
 from bucketq import metrics
@@ -35,6 +34,7 @@ from bucketq.shell.housekeeping import Housekeeping
 from bucketq.shell.lifecycle import Lifecycle
 from bucketq.shell.pause_gate import PauseGate
 from bucketq.shell.producer import Producer
+from bucketq.shell.queue_internals import QueueInternals
 from bucketq.shell.strays import Strays
 from bucketq.shell.transaction import check_session, push_in_transaction
 from bucketq.shell.unique import release_keys
@@ -44,18 +44,6 @@ from bucketq.store.aio.queue_store import AsyncQueueStore
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
 PURGE_CHUNK = 1000
 log = logging.getLogger("bucketq")
-
-
-@dataclass(frozen=True)
-class QueueInternals:
-    """What bucketq's own modules built on a ``Queue`` use of it (``Schedule``, ``Outbox``, ``Worker``, the CLI's and
-    the dashboard's views): the one door to its machinery, ``internals(queue)``, instead of its private attributes
-    (tests/test_queue_internals.py keeps it so). Not part of the public API."""
-
-    store: AsyncQueueStore
-    clock: ServerClock  # the server's clock as the queue reads it: stored times are the server's
-    ready: Callable[[], Awaitable[None]]  # the queue's set-up (clock, indexes), due before a read or write
-    wake: Callable[[], None]  # buckets were written: wake this queue's consumer, before any change stream tells
 
 
 class Queue:

@@ -209,7 +209,7 @@ class SyncProducer(PushEncoder):
             failed = {bucket.id: exc for bucket in batch}
         for bucket in batch:
             bucket.resolve(failed.get(bucket.id))
-        self._metrics.written(batch, failed, self._clock)
+        self._metrics.written(batch, failed, self._clock.now)
 
     def _insert(self, docs: list[dict[str, Any]]) -> dict[Any, BaseException]:
         """One attempt at the write: the buckets' partitions (a retry keeps them), then the insert."""

@@ -493,7 +493,7 @@ class Producer(PushEncoder):
         self._commit()  # which kicks the writers for every sealed bucket
         for bucket in batch:
             bucket.resolve(failed.get(bucket.id))
-        self._metrics.written(batch, failed, self._clock)
+        self._metrics.written(batch, failed, self._clock.now)
         if len(failed) < len(batch) and self._on_written is not None:
             self._on_written()
         assert self._space is not None
