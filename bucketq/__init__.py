@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 from bucketq.codecs import BsonCodec, Codec, CodecUnavailable, JsonCodec, MsgpackCodec
 from bucketq.core.format import FORMAT_VERSION
-from bucketq.core.rate_window import RateLimit
+from bucketq.core.rate_limit import RateLimit
 from bucketq.core.stream_format import Position
 from bucketq.errors import (
     AlreadyResolved,

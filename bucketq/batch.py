@@ -33,7 +33,7 @@ from typing import Any
 from pymongo import MongoClient, ReplaceOne, UpdateOne
 from pymongo.database import Database
 
-from bucketq.core import claim_step, claims, unique_keys
+from bucketq.core import claim_step, claims, unique
 from bucketq.core.backoff import Backoff
 from bucketq.core.batch_attempt import AttemptPolicy, BatchStep, ClaimNext, GiveBack, Quarantine, ReleaseWithBackoff
 from bucketq.core.claim_step import Claimer, ClaimStep, Opened
@@ -241,7 +241,7 @@ class BatchQueue:
         if applied:
             doc["done"] = sorted({*(doc.get("done") or ()), *plan.slots})
             if held.bucket.unique:
-                self._free_keys(unique_keys.freed(held.bucket, plan.slots))
+                self._free_keys(unique.freed(held.bucket, plan.slots))
 
     # -- after processing ----------------------------------------------------------------------------------
 
@@ -320,7 +320,7 @@ class BatchQueue:
         for doc in finished:
             if doc.get("u"):
                 with contextlib.suppress(LookupError, TypeError):
-                    held |= unique_keys.held_by(doc)
+                    held |= unique.held_by(doc)
         return held
 
     def _quarantine_messages(self, batch: Batch) -> None:

@@ -25,8 +25,9 @@ empty method.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,6 @@ from bucketq.core.held import SlotState
 if TYPE_CHECKING:
     from bucketq.core.accumulator import SealedBucket
     from bucketq.core.held import FlushPlan
-    from bucketq.shell.clock import ServerClock
 
 
 class Metrics:
@@ -43,8 +43,10 @@ class Metrics:
 
     __slots__ = ()
 
-    def written(self, buckets: Sequence[SealedBucket], failed: Mapping[Any, BaseException], clock: ServerClock) -> None:
-        """A producer's write of ``buckets`` ended; those in ``failed`` were not stored."""
+    def written(self, buckets: Sequence[SealedBucket], failed: Mapping[Any, BaseException],
+                now: Callable[[], dt.datetime]) -> None:
+        """A producer's write of ``buckets`` ended; those in ``failed`` were not stored. ``now``: the server's time
+        (the producer's ``ServerClock.now``), read only when a latency is recorded."""
 
     def consumed(self, n: int) -> None:
         """``n`` messages were handed to a consumer."""
@@ -174,15 +176,16 @@ class OtelMetrics(Metrics):
         self._h = histograms
         self._t = totals
 
-    def written(self, buckets: Sequence[SealedBucket], failed: Mapping[Any, BaseException], clock: ServerClock) -> None:
+    def written(self, buckets: Sequence[SealedBucket], failed: Mapping[Any, BaseException],
+                now: Callable[[], dt.datetime]) -> None:
         stored = [b.document for b in buckets if b.id not in failed]
         if not stored:
             return
-        now = clock.now()
+        at = now()
         self._t.buckets_written += len(stored)
         self._t.pushed += sum(doc["n"] for doc in stored)
         for doc in stored:
-            self._h.push_latency.record(max(0.0, (now - doc["created"]).total_seconds()), self._t.attributes)
+            self._h.push_latency.record(max(0.0, (at - doc["created"]).total_seconds()), self._t.attributes)
 
     def consumed(self, n: int) -> None:
         self._t.consumed += n

@@ -10,7 +10,7 @@ from bucketq.core.backoff import MAX_DELAY_S
 from bucketq.core.backoff import check_delay as check_delay  # where the shells take it from, with the other checks
 from bucketq.core.format import MAX_BUCKET_BYTES, MAX_BUCKET_SIZE, SIDE_COLLECTION_SUFFIXES
 from bucketq.core.priorities import DEFAULT_FAIRNESS, check_fairness
-from bucketq.core.rate_window import RateLimit
+from bucketq.core.rate_limit import RateLimit
 from bucketq.core.sharding import MAX_PARTITIONS, check_partitions
 from bucketq.errors import InvalidOption
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from typing import Any
 
 from bucketq import metrics
 from bucketq.codecs import Codec, codec_for, codec_option
 from bucketq.consumer import Consumer
-from bucketq.core import claims, entries, housekeeping, unique_keys
+from bucketq.core import claims, entries, housekeeping, unique
 from bucketq.core.entries import EntryKind, Selection
 from bucketq.core.format import as_utc, parse_bucket
 from bucketq.core.held import SlotState
@@ -27,7 +26,7 @@ from bucketq.core.stats import shape_groups, shape_stats
 from bucketq.errors import InvalidOption, MalformedBucket, MessageHeld
 from bucketq.message import Message
 from bucketq.options import QueueOptions, check_database, check_names
-from bucketq.shell import cancellation
+from bucketq.shell.cancel import cancel as cancel_message
 from bucketq.shell.clock import ServerClock
 from bucketq.shell.collection_setup import SetUp
 from bucketq.shell.connection import connect
@@ -35,27 +34,16 @@ from bucketq.shell.housekeeping import Housekeeping
 from bucketq.shell.lifecycle import Lifecycle
 from bucketq.shell.pause_gate import PauseGate
 from bucketq.shell.producer import Producer
+from bucketq.shell.queue_internals import QueueInternals
 from bucketq.shell.strays import Strays
 from bucketq.shell.transaction import check_session, push_in_transaction
-from bucketq.shell.unique_keys import release_keys
+from bucketq.shell.unique import release_keys
 from bucketq.shell.wakeup import Shared, Wakeup, Watched
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
 REMOVE_ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming them meanwhile
 PURGE_CHUNK = 1000
 log = logging.getLogger("bucketq")
-
-
-@dataclass(frozen=True)
-class QueueInternals:
-    """What bucketq's own modules built on a ``Queue`` use of it (``Schedule``, ``Outbox``, ``Worker``, the CLI's and
-    the dashboard's views): the one door to its machinery, ``internals(queue)``, instead of its private attributes
-    (tests/test_queue_internals.py keeps it so). Not part of the public API."""
-
-    store: AsyncQueueStore
-    clock: ServerClock  # the server's clock as the queue reads it: stored times are the server's
-    ready: Callable[[], Awaitable[None]]  # the queue's set-up (clock, indexes), due before a read or write
-    wake: Callable[[], None]  # buckets were written: wake this queue's consumer, before any change stream tells
 
 
 class Queue:
@@ -430,7 +418,7 @@ class Queue:
         of one made while it holds the bucket."""
         message_id = check_message_id(message_id)
         await self._ready()
-        return await cancellation.cancel(self._store, self._clock, message_id)
+        return await cancel_message(self._store, self._clock, message_id)
 
     async def purge(self) -> int:
         """Delete every message in the queue (ready, scheduled or in flight) and return how many there were.
@@ -451,7 +439,7 @@ class Queue:
             if copies:  # those that its buckets' claimants may still be inserting
                 await self._store.end_copies(copies, now, late)
             await self._store.tombstone_purged(batch, now)
-            held = {key: m for doc in batch for key, m in unique_keys.held_by(doc).items()}
+            held = {key: m for doc in batch for key, m in unique.held_by(doc).items()}
             if held:  # the purged unique jobs' keys: free now, not at their ``until``
                 await self._store.release_keys(held)
         return total

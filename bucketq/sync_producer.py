@@ -22,16 +22,17 @@ from typing import Any
 
 from bucketq import metrics
 from bucketq.codecs import Codec, codec_option
-from bucketq.core import unique_keys
+from bucketq.core import unique
 from bucketq.core.accumulator import Accumulator, SealedBucket
 from bucketq.core.format import DOCUMENT_CODEC
+from bucketq.core.sharding import Spread
 from bucketq.errors import InvalidOption, QueueClosed
 from bucketq.options import QueueOptions, check_database, check_names
 from bucketq.shell.clock import ServerClock
 from bucketq.shell.connection import reaching
 from bucketq.shell.producer import PushEncoder
 from bucketq.shell.sync_database import SyncTarget, sync_database
-from bucketq.shell.unique_keys import merge_held
+from bucketq.shell.unique import merge_held
 from bucketq.store.sync.base import retrying
 from bucketq.store.sync.queue_store import QueueStore
 
@@ -62,6 +63,7 @@ class SyncProducer(PushEncoder):
         self.database = database
         self._store = QueueStore(database, name, write_concern=self.options.write_concern,
                                  op_timeout_s=self.options.write_timeout, partitions=self.options.partitions)
+        self._spread = Spread()  # the partitions of the buckets it writes
         self._clock = ServerClock()
         self._indexed = False
         self._setting_up = threading.Lock()
@@ -196,18 +198,23 @@ class SyncProducer(PushEncoder):
                 if bucket.immediate:
                     bucket.document["due"] = due
             docs = [bucket.document for bucket in batch]
-            holds = list(unique_keys.holds(docs))
-            if holds:  # unique jobs: their keys first (``bucketq.shell.unique_keys``)
+            holds = list(unique.holds(docs))
+            if holds:  # unique jobs: their keys first (``bucketq.shell.unique``)
                 now = self._clock.now()
                 merged = retrying(lambda _: self._store.hold_keys(holds, now), timeout_s=self.options.write_timeout)
                 docs = merge_held(batch, merged)
             if docs:
-                failed = retrying(lambda _: self._store.write_buckets(docs), timeout_s=self.options.write_timeout)
+                failed = retrying(lambda _: self._insert(docs), timeout_s=self.options.write_timeout)
         except Exception as exc:
             failed = {bucket.id: exc for bucket in batch}
         for bucket in batch:
             bucket.resolve(failed.get(bucket.id))
-        self._metrics.written(batch, failed, self._clock)
+        self._metrics.written(batch, failed, self._clock.now)
+
+    def _insert(self, docs: list[dict[str, Any]]) -> dict[Any, BaseException]:
+        """One attempt at the write: the buckets' partitions (a retry keeps them), then the insert."""
+        self._spread.assign(docs, self._store.partition_count())
+        return self._store.write_buckets(docs)
 
     def _ready(self) -> None:
         """Before a push, as the async ``Queue.push``: set up first if due, so that an unreachable server raises

@@ -14,6 +14,7 @@ from typing import Any
 
 from hypothesis import settings
 from pymongo import monitoring
+from pymongo.errors import AutoReconnect
 
 import bucketq
 from tests.proxy import TcpProxy
@@ -201,3 +202,34 @@ class StartedCommands(monitoring.CommandListener):
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None: ...
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None: ...
+
+
+class LosableWatch:
+    """A change stream's ``watch`` (a queue's ``_watches`` entry) whose streams the test can lose once, as a server
+    restart would: after ``lose()`` the next ``try_next`` of one of its streams raises ``AutoReconnect``; before
+    and after, the real stream answers."""
+
+    def __init__(self, watch: Callable[[Any], Awaitable[Any]]) -> None:
+        self._watch = watch
+        self._armed = self.lost = False
+
+    def lose(self) -> None:
+        self._armed = True
+
+    async def __call__(self, start: Any) -> _Losable:
+        return _Losable(self, await self._watch(start))
+
+
+class _Losable:
+    def __init__(self, watch: LosableWatch, stream: Any) -> None:
+        self.watch = watch
+        self.stream = stream
+
+    async def try_next(self) -> Any:
+        if self.watch._armed and not self.watch.lost:
+            self.watch.lost = True
+            raise AutoReconnect("connection closed (a server restart)")
+        return await self.stream.try_next()
+
+    async def close(self) -> None:
+        await self.stream.close()

@@ -9,6 +9,8 @@
   ``devtools``, ``tests``, ``spark``, ``examples``. ``bucketq``'s top-level modules, the public face, are no
   folder: its subpackages serve them and use some (``bucketq.errors``, ``bucketq.codecs``).
 - No module of ``bucketq`` imports itself back through others (a file-level loop).
+- A feature goes by one name: a shell module with a core twin (``bucketq/shell/<stem>.py`` beside
+  ``bucketq/core/<stem>.py``) has its tests in ``tests/test_<stem>.py``, but for the twins listed with a reason.
 
 An import counts wherever it is written (in a function too) except under ``if TYPE_CHECKING:``, which never
 runs. Each rule is checked on a synthetic violation too, so that it can fail.
@@ -34,6 +36,11 @@ CORE_PROJECT = ("bucketq.core", "bucketq.errors")
 CORE_THIRD_PARTY = ("bson", "cronsim", "pymongo.errors", "pymongo.operations")
 PYMONGO_WRITE_MODELS = frozenset({"InsertOne", "DeleteOne", "DeleteMany", "ReplaceOne", "UpdateOne", "UpdateMany"})
 CORE_FORBIDDEN_STDLIB = frozenset({"asyncio"})
+# shell/core twins whose tests are not in tests/test_<stem>.py, and why
+TWINS_TESTED_ELSEWHERE = {
+    "housekeeping": "a consumer's background round, tested with the consumers that share it (tests/test_idle.py, "
+                    "test_consumer.py, test_guarantees.py)",
+}
 
 
 # -- reading imports -------------------------------------------------------------------------------------------
@@ -204,6 +211,13 @@ def folder_graph(graph: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
     return {folder: targets - {folder} for folder, targets in folders.items()}
 
 
+def twins_without_tests(package: Path, tests: Path) -> list[str]:
+    """The stems of ``package/shell/<stem>.py`` that have a ``package/core/<stem>.py`` twin but no
+    ``tests/test_<stem>.py``."""
+    stems = {p.stem for p in (package / "shell").glob("*.py")} & {p.stem for p in (package / "core").glob("*.py")}
+    return sorted(stem for stem in stems - {"__init__"} if not (tests / f"test_{stem}.py").is_file())
+
+
 @pytest.fixture(scope="module")
 def files() -> dict[str, Path]:
     return source_files()
@@ -241,6 +255,13 @@ def test_no_module_of_bucketq_imports_itself_back(graph: dict[str, set[str]]) ->
     ours = {m: {t for t in targets if _within(t, ["bucketq"])} for m, targets in graph.items()
             if _within(m, ["bucketq"])}
     assert not cycles(ours), f"modules of bucketq in an import loop: {cycles(ours)}"
+
+
+def test_each_shell_and_core_twin_has_the_test_file_of_its_name() -> None:
+    missing = set(twins_without_tests(ROOT / "bucketq", ROOT / "tests"))
+    assert missing <= set(TWINS_TESTED_ELSEWHERE), (
+        f"shell/core twins without tests/test_<stem>.py (rename the tests, or list the twin with why): {missing}")
+    assert set(TWINS_TESTED_ELSEWHERE) <= missing, "a listed twin has its test file now: drop it from the list"
 
 
 # -- each rule can fail ----------------------------------------------------------------------------------------
@@ -287,3 +308,12 @@ def test_the_graph_reads_relative_and_lazy_imports_and_skips_type_checking_ones(
     assert import_graph(files) == {"bucketq": set(), "bucketq.web": {"bucketq.web.app"},
                                    "bucketq.web.app": {"bucketq.cli.common"}, "bucketq.cli": set(),
                                    "bucketq.cli.common": set()}
+
+
+def test_the_twin_rule_finds_a_twin_without_its_test_file(tmp_path: Path) -> None:
+    for name in ("bucketq/shell/__init__.py", "bucketq/core/__init__.py", "bucketq/shell/cancel.py",
+                 "bucketq/core/cancel.py", "bucketq/shell/clock.py", "bucketq/core/claims.py", "bucketq/shell/fees.py",
+                 "bucketq/core/fees.py", "tests/test_cancel.py", "tests/test_clock.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert twins_without_tests(tmp_path / "bucketq", tmp_path / "tests") == ["fees"]

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from bson import ObjectId
-from pymongo.errors import AutoReconnect, OperationFailure
+from pymongo.errors import OperationFailure
 
 import bucketq
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from tests.helpers import PATIENCE_S, StartedCommands, consume_all, eventually, seconds_ago, utc_now
+from tests.helpers import PATIENCE_S, LosableWatch, StartedCommands, consume_all, eventually, seconds_ago, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -439,29 +439,12 @@ async def test_a_change_stream_lost_after_streams_worked_starts_again_at_the_nex
     """As after a server restart: the buckets' stream fails; the next claim starts it again (only then: a
     consumer asks before each claim, at the cost of one attribute read while nothing was lost)."""
     q = make_queue(bucket_max_wait=0.01)
-    real, lose = q._watches[0].watch, []
-
-    class Failing:  # the stream, until the test loses it (once)
-        def __init__(self, stream: Any) -> None:
-            self.stream = stream
-
-        async def try_next(self) -> Any:
-            if lose and not lose[0]:
-                lose[0] = True
-                raise AutoReconnect("connection closed (a server restart)")
-            return await self.stream.try_next()
-
-        async def close(self) -> None:
-            await self.stream.close()
-
-    async def watch(start: Any) -> Failing:
-        return Failing(await real(start))
-
-    q._watches[0] = watch
+    losable = LosableWatch(q._watches[0].watch)
+    q._watches[0] = losable
     assert await q.reserve(timeout=0.05) is None
     await eventually(lambda: q._wakeup.streaming, what="the change streams answering")
     first = q._wakeup._feeds[0][0]
-    lose.append(False)
+    losable.lose()
     await eventually(lambda: first.ended, what="the stream's watch ending")
     assert not q._wakeup.streaming
     await asyncio.sleep(0.05)

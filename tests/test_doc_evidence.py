@@ -1,8 +1,8 @@
 """Every test the documentation names as evidence exists: a guarantee that cites a renamed or deleted test cites
 nothing.
 
-A page names tests in code spans, in three shapes: a file (``tests/test_message_cancel.py``, ``test_idle.py``), a
-file and a test (``test_message_cancel.py::test_a_cancel_racing_consumers_has_exactly_one_outcome``, a parametrized
+A page names tests in code spans, in three shapes: a file (``tests/test_cancel.py``, ``test_idle.py``), a
+file and a test (``test_cancel.py::test_a_cancel_racing_consumers_has_exactly_one_outcome``, a parametrized
 id allowed), or a test alone (``test_a_bad_retry_is_refused_when_built``). ``...`` in a name stands for the part the
 page leaves out (``..._release_...``): some test must match it.
 """
@@ -76,8 +76,8 @@ def test_every_test_a_page_names_exists(page: Path) -> None:
 
 def test_the_check_finds_a_test_that_does_not_exist(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("Held by `test_message_cancel.py::test_no_such_thing`, `tests/test_nope.py`, `test_nor_this_one` "
+    page.write_text("Held by `test_cancel.py::test_no_such_thing`, `tests/test_nope.py`, `test_nor_this_one` "
                     "and `..._in_push_order_across_buckets`; not `test_` alone, nor `make test`.")
-    assert cited(page) == [("test_message_cancel.py::test_no_such_thing", "no such test in that file"),
+    assert cited(page) == [("test_cancel.py::test_no_such_thing", "no such test in that file"),
                            ("tests/test_nope.py", "no such test file"),
                            ("test_nor_this_one", "no such test under tests/")]

@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from bucketq.core import claims, group_turn, groups
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.group_turn import GroupStep, Turn
+from bucketq.core.sharding import Spread
 from bucketq.memory import MemoryClient, MemoryDatabase
 from bucketq.store.sync.queue_store import QueueStore
 from tests.helpers import examples
@@ -63,6 +64,7 @@ class GroupTurnMachine(RuleBasedStateMachine):
         super().__init__()
         client = MemoryClient(codec_options=CodecOptions(tz_aware=True), notablescan=True)
         self.store = QueueStore(MemoryDatabase("t", client=client).sync, "q")
+        self.spread = Spread()  # the buckets' partitions, as a producer gives them
         self.store.ensure_indexes()
         self.clock = Clock()
         self.consumers = {name: Consumer(name) for name in CONSUMERS}
@@ -127,6 +129,7 @@ class GroupTurnMachine(RuleBasedStateMachine):
     def push(self, group: str) -> None:
         doc = bucket_document(ObjectId(), [Slot('"m"')], codec="json", created=self.clock.now(),
                               due=self.clock.now(), group=group)
+        self.spread.assign([doc], self.store.partition_count())
         self.store.write_buckets([doc])
 
     @precondition(lambda self: self.idle())

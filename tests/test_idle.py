@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, monitoring
-from pymongo.errors import AutoReconnect
 
 from bucketq.core.claims import claim
 from bucketq.core.sharding import partition_of
 from bucketq.shell.wakeup import Shared, Wakeup
-from tests.helpers import StartedCommands, eventually, server_proxy, utc_now
+from tests.helpers import LosableWatch, StartedCommands, eventually, server_proxy, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -404,26 +403,10 @@ async def test_a_shared_change_stream_that_fails_sends_each_queue_polling_and_is
         make_queue, memory_db_or_client, no_safety_poll):
     target = memory_db_or_client
     consumers = [make_queue(target=target, poll_interval=0.2) for _ in range(2)]
-    shared, lose = consumers[0]._watches[0], []
-
-    class Failing:  # the buckets' stream, until the test loses it (once), as a server restart would
-        def __init__(self, stream: Any) -> None:
-            self.stream = stream
-
-        async def try_next(self) -> Any:
-            if lose and not lose[0]:
-                lose[0] = True
-                raise AutoReconnect("connection closed (a server restart)")
-            return await self.stream.try_next()
-
-        async def close(self) -> None:
-            await self.stream.close()
-
-    async def watch(start: Any) -> Failing:
-        return Failing(await shared.watch(start))
-
+    shared = consumers[0]._watches[0]
+    losable = LosableWatch(shared.watch)
     for q in consumers:
-        q._watches[0] = Shared(shared.key, watch)
+        q._watches[0] = Shared(shared.key, losable)
         await _idle(q)
 
     def feeds(q: Any) -> list[Any]:
@@ -431,7 +414,7 @@ async def test_a_shared_change_stream_that_fails_sends_each_queue_polling_and_is
 
     first = feeds(consumers[0])
     assert feeds(consumers[1]) == first, "one stream per collection for both queue objects"
-    lose.append(False)
+    losable.lose()
     await eventually(lambda: first[0].ended, what="the shared stream ending")
     assert not any(q._wakeup.streaming for q in consumers), "each queue polls"
     await make_queue().push("while polling")

@@ -21,8 +21,8 @@ from starlette.testclient import TestClient
 
 import bucketq
 from bucketq.cli import cli
-from bucketq.core import rate_window
-from bucketq.core.rate_window import RateLimit
+from bucketq.core import rate_limit
+from bucketq.core.rate_limit import RateLimit
 from bucketq.core.sharding import LAYOUT
 from bucketq.web import create_app
 from tests.helpers import lossy_queue
@@ -248,7 +248,7 @@ def test_grants_never_exceed_the_limit_and_use_it_all_without_lost_replies(limit
         counter += k
         if lost_reply:  # applied, reply lost, asked again
             counter += k
-        granted += rate_window.granted(counter, k, limit)
+        granted += rate_limit.granted(counter, k, limit)
     assert granted <= limit
     if not any(lost for _, lost in asks):
         assert granted == min(limit, sum(k for k, _ in asks))

@@ -19,7 +19,7 @@ from bucketq import Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core import sharding
 from bucketq.core.backoff import Backoff
-from bucketq.core.sharding import Rotation, Spread, partition_of
+from bucketq.core.sharding import Rotation, Spread, assign_by_id, partition_of
 from bucketq.errors import InvalidOption
 from bucketq.outbox import Outbox, event
 from tests.helpers import consume_all
@@ -39,6 +39,17 @@ def test_spread_goes_round_robin_and_keeps_groups_and_copies_in_their_partition(
     plain = [d["pt"] for d in docs[:8]]
     assert Counter(plain) == {0: 2, 1: 2, 2: 2, 3: 2} and all((b - a) % 4 == 1 for a, b in pairwise(plain))
     assert docs[8]["pt"] == partition_of("order-17", 4) and docs[9]["pt"] == 3
+
+
+def test_assign_by_id_gives_every_writer_the_same_partitions_and_keeps_groups_and_copies_in_theirs() -> None:
+    def docs() -> list[dict]:
+        return [{"_id": f"event-{i}"} for i in range(8)] + [{"_id": 8, "g": "order-17"}, {"_id": 9, "pt": 3}]
+    first, second = docs(), docs()
+    assign_by_id(first, 4)
+    assign_by_id(second, 4)  # another process writing the same buckets
+    assert first == second
+    assert [d["pt"] for d in first[:8]] == [partition_of(f"event-{i}", 4) for i in range(8)]
+    assert first[8]["pt"] == partition_of("order-17", 4) and first[9]["pt"] == 3
 
 
 def test_rotation_tries_each_partition_once_a_round_and_moves_on_after_a_claim() -> None:

@@ -12,6 +12,7 @@ import click
 from bucketq.cli.common import Target, confirm, connection_options, open_queue, run
 from bucketq.cli.output import print_table, table
 from bucketq.cli.params import DURATION
+from bucketq.queue import internals
 from bucketq.shell.text_views import (
     Kind,
     count_matching,
@@ -60,7 +61,7 @@ def _list_command(kind: Kind) -> click.Command:
 async def _list(kind: Kind, target: Target, name: str, *, as_json: bool, **filters: Any) -> None:
     async with open_queue(target, name) as queue:
         entries = await getattr(queue, kind.methods[0])(**filters)
-        now = server_now(queue)
+        now = server_now(internals(queue))
     views = [entry_view(e) for e in entries]
     if as_json:
         for view in views:
@@ -87,7 +88,7 @@ def _action_command(kind: Kind, verb: str, done: str, summary: str) -> click.Com
 
 async def _act(kind: Kind, verb: str, done: str, target: Target, name: str, *, yes: bool, **filters: Any) -> None:
     async with open_queue(target, name) as queue:
-        matching = await count_matching(queue, kind, **filters)
+        matching = await count_matching(internals(queue), kind, **filters)
         if not matching:
             click.echo(f"no {kind.many} match; nothing {done}")
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from bucketq.cli.common import BadUsage, CliError, Target, confirm, connection_options, open_queue, run
-from bucketq.core.cancellation import NOT_FOUND
+from bucketq.core.cancel import NOT_FOUND
 from bucketq.core.operator_writes import producer_bucket
 from bucketq.errors import MessageHeld
 from bucketq.shell.pause_gate import PAUSE_REFRESH_S

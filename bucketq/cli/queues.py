@@ -24,7 +24,7 @@ from bucketq.cli.common import (
 )
 from bucketq.cli.output import console, fitted, print_table, table
 from bucketq.message import Message
-from bucketq.queue import Queue
+from bucketq.queue import Queue, internals
 from bucketq.shell.discovery import queue_names
 from bucketq.shell.flow import Flow
 from bucketq.shell.text_views import age, one_line, preview, relative, server_now, to_json
@@ -202,7 +202,7 @@ def peek(target: Target, queue: str, count: int, as_json: bool) -> None:
 async def _peek(target: Target, name: str, count: int, as_json: bool) -> None:
     async with open_queue(target, name) as queue:
         entries = await queue.peek(count)
-        now = server_now(queue)
+        now = server_now(internals(queue))
         strays = await queue.not_buckets(count)
     if as_json:
         for entry in entries:

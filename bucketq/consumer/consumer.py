@@ -42,7 +42,7 @@ from bucketq.message import Message
 from bucketq.options import QueueOptions, check_delay, check_timeout
 from bucketq.shell.clock import ServerClock
 from bucketq.shell.pause_gate import PauseGate
-from bucketq.shell.rate_window import Permits
+from bucketq.shell.rate_limit import Permits
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
 

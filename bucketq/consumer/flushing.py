@@ -22,7 +22,7 @@ from bucketq.errors import LeaseLost, WriteFailed
 from bucketq.metrics import Metrics
 from bucketq.options import QueueOptions
 from bucketq.shell.clock import ServerClock
-from bucketq.shell.unique_keys import release_keys
+from bucketq.shell.unique import release_keys
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
@@ -151,7 +151,7 @@ class Flushing:
                     future.set_exception(LeaseLost(f"bucket {held.bucket.id} is no longer held"))
 
     async def _read_cancels(self, holding: Holding) -> None:
-        """Read the cancel requests made on a held bucket since its claim (``core.cancellation``): at most every
+        """Read the cancel requests made on a held bucket since its claim (``core.cancel``): at most every
         half lease, after a lease extension, so a running handler hears of one within about ``lease / 2``.
         A read, not the extension's own reply: the flush writes stay plain updates."""
         requested = await self._store.cancel_requests(holding.held.bucket.ref)

@@ -11,37 +11,59 @@ only awaits what ``execute`` returns.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 Step = TypeVar("Step")
 Result = TypeVar("Result")
 
 
+class _Turns(Generic[Step, Result]):
+    """The conversation's side of a carrier, one place for both: the next step, with the last reply sent in or the
+    last error thrown in; the result once the generator returns."""
+
+    def __init__(self, conversation: Generator[Step, Any, Result]) -> None:
+        self._conversation = conversation
+        self._reply: Any = None
+        self._error: BaseException | None = None
+        self.step: Step
+        self.result: Result
+
+    def next(self) -> bool:
+        """Take the next step (``step``); False once the conversation has returned (``result``)."""
+        try:
+            if self._error is None:
+                self.step = self._conversation.send(self._reply)
+            else:
+                self.step = self._conversation.throw(self._error)
+        except StopIteration as done:
+            self.result = done.value
+            return False
+        return True
+
+    def answered(self, reply: Any) -> None:
+        self._reply, self._error = reply, None
+
+    def failed(self, error: BaseException) -> None:
+        self._reply, self._error = None, error
+
+
 def carry(conversation: Generator[Step, Any, Result], execute: Callable[[Step], Any]) -> Result:
     """Run ``conversation`` to its end with ``execute`` as the store."""
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
+    turns = _Turns(conversation)
+    while turns.next():
         try:
-            step = conversation.send(reply) if error is None else conversation.throw(error)
-        except StopIteration as done:
-            return done.value
-        try:
-            reply, error = execute(step), None
+            turns.answered(execute(turns.step))
         except BaseException as exc:
-            reply, error = None, exc
+            turns.failed(exc)
+    return turns.result
 
 
 async def carry_async(conversation: Generator[Step, Any, Result], execute: Callable[[Step], Awaitable[Any]]) -> Result:
     """``carry`` with an ``execute`` to await."""
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
+    turns = _Turns(conversation)
+    while turns.next():
         try:
-            step = conversation.send(reply) if error is None else conversation.throw(error)
-        except StopIteration as done:
-            return done.value
-        try:
-            reply, error = await execute(step), None
+            turns.answered(await execute(turns.step))
         except BaseException as exc:  # a cancellation too: the conversation takes its way out, then raises it
-            reply, error = None, exc
+            turns.failed(exc)
+    return turns.result

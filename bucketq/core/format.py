@@ -182,7 +182,7 @@ def bucket_documents(slots: Sequence[Slot], *, codec: str, created: dt.datetime,
     """New buckets holding ``slots`` in order, as many as it takes to keep each within ``max_size`` slots
     and ``max_bytes`` bytes: copies (retries, requeues) can add up to more than one bucket holds. Buckets of a
     ``group`` get their place in it (``s``) when written, in list order (``Store.number_groups``). Without a
-    ``partition`` the store gives them one when it writes them (``sharding.Spread``)."""
+    ``partition`` they get one before they are written (``sharding.assign_by_id``)."""
     return [bucket_document(ObjectId(), chunk, codec=codec, created=created, due=due, group=group,
                             partition=partition, priority=priority, checked=checked)
             for chunk in _chunks(slots, max_size, max_bytes)]
@@ -299,7 +299,7 @@ class StoredBucket:
     partition: int | None = 0  # ``pt``; None: written without one (partition 0, ``sharding.in_partition``)
     unique: list[dt.datetime | None] | None = None  # ``u``: the slots that hold their key in ``Q.unique``, if any
     priority: int = 0  # ``pr``: its level, which its copies keep
-    cancels: frozenset[int] = frozenset()  # ``x``: slots whose cancellation was requested (``core.cancellation``)
+    cancels: frozenset[int] = frozenset()  # ``x``: slots whose cancellation was requested (``core.cancel``)
     checked: bool = False  # ``pc``: its writer checked that every payload decodes (``CHECKED``)
 
     @property
@@ -443,7 +443,7 @@ def _optional_array(doc: Mapping[str, Any], field: str, n: int, kind: type) -> l
 def dead_letter(bucket: StoredBucket, slot: int, *, tries: int, error: str, at: dt.datetime,
                 cancelled: bool = False) -> dict[str, Any]:
     """A dead-letter document; its ``_id`` is the message id, so writing it twice stores it once. It fits 16 MiB
-    (``within_limit``). ``cancelled``: the record of a cancelled message (``core.cancellation``)."""
+    (``within_limit``). ``cancelled``: the record of a cancelled message (``core.cancel``)."""
     letter: dict[str, Any] = {
         "_id": bucket.message_id(slot),
         "enc": bucket.codec,

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from bucketq.core import cancellation, claims, groups
+from bucketq.core import cancel, claims, groups
 from bucketq.core.format import StoredBucket, bucket_documents, dead_letter, quarantined_message
 from bucketq.errors import AlreadyResolved, LeaseLost
 
@@ -294,7 +294,7 @@ class ClaimedBucket:
                       allowed=_RESOLVABLE)
 
     def cancel_requested(self, slot: int) -> bool:
-        """Whether this claim knows of a request to cancel ``slot`` (``core.cancellation``)."""
+        """Whether this claim knows of a request to cancel ``slot`` (``core.cancel``)."""
         return slot in self.cancels
 
     def end_cancelled(self) -> None:
@@ -435,7 +435,7 @@ class ClaimedBucket:
 
 
 def _cancellation() -> _Resolution:
-    return _Resolution(SlotState.DEAD, error=cancellation.REASON, cancelled=True)
+    return _Resolution(SlotState.DEAD, error=cancel.REASON, cancelled=True)
 
 
 def dead_letter_reason_for_expired(tries: int) -> str:

@@ -112,16 +112,16 @@ def every_partition(query: dict[str, Any], partitions: int) -> dict[str, Any]:
 
 class Spread:
     """Where a producer's buckets go: ordered groups to ``partition_of(group)``, the others round-robin,
-    starting at a random partition (producers started together do not all fill partition 0 first)."""
+    starting at a random partition (producers started together do not all fill partition 0 first). Held by the
+    producer that writes them (``bucketq.shell.producer``, ``bucketq.sync_producer``): the store writes the
+    partitions it is given."""
 
     def __init__(self) -> None:
         self._next: int | None = None  # drawn at the first write: the queue's count is known then
 
-    def assign(self, docs: Sequence[dict[str, Any]], partitions: int, *, by_id: bool = False) -> None:
+    def assign(self, docs: Sequence[dict[str, Any]], partitions: int) -> None:
         """Give each of ``docs`` without a partition its own among ``partitions`` (the queue's count; a copy
-        keeps the one of the bucket it came from). ``by_id``: from the ``_id``, for buckets whose ``_id`` is the
-        same whoever writes them (an outbox event's): a second writer's insert must reach the shard that holds
-        the first, for on a sharded collection ``_id`` is unique within a shard only."""
+        keeps the one of the bucket it came from)."""
         if self._next is None:
             self._next = random.randrange(partitions)
         for doc in docs:
@@ -130,11 +130,20 @@ class Spread:
             group = doc.get("g")
             if group is not None:
                 doc[PARTITION] = partition_of(group, partitions)
-            elif by_id:
-                doc[PARTITION] = partition_of(str(doc["_id"]), partitions)
             else:
                 doc[PARTITION] = self._next % partitions
                 self._next = (self._next + 1) % partitions
+
+
+def assign_by_id(docs: Sequence[dict[str, Any]], partitions: int) -> None:
+    """Give each of ``docs`` without a partition the one of its group, else of its ``_id``: for buckets whose
+    ``_id`` is the same whoever writes them (an outbox event's, a requeue's): a second writer's insert must reach
+    the shard that holds the first, for on a sharded collection ``_id`` is unique within a shard only. No state:
+    the same documents get the same partitions in every process."""
+    for doc in docs:
+        if PARTITION not in doc:
+            group = doc.get("g")
+            doc[PARTITION] = partition_of(str(doc["_id"]) if group is None else group, partitions)
 
 
 class Rotation:

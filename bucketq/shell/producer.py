@@ -28,10 +28,11 @@ from bucketq.core.format import (
     encode_slot,
 )
 from bucketq.core.priorities import MAX_PRIORITY, check_priority
+from bucketq.core.sharding import Spread
 from bucketq.errors import BufferFull, EncodeError, InvalidOption, PayloadTooLarge, QueueClosed
 from bucketq.options import QueueOptions, check_delay
 from bucketq.shell.clock import ServerClock
-from bucketq.shell.unique_keys import hold_keys, unique_until
+from bucketq.shell.unique import hold_keys, unique_until
 from bucketq.store.aio.base import retrying
 from bucketq.store.aio.queue_store import AsyncQueueStore
 from bucketq.store.aio.stream_store import AsyncStreamStore
@@ -207,6 +208,7 @@ class Producer(PushEncoder):
         """``mark_checked``: mark the buckets written as checked (``format.CHECKED``) when the codec checks what it
         dumps (``checks_on_dump``): a queue's producer; a stream's buckets have no such field."""
         self._store = store
+        self._spread = Spread()  # a queue's buckets' partitions (a stream's store allocates its own, in turn)
         self._codec = codec
         self._plain_codec = codec.name != DOCUMENT_CODEC  # its payloads are text or binary: plain slots (_plain_slot)
         self._options = options
@@ -475,6 +477,8 @@ class Producer(PushEncoder):
             docs = await hold_keys(self._store, batch, now, self._options.write_timeout)
 
             async def insert(retry: bool) -> dict[Any, BaseException]:
+                if isinstance(self._store, AsyncQueueStore):
+                    self._spread.assign(docs, await self._store.partition_count())  # a retry keeps them
                 return await self._store.write_buckets(docs)
 
             if docs:
@@ -489,7 +493,7 @@ class Producer(PushEncoder):
         self._commit()  # which kicks the writers for every sealed bucket
         for bucket in batch:
             bucket.resolve(failed.get(bucket.id))
-        self._metrics.written(batch, failed, self._clock)
+        self._metrics.written(batch, failed, self._clock.now)
         if len(failed) < len(batch) and self._on_written is not None:
             self._on_written()
         assert self._space is not None

@@ -8,17 +8,14 @@ from __future__ import annotations
 import base64
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from bson import ObjectId
 
 from bucketq.codecs import codec_named
 from bucketq.core.entries import EntryKind, Selection
-from bucketq.queue import internals
-
-if TYPE_CHECKING:
-    from bucketq.queue import Queue
+from bucketq.shell.queue_internals import QueueInternals
 
 MAX_MESSAGE = 300
 
@@ -75,10 +72,10 @@ def relative(when: dt.datetime | None, now: dt.datetime) -> str:
     return "now" if abs(delta) < 1 else f"in {age(delta)}" if delta > 0 else f"{age(-delta)} ago"
 
 
-def server_now(queue: Queue) -> dt.datetime:
-    """The server's clock as ``queue`` reads it (``bucketq.shell.clock``): what the ages of its messages are counted
-    from. Never this host's wall clock, which a step or a skew would put in every age shown."""
-    return internals(queue).clock.now()
+def server_now(door: QueueInternals) -> dt.datetime:
+    """The server's clock as a queue reads it (``door``: ``bucketq.queue.internals(queue)``): what the ages of its
+    messages are counted from. Never this host's wall clock, which a step or a skew would put in every age shown."""
+    return door.clock.now()
 
 
 # -- dead letters and quarantine ------------------------------------------------------------------------------
@@ -106,23 +103,23 @@ QUARANTINE = Kind("quarantine", "quarantined entry", "quarantined entries", "rea
                   "Quarantine: buckets or messages that could not be decoded, kept with the reason.")
 
 
-def _selection(queue: Queue, older_than: float | None, error_contains: str | None,
+def _selection(door: QueueInternals, older_than: float | None, error_contains: str | None,
                ids: list[Any] | None) -> Selection:
-    return Selection(internals(queue).clock.latest(), older_than, error_contains, ids)
+    return Selection(door.clock.latest(), older_than, error_contains, ids)
 
 
-async def count_matching(queue: Queue, kind: Kind, *, older_than: float | None = None,
+async def count_matching(door: QueueInternals, kind: Kind, *, older_than: float | None = None,
                          error_contains: str | None = None, ids: list[Any] | None = None) -> int:
-    """How many of ``queue``'s entries of ``kind`` match the filters a requeue or purge is given."""
-    return await internals(queue).store.count_entries(EntryKind(kind.command),
-                                                     _selection(queue, older_than, error_contains, ids))
+    """How many of a queue's entries of ``kind`` match the filters a requeue or purge is given (``door``:
+    ``bucketq.queue.internals(queue)``)."""
+    return await door.store.count_entries(EntryKind(kind.command), _selection(door, older_than, error_contains, ids))
 
 
-async def entries_page(queue: Queue, kind: Kind, *, skip: int, limit: int, error_contains: str | None = None,
-                       ids: list[Any] | None = None) -> list[dict[str, Any]]:
+async def entries_page(door: QueueInternals, kind: Kind, *, skip: int, limit: int,
+                       error_contains: str | None = None, ids: list[Any] | None = None) -> list[dict[str, Any]]:
     """The entries of ``kind`` matching the filters, oldest first, from the ``skip``-th on: a page of a listing."""
-    return await internals(queue).store.entries(EntryKind(kind.command), _selection(queue, None, error_contains, ids),
-                                                limit=limit, skip=skip)
+    return await door.store.entries(EntryKind(kind.command), _selection(door, None, error_contains, ids),
+                                    limit=limit, skip=skip)
 
 
 def entry_ids(ids: tuple[str, ...]) -> list[Any] | None:

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from bucketq.errors import MessageHeld
+from bucketq.queue import internals
 from bucketq.shell.connection import unreachable
 from bucketq.shell.redaction import redact
 from bucketq.shell.text_views import (
@@ -198,13 +199,14 @@ class Pages:
         many match the error filter, and the links to the pages before and after it."""
         error = request.query_params.get(f"{kind.command}_error", "").strip() or None
         total = row["dead" if kind is DEAD else "quarantined"]
-        matching = total if error is None else await count_matching(queue, kind, error_contains=error)
+        matching = total if error is None else await count_matching(internals(queue), kind, error_contains=error)
         pages = max(1, -(-matching // ENTRY_ROWS))
         try:
             page = min(pages, max(1, int(request.query_params.get(f"{kind.command}_page", "1"))))
         except ValueError:
             raise HTTPException(400, f"{kind.command}_page must be a page number") from None
-        rows = await entries_page(queue, kind, skip=(page - 1) * ENTRY_ROWS, limit=ENTRY_ROWS, error_contains=error)
+        rows = await entries_page(internals(queue), kind, skip=(page - 1) * ENTRY_ROWS, limit=ENTRY_ROWS,
+                                  error_contains=error)
 
         def page_url(n: int) -> str:
             return str(request.url.include_query_params(**{f"{kind.command}_page": n}))
@@ -226,7 +228,9 @@ class Pages:
         covers = which(action.entries, error) if action.entries else ""
         if request.method == "GET":
             self.offer_actions()
-            matching = await count_matching(queue, action.entries, error_contains=error) if action.entries else 0
+            matching = 0
+            if action.entries:
+                matching = await count_matching(internals(queue), action.entries, error_contains=error)
             question = action.question.format(name=name, matching=matching, which=covers, **await queue.stats())
             return self.render(request, "confirm.html", title=action.label, question=question,
                                back=request.url_for("queue", name=name), fields={"error": error} if error else None)

@@ -30,7 +30,7 @@ async def find_message(queue: Queue, message_id: str) -> dict[str, Any] | None:
     ``pending``), or None when it is nowhere (unknown, or finished)."""
     for where, kind in (("dead", DEAD), ("quarantine", QUARANTINE)):
         ids = [message_id] if kind is DEAD else entry_ids((message_id,))
-        found = await entries_page(queue, kind, skip=0, limit=1, ids=ids)
+        found = await entries_page(internals(queue), kind, skip=0, limit=1, ids=ids)
         if found:
             entry = found[0]
             view = entry_view(entry)

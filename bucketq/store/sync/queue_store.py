@@ -24,11 +24,11 @@ from bucketq.core import (
     claims,
     groups,
     housekeeping,
-    rate_window,
+    rate_limit,
     sharding,
-    unique_keys,
+    unique,
 )
-from bucketq.core.cancellation import CANCELLED_RECORDS, record_filter, request
+from bucketq.core.cancel import CANCELLED_RECORDS, record_filter, request
 from bucketq.core.claims import LIVE, TOMBSTONE_DUE, claim_uncounted
 from bucketq.core.entries import EntryKind, Selection
 from bucketq.core.format import (
@@ -53,10 +53,18 @@ from bucketq.core.operator_writes import (
     set_pause,
 )
 from bucketq.core.priorities import PRIORITY
-from bucketq.core.rate_window import RateLimit
+from bucketq.core.rate_limit import RateLimit
 from bucketq.core.retry import is_transient
 from bucketq.core.scans import SCAN
-from bucketq.core.sharding import LAYOUT, PARTITION, Spread, adopted_partitions, every_partition, key, layout_update
+from bucketq.core.sharding import (
+    LAYOUT,
+    PARTITION,
+    adopted_partitions,
+    assign_by_id,
+    every_partition,
+    key,
+    layout_update,
+)
 from bucketq.core.stats import groups_pipeline, stats_pipeline
 from bucketq.core.strays import BROKEN, DATED, strays
 from bucketq.store.sync.base import collections, insert_copies, insert_new, retrying
@@ -77,7 +85,6 @@ class QueueStore:
         self._partitions: int | None = None  # the queue's count once stored (``partition_count``)
         self.wanted_rate = rate_limit  # the client's limit, checked against the queue's; None: adopt the queue's
         self.rate_limit: RateLimit | None = None  # the queue's, learned at set-up (``ensure_indexes``)
-        self.spread = Spread()  # the partitions of the buckets this process writes
         (self.buckets, self.dead, self.quarantine, self.inbox, self.control, self.groups, self.unique,
          self.rate) = collections(database, name, write_concern, "", DEAD_SUFFIX, QUARANTINE_SUFFIX, INBOX_SUFFIX,
                                   CONTROL_SUFFIX, GROUPS_SUFFIX, UNIQUE_SUFFIX, RATE_SUFFIX)
@@ -102,16 +109,16 @@ class QueueStore:
         layout = self.control.find_one_and_update(LAYOUT, layout_update(self.wanted), upsert=True,
                                                         return_document=ReturnDocument.AFTER)
         self._partitions = adopted_partitions(layout, self.wanted)
-        if self.wanted_rate is not None and rate_window.STORED not in layout:  # the first client that names one
-            query, update = rate_window.store(self.wanted_rate)
+        if self.wanted_rate is not None and rate_limit.STORED not in layout:  # the first client that names one
+            query, update = rate_limit.store(self.wanted_rate)
             stored = self.control.find_one_and_update({**LAYOUT, **query}, update,
                                                             return_document=ReturnDocument.AFTER)
             layout = stored or self.control.find_one(LAYOUT)  # None: another client stored one first
-        self.rate_limit = rate_window.adopted(layout, self.wanted_rate)
+        self.rate_limit = rate_limit.adopted(layout, self.wanted_rate)
 
     def stored_rate_limit(self) -> RateLimit | None:
-        """The queue's rate limit as stored now (``rate_window.adopted``), for operators; None when it has none."""
-        return rate_window.adopted(self.control.find_one(LAYOUT), None)
+        """The queue's rate limit as stored now (``rate_limit.adopted``), for operators; None when it has none."""
+        return rate_limit.adopted(self.control.find_one(LAYOUT), None)
 
     def partition_count(self) -> int:
         """The queue's partition count (``sharding.adopted_partitions``): learned at set-up (``ensure_indexes``),
@@ -129,9 +136,8 @@ class QueueStore:
 
     def write_buckets(self, docs: list[dict]) -> dict[Any, BaseException]:
         """One attempt at the producer's write: group buckets numbered, then all inserted (``insert_new``).
-        Returns the ``_id``s that failed for good; raises on transient errors (the producer retries). Buckets get
-        their partitions first (``sharding.Spread``)."""
-        self.spread.assign(docs, self.partition_count())
+        Returns the ``_id``s that failed for good; raises on transient errors (the producer retries). Each bucket
+        comes with its partition (``pt``), which the producer gave it (``sharding.Spread``)."""
         self.number_groups(docs)
         return insert_new(self.buckets, docs)
 
@@ -144,8 +150,8 @@ class QueueStore:
         With a session: once, in its transaction, whose errors are the caller's to handle (a retry belongs to the
         whole transaction). Without: retried; a duplicate key means that bucket is already stored; group buckets
         (a requeue) are numbered first, to go to the end of their groups. Buckets without a partition get the one
-        their ``_id`` hashes to: the same for every writer of the same bucket (``Spread.assign``)."""
-        self.spread.assign(docs, self.partition_count(), by_id=True)
+        their ``_id`` hashes to: the same for every writer of the same bucket (``sharding.assign_by_id``)."""
+        assign_by_id(docs, self.partition_count())
         if session is not None:
             self.buckets.insert_many(docs, session=session)
         else:
@@ -282,13 +288,13 @@ class QueueStore:
     def record_keys(self, keys: list[str], now: dt.datetime) -> None:
         self.insert_copies(self.inbox, [{"_id": k, "at": now} for k in keys])
 
-    # -- unique jobs (core.unique_keys) ----------------------------------------------------------------------
+    # -- unique jobs (core.unique) ----------------------------------------------------------------------
 
-    def hold_keys(self, holds: list[unique_keys.Hold], now: dt.datetime) -> dict[unique_keys.Hold, str]:
-        """Insert the key documents of ``holds`` (``unique_keys``); return those merged into another message, each
+    def hold_keys(self, holds: list[unique.Hold], now: dt.datetime) -> dict[unique.Hold, str]:
+        """Insert the key documents of ``holds`` (``unique``); return those merged into another message, each
         with the id of the message that holds its key. One attempt: raises on transient errors, and the retry of
-        the whole of it finds the keys a lost attempt inserted as its own (``unique_keys.OWN``)."""
-        merged: dict[unique_keys.Hold, str] = {}
+        the whole of it finds the keys a lost attempt inserted as its own (``unique.OWN``)."""
+        merged: dict[unique.Hold, str] = {}
         pending = holds
         while pending:
             clashes = self._insert_keys(pending)
@@ -298,18 +304,18 @@ class QueueStore:
             found = {d["_id"]: d for d in cursor.to_list(None)}
             pending = []
             for hold in clashes:
-                said = unique_keys.verdict(hold, found.get(hold.key), now)
-                if said == unique_keys.EXPIRED:
-                    query, update = unique_keys.takeover(hold, now)
+                said = unique.verdict(hold, found.get(hold.key), now)
+                if said == unique.EXPIRED:
+                    query, update = unique.takeover(hold, now)
                     if not (self.unique.update_one(query, update)).matched_count:
                         pending.append(hold)  # another producer took it over first: read it again
-                elif said == unique_keys.GONE:
+                elif said == unique.GONE:
                     pending.append(hold)  # its holder finished meanwhile: insert again
-                elif said != unique_keys.OWN:
+                elif said != unique.OWN:
                     merged[hold] = said
         return merged
 
-    def _insert_keys(self, holds: list[unique_keys.Hold]) -> list[unique_keys.Hold]:
+    def _insert_keys(self, holds: list[unique.Hold]) -> list[unique.Hold]:
         """Insert the key documents; return the holds whose key was already there (a duplicate key: whose it is,
         ``verdict`` reads; when the server does not say which keys clashed, the holds inserted read as their
         own). Other failures raise."""
@@ -320,7 +326,7 @@ class QueueStore:
 
     def release_keys(self, held: dict[str, str]) -> None:
         """Delete the keys (``{key: message id}``) still held by those messages, now finished; retried."""
-        retrying(lambda _: self.unique.delete_many(unique_keys.finished(held)), timeout_s=self.op_timeout_s)
+        retrying(lambda _: self.unique.delete_many(unique.finished(held)), timeout_s=self.op_timeout_s)
 
     # -- ordered groups (core.groups) ----------------------------------------------------------------------
 
@@ -477,7 +483,7 @@ class QueueStore:
         """Delete the dedupe keys recorded before ``before`` (their retention); returns how many."""
         return (self.inbox.delete_many({"at": {"$lt": before}})).deleted_count
 
-    # -- operator controls (core.operator_writes, core.cancellation) ------------------------------------------------
+    # -- operator controls (core.operator_writes, core.cancel) ------------------------------------------------
 
     def holders(self, message_id: str) -> list[dict]:
         """The buckets that hold the message ``message_id`` (``operator_writes.holders``): a scan, for retry copies
@@ -490,7 +496,7 @@ class QueueStore:
         return (self.buckets.update_one(*removal(doc, slots, now))).matched_count == 1
 
     def request_cancel(self, doc: Mapping[str, Any], slots: list[int]) -> dict | None:
-        """The cancel request of ``slots`` on the bucket ``doc`` (``cancellation.request``), retried (``$addToSet``:
+        """The cancel request of ``slots`` on the bucket ``doc`` (``cancel.request``), retried (``$addToSet``:
         a repeat changes nothing): the bucket as the request left it, or None when it matched nothing (finished
         meanwhile)."""
         query, update = request(doc, slots)
@@ -499,12 +505,12 @@ class QueueStore:
                               timeout_s=self.op_timeout_s)
 
     def cancel_requests(self, ref: dict) -> Any:
-        """The cancel requests on a held bucket (its ``x``, ``core.cancellation``), None when it has none."""
+        """The cancel requests on a held bucket (its ``x``, ``core.cancel``), None when it has none."""
         doc = self.buckets.find_one(ref, {"x": 1})
         return None if doc is None else doc.get("x")
 
     def cancel_recorded(self, message_id: str) -> bool:
-        """Whether a message's cancellation record is in the dead letters (``cancellation.record_filter``)."""
+        """Whether a message's cancellation record is in the dead letters (``cancel.record_filter``)."""
         return self.dead.find_one(record_filter(message_id), {"_id": 1}) is not None
 
     def mark_purged(self, now: dt.datetime, token: str) -> None:

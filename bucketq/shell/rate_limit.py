@@ -1,4 +1,4 @@
-"""A consumer's permits under its queue's rate limit (``core.rate_window``): asked for from the shared counter of the
+"""A consumer's permits under its queue's rate limit (``core.rate_limit``): asked for from the shared counter of the
 current window in chunks, spent one a message, forgotten when their window ends."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from pymongo.errors import PyMongoError
 
-from bucketq.core import rate_window
-from bucketq.core.rate_window import RateLimit
+from bucketq.core import rate_limit
+from bucketq.core.rate_limit import RateLimit
 from bucketq.shell.clock import ServerClock
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
@@ -51,9 +51,9 @@ class Permits:
         if not self._left and not self._spent:
             k = self.limit.chunk(wanted)
             counter = await self._store.ask_permits(window, k)
-            self._left = rate_window.granted(counter, k, self.limit.limit)
+            self._left = rate_limit.granted(counter, k, self.limit.limit)
             self._spent = self._left < k
-            if rate_window.first_ask(counter, k):  # once a window, by the consumer that opened it
+            if rate_limit.first_ask(counter, k):  # once a window, by the consumer that opened it
                 await self._reap(window)
         got = min(wanted, self._left)
         self._left -= got

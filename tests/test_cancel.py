@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import bucketq
 import bucketq.testing
 from bucketq.batch import Batch, BatchQueue
-from bucketq.core.cancellation import still_pending
+from bucketq.core.cancel import still_pending
 from bucketq.core.format import Slot, bucket_document, parse_bucket
 from bucketq.core.held import ClaimedBucket, Policy, SlotState
 from tests.format_checks import check, check_bucket

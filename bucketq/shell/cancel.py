@@ -1,5 +1,5 @@
 """``Queue.cancel``'s conversation with the store: the request, the record and the removal of
-``core.cancellation``, in each bucket that holds the message, read again when a consumer's write got in between."""
+``core.cancel``, in each bucket that holds the message, read again when a consumer's write got in between."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from bucketq.core.cancellation import (
+from bucketq.core.cancel import (
     CANCELLED,
     NOT_FOUND,
     REQUESTED,
@@ -21,14 +21,14 @@ from bucketq.core.operator_writes import live_lease, pending_slots
 from bucketq.core.retry import is_transient
 from bucketq.errors import MessageHeld
 from bucketq.shell.clock import ServerClock
-from bucketq.shell.unique_keys import release_keys
+from bucketq.shell.unique import release_keys
 from bucketq.store.aio.queue_store import AsyncQueueStore
 
 ATTEMPTS = 5  # reads of a message's buckets when consumers keep claiming or finishing them meanwhile
 
 
 async def cancel(store: AsyncQueueStore, clock: ServerClock, message_id: str) -> str:
-    """``CANCELLED``, ``REQUESTED`` or ``NOT_FOUND`` (``core.cancellation``) for the message ``message_id``."""
+    """``CANCELLED``, ``REQUESTED`` or ``NOT_FOUND`` (``core.cancel``) for the message ``message_id``."""
     for _ in range(ATTEMPTS):
         found = [(doc, slots) for doc in await store.holders(message_id)
                  if (slots := pending_slots(doc, message_id))]

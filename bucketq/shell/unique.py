@@ -1,5 +1,5 @@
 """Unique jobs (``push(key=..., unique_for=...)``): the producer holds the keys of a write's unique messages before
-it inserts their buckets, and the consumer frees them once the messages are finished (``core.unique_keys``)."""
+it inserts their buckets, and the consumer frees them once the messages are finished (``core.unique``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from bucketq.core import unique_keys
+from bucketq.core import unique
 from bucketq.core.accumulator import SealedBucket
 from bucketq.core.backoff import check_delay
 from bucketq.core.format import StoredBucket
@@ -38,7 +38,7 @@ async def hold_keys(store: AsyncQueueStore | AsyncStreamStore, batch: list[Seale
     holds done in their buckets, and resolve them to that job's id (``SealedBucket.merged``). Returns the
     documents left to insert (a bucket whose every message merged is not written)."""
     docs = [b.document for b in batch]
-    holds = list(unique_keys.holds(docs))
+    holds = list(unique.holds(docs))
     if not holds:
         return docs
     assert isinstance(store, AsyncQueueStore)  # a stream's push takes no unique_for
@@ -46,20 +46,20 @@ async def hold_keys(store: AsyncQueueStore | AsyncStreamStore, batch: list[Seale
     return merge_held(batch, merged)
 
 
-def merge_held(batch: list[SealedBucket], merged: Mapping[unique_keys.Hold, str]) -> list[dict[str, Any]]:
+def merge_held(batch: list[SealedBucket], merged: Mapping[unique.Hold, str]) -> list[dict[str, Any]]:
     """After the keys of ``batch`` were held (the store's ``hold_keys``, async or sync): each message merged into
     another job resolves to that job's id (``SealedBucket.merged``), and is marked done in its bucket. Returns the
     documents left to insert."""
     for hold, holder in merged.items():
         batch[hold.bucket].merged[hold.slot] = holder
-    return unique_keys.merge([b.document for b in batch], merged)
+    return unique.merge([b.document for b in batch], merged)
 
 
 async def release_keys(store: AsyncQueueStore, bucket: StoredBucket, slots: Mapping[int, SlotState]) -> None:
     """Free the keys that the unique messages among ``slots`` of ``bucket`` (a flush's, just applied) hold, if
-    they are finished (``unique_keys.freed``). On failure the keys stay held until their ``until``: a later push of
+    they are finished (``unique.freed``). On failure the keys stay held until their ``until``: a later push of
     one is merged into a finished job meanwhile, as a log line says."""
-    held = unique_keys.freed(bucket, slots)
+    held = unique.freed(bucket, slots)
     if not held:
         return
     try:
