@@ -9,6 +9,10 @@
   ``devtools``, ``tests``, ``spark``, ``examples``. ``bucketq``'s top-level modules, the public face, are no
   folder: its subpackages serve them and use some (``bucketq.errors``, ``bucketq.codecs``).
 - No module of ``bucketq`` imports itself back through others (a file-level loop).
+- The machinery (``bucketq``'s subpackages but the CLI and the dashboard, which are built on the public face)
+  imports of the public face only its vocabulary: the top-level modules that import nothing of the machinery but
+  the sans-I/O core (``bucketq.errors``, ``bucketq.codecs``, ``bucketq.options``, ...), never ``bucketq.queue`` or
+  another module built on the machinery.
 - A feature goes by one name: a shell module with a core twin (``bucketq/shell/<stem>.py`` beside
   ``bucketq/core/<stem>.py``) has its tests in ``tests/test_<stem>.py``, but for the twins listed with a reason.
 
@@ -36,6 +40,7 @@ CORE_PROJECT = ("bucketq.core", "bucketq.errors")
 CORE_THIRD_PARTY = ("bson", "cronsim", "pymongo.errors", "pymongo.operations")
 PYMONGO_WRITE_MODELS = frozenset({"InsertOne", "DeleteOne", "DeleteMany", "ReplaceOne", "UpdateOne", "UpdateMany"})
 CORE_FORBIDDEN_STDLIB = frozenset({"asyncio"})
+FACE_CLIENTS = ("bucketq.cli", "bucketq.web")  # subpackages built on the public face, as a user's code is
 # shell/core twins whose tests are not in tests/test_<stem>.py, and why
 TWINS_TESTED_ELSEWHERE = {
     "housekeeping": "a consumer's background round, tested with the consumers that share it (tests/test_idle.py, "
@@ -211,6 +216,22 @@ def folder_graph(graph: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
     return {folder: targets - {folder} for folder, targets in folders.items()}
 
 
+def upward_imports(graph: Mapping[str, Iterable[str]], root: Path = ROOT) -> list[str]:
+    """``module -> face`` for each module of the machinery that imports a top-level module (the public face) which
+    itself imports machinery with I/O (anything but ``bucketq.core``): the machinery reaching back up to what is
+    built on it."""
+    def machinery(module: str) -> bool:
+        return module.startswith("bucketq.") and folder_of(module, root) not in (None, *FACE_CLIENTS)
+
+    def face(module: str) -> bool:
+        return module.startswith("bucketq.") and folder_of(module, root) is None
+
+    built_on_machinery = {m for m, targets in graph.items()
+                          if face(m) and any(machinery(t) and not _within(t, ["bucketq.core"]) for t in targets)}
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if machinery(m)
+                  for t in set(targets) & built_on_machinery)
+
+
 def twins_without_tests(package: Path, tests: Path) -> list[str]:
     """The stems of ``package/shell/<stem>.py`` that have a ``package/core/<stem>.py`` twin but no
     ``tests/test_<stem>.py``."""
@@ -257,6 +278,11 @@ def test_no_module_of_bucketq_imports_itself_back(graph: dict[str, set[str]]) ->
     assert not cycles(ours), f"modules of bucketq in an import loop: {cycles(ours)}"
 
 
+def test_the_machinery_imports_only_the_vocabulary_of_the_public_face(graph: dict[str, set[str]]) -> None:
+    offenders = upward_imports(graph)
+    assert not offenders, "bucketq's subpackages import a public module built on them:\n" + "\n".join(offenders)
+
+
 def test_each_shell_and_core_twin_has_the_test_file_of_its_name() -> None:
     missing = set(twins_without_tests(ROOT / "bucketq", ROOT / "tests"))
     assert missing <= set(TWINS_TESTED_ELSEWHERE), (
@@ -294,6 +320,18 @@ def test_the_loop_rules_find_a_loop_of_folders_and_of_modules() -> None:
     assert cycles(folder_graph(modules)) == [["bench", "devtools"], ["bucketq.cli", "bucketq.web"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_upward_rule_finds_the_machinery_importing_the_queue(tmp_path: Path) -> None:
+    for name in ("bucketq/shell/text_views.py", "bucketq/shell/clock.py", "bucketq/core/format.py",
+                 "bucketq/cli/common.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    graph = {"bucketq.queue": {"bucketq.shell.clock", "bucketq.errors"}, "bucketq.errors": set(),
+             "bucketq.codecs": {"bucketq.core.format"}, "bucketq.shell.clock": {"bucketq.errors", "bucketq.codecs"},
+             "bucketq.shell.text_views": {"bucketq.queue"}, "bucketq.core.format": {"bucketq.errors"},
+             "bucketq.cli.common": {"bucketq.queue"}}
+    assert upward_imports(graph, tmp_path) == ["bucketq.shell.text_views -> bucketq.queue"]
 
 
 def test_the_graph_reads_relative_and_lazy_imports_and_skips_type_checking_ones(tmp_path: Path) -> None:
