@@ -597,7 +597,9 @@ async def test_the_housekeeping_lease_is_handed_over_when_its_holder_is_killed(m
     try:
         await eventually(lambda: keeper().endswith(f":{holder.pid}"), timeout=60, what="a first holder")
         other = _run_consumer(mongo_uri, db_name, *flags)
-        await asyncio.sleep(4 * 5 * round_s)  # the other's tries meanwhile fail: the holder renews its lease
+        # the other's tries meanwhile fail: the holder renews its lease (two leases and a round: a holder that
+        # stopped renewing would have lost it by then; four leases were 4.5 s more of waiting)
+        await asyncio.sleep(2 * 5 * round_s + round_s)
         assert other.poll() is None and keeper().endswith(f":{holder.pid}")
         holder.kill()
         assert await asyncio.to_thread(holder.wait, 30) == -9
