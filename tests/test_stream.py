@@ -214,6 +214,25 @@ async def test_a_reader_hands_out_no_more_of_a_bucket_once_its_lease_may_have_ru
     assert await slow.flush() == [Position(1, 0)]  # dropped as a lost lease
 
 
+async def test_a_finished_claim_with_a_document_id_from_an_earlier_build_settles_its_bucket(make_stream, sync_db):
+    # Claims were keyed {g, e, s} before their _id became a string: such a claim still counts, found by its fields,
+    # and retention deletes it once behind the group.
+    stream = make_stream(bucket_max_size=2)
+    assert [p.seq for p in await stream.push_many(["a", "b"])] == [1, 1]
+    await stream.flush()
+    assert [p.seq for p in await stream.push_many(["c"])] == [2]
+    await stream.reset("g", "beginning")
+    (group,) = await stream.groups()
+    old = {"g": "g", "e": group.epoch, "s": 1}
+    sync_db["ev.claims"].insert_one({"_id": old, **old, "fin": True, "done": [0, 1], "by": "old",
+                                     "lease": {"token": "old", "owner": "host:1", "until": utc_now()}})
+    async with stream.reader("g") as reader:
+        assert [m.payload for m in await read_all(reader, want=1)] == ["c"]
+    assert (await stream.stats())["groups"]["g"]["position"] == "3:0"
+    await stream.apply_retention()
+    assert sync_db["ev.claims"].count_documents({"_id": old}) == 0
+
+
 async def test_the_cli_view_of_group_names_refuses_bad_names(make_stream):
     stream = make_stream()
     for bad in ("", "a\0b", 3):

@@ -20,7 +20,7 @@ class HeldStreamBucket:
     seq: int
     partition: int
     epoch: int
-    cid: dict[str, Any]
+    cid: Any  # the claim's _id (``stream_claims.claim_id``; a document in claims written before it was a string)
     token: str
     codec: str
     payloads: list[str | bytes | Mapping[str, Any]]
@@ -46,7 +46,7 @@ class HeldStreamBucket:
                 or part.partitioned and doc.get("pt") != part.number):
             raise MalformedBucket(f"stream bucket {doc.get('_id')!r} does not match format version {part.version}")
         headers = doc.get("h") or [None] * len(payloads)
-        held = cls(seq=part.seq_of(doc), partition=part.number, epoch=epoch, cid=dict(claim_doc["_id"]),
+        held = cls(seq=part.seq_of(doc), partition=part.number, epoch=epoch, cid=claim_doc["_id"],
                    token=token, codec=doc["enc"],
                    payloads=payloads, headers=headers, created=as_utc(doc["created"]),
                    done={i for i in claim_doc.get("done", []) if isinstance(i, int)})
