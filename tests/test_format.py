@@ -288,8 +288,9 @@ async def test_stream_documents_match_the_format(queue_target, db_name, sync_db,
     for doc in claims:
         check(doc, "stream-claim-fields", *(("stream-partitioned-claim-fields",) if v2 else ()))
         check(doc["lease"], "lease-fields")
-        key = {"g": doc["g"], "e": doc["e"], **({"pt": doc["pt"]} if v2 else {}), "s": doc["s"]}
-        assert doc["_id"] == key
+        # a string: the test server's H2 backend loses track of document-valued _ids (core.stream_claims)
+        where = f"{doc['pt']}/{doc['s']}" if v2 else str(doc["s"])
+        assert doc["_id"] == f"{doc['e']}:{where}:{doc['g']}"
 
 
 async def test_rate_limit_windows_match_the_format(make_queue, sync_db):

@@ -198,6 +198,41 @@ async def test_a_reader_whose_lease_passed_to_another_cannot_finish_the_bucket(m
     assert (await stream.stats())["groups"]["g"]["lag_messages"] == 0
 
 
+async def test_a_reader_hands_out_no_more_of_a_bucket_once_its_lease_may_have_run_out(make_stream):
+    # The soak saw a reader hand out slots of a bucket after its group had committed past it: its lease had run out
+    # (flushes failing through a server stall), another reader of the group had claimed, read and finished it.
+    stream = make_stream(lease=30, state_flush_period=10, bucket_max_size=4)  # no flush extends the lease
+    await stream.push_many(["a", "b"])
+    slow = stream.reader("g", start="beginning")
+    assert [m.payload for m in await slow.read_many(1, timeout=1)] == ["a"]  # "b" is held, not handed out yet
+    clock = stream.clock
+    clock._anchor(clock._server_s + 31, clock._mono_s, clock._error_s)  # the server's clock passes the lease's end
+    fast = stream.reader("g")
+    assert [m.payload for m in await read_all(fast, want=2)] == ["a", "b"]
+    assert (await stream.stats())["groups"]["g"]["position"] == "2:0"
+    assert await slow.read_many(10, timeout=0) == []  # not "b" again, behind the committed position
+    assert await slow.flush() == [Position(1, 0)]  # dropped as a lost lease
+
+
+async def test_a_finished_claim_with_a_document_id_from_an_earlier_build_settles_its_bucket(make_stream, sync_db):
+    # Claims were keyed {g, e, s} before their _id became a string: such a claim still counts, found by its fields,
+    # and retention deletes it once behind the group.
+    stream = make_stream(bucket_max_size=2)
+    assert [p.seq for p in await stream.push_many(["a", "b"])] == [1, 1]
+    await stream.flush()
+    assert [p.seq for p in await stream.push_many(["c"])] == [2]
+    await stream.reset("g", "beginning")
+    (group,) = await stream.groups()
+    old = {"g": "g", "e": group.epoch, "s": 1}
+    sync_db["ev.claims"].insert_one({"_id": old, **old, "fin": True, "done": [0, 1], "by": "old",
+                                     "lease": {"token": "old", "owner": "host:1", "until": utc_now()}})
+    async with stream.reader("g") as reader:
+        assert [m.payload for m in await read_all(reader, want=1)] == ["c"]
+    assert (await stream.stats())["groups"]["g"]["position"] == "3:0"
+    await stream.apply_retention()
+    assert sync_db["ev.claims"].count_documents({"_id": old}) == 0
+
+
 async def test_the_cli_view_of_group_names_refuses_bad_names(make_stream):
     stream = make_stream()
     for bad in ("", "a\0b", 3):
@@ -214,6 +249,19 @@ async def test_a_lost_insert_reply_stores_the_bucket_once(make_stream, memory_db
     assert lost.hits == 1 and positions == [Position(1, 0), Position(1, 1)]
     assert memory_db.sync["ev"].count_documents({}) == 1
     assert [m.payload for m in await read_all(stream.reader("g", start="beginning"), want=2)] == ["a", "b"]
+
+
+async def test_a_connection_cut_under_a_read_is_retried_not_raised(make_stream, memory_db):
+    # As the queue's consumer does: a transient error of a look (here the claim's request lost on its way, then the
+    # scan's reply) is looked at again within the read's timeout, not raised to the caller as AutoReconnect.
+    stream = make_stream(target=memory_db)
+    await stream.push_many(["a", "b"])
+    cut = memory_db.faults.refuse("find_one_and_update", "findAndModify", collection="ev.claims")
+    lost = memory_db.faults.lose_reply("find", collection="ev", times=1)
+    async with stream.reader("g", start="beginning") as reader:
+        got = await reader.read_many(10, timeout=30)
+        assert [m.payload for m in got] == ["a", "b"]
+    assert cut.hits == 1 and lost.hits == 1
 
 
 async def test_a_producer_killed_between_allocation_and_insert_stalls_readers_only_for_gap_wait(make_stream,

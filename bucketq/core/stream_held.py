@@ -20,7 +20,7 @@ class HeldStreamBucket:
     seq: int
     partition: int
     epoch: int
-    cid: dict[str, Any]
+    cid: Any  # the claim's _id (``stream_claims.claim_id``; a document in claims written before it was a string)
     token: str
     codec: str
     payloads: list[str | bytes | Mapping[str, Any]]
@@ -29,6 +29,13 @@ class HeldStreamBucket:
     done: set[int]  # acked (or skipped) and written to the claim
     next_slot: int = 0
     acked: set[int] = field(default_factory=set)  # acked, not yet written
+    until: dt.datetime | None = None  # the lease's end as last written (server time); None: not known
+
+    def serves_at(self, latest: dt.datetime) -> bool:
+        """Whether its slots may still be handed out: ``latest`` (the latest the server's clock can read now) is
+        short of the lease's end. Past it, another reader of the group may have claimed the bucket, read it and
+        moved the group's committed position past it."""
+        return self.until is None or latest < self.until
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any], part: Partition, claim_doc: Mapping[str, Any], epoch: int,
@@ -39,10 +46,13 @@ class HeldStreamBucket:
                 or part.partitioned and doc.get("pt") != part.number):
             raise MalformedBucket(f"stream bucket {doc.get('_id')!r} does not match format version {part.version}")
         headers = doc.get("h") or [None] * len(payloads)
-        held = cls(seq=part.seq_of(doc), partition=part.number, epoch=epoch, cid=dict(claim_doc["_id"]),
+        held = cls(seq=part.seq_of(doc), partition=part.number, epoch=epoch, cid=claim_doc["_id"],
                    token=token, codec=doc["enc"],
                    payloads=payloads, headers=headers, created=as_utc(doc["created"]),
                    done={i for i in claim_doc.get("done", []) if isinstance(i, int)})
+        lease = claim_doc.get("lease")
+        if isinstance(lease, Mapping) and isinstance(lease.get("until"), dt.datetime):
+            held.until = as_utc(lease["until"])
         held.next_slot = 0
         return held
 

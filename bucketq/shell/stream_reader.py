@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import time
 from collections.abc import Generator, Iterable
 from typing import Any, Protocol, TypeVar
@@ -31,6 +32,7 @@ from bucketq.core import reader_groups, stream_claims, stream_read, stream_step
 from bucketq.core.claims import new_token, owner_name
 from bucketq.core.conversation import carry_async
 from bucketq.core.reader_groups import ReaderGroup
+from bucketq.core.retry import is_transient
 from bucketq.core.stream_format import Partition, Position
 from bucketq.core.stream_gaps import HoleWatch
 from bucketq.core.stream_held import HeldStreamBucket
@@ -38,11 +40,13 @@ from bucketq.core.stream_read import ReadStep
 from bucketq.errors import InvalidOption, LeaseLost, QueueClosed
 from bucketq.options import StreamOptions, check_timeout
 from bucketq.shell.clock import ServerClock
+from bucketq.shell.redaction import redact
 from bucketq.shell.wakeup import Wakeup
 from bucketq.store.aio.base import raise_if_cancelled
 from bucketq.store.aio.stream_store import RECHECK_S, AsyncStreamStore
 
 T = TypeVar("T")
+log = logging.getLogger("bucketq")
 
 
 class Stream(Protocol):
@@ -133,7 +137,7 @@ class StreamReader:
                 return messages
             if must_look or self._wakeup.ready:
                 must_look = False
-                claimed = await self._claim_next()
+                claimed = await self._look()
                 # a reset (the look at the group) or a lost lease drops buckets: their messages are read again
                 messages = [m for m in messages if self._held.get(m._held.key) is m._held]
                 if claimed:
@@ -165,8 +169,16 @@ class StreamReader:
                                       required=bool(self._options.queue.change_streams))
 
     def _take(self, n: int) -> list[StreamMessage]:
+        """Up to ``n`` messages of the buckets held, only from those whose lease no reading of the clock puts past
+        its end (as the queue's consumer serves): a bucket whose lease ran out (flushes failed through a stall or a
+        cut) may be another reader's already, read and committed past; it is dropped, as a lost lease."""
         out: list[StreamMessage] = []
-        for held in self._held.values():
+        latest = self._stream.clock.latest()
+        for held in list(self._held.values()):
+            if not held.serves_at(latest):
+                del self._held[held.key]
+                self._lost.append(held.position)
+                continue
             codec = codec_for(held.codec, self._stream.codec)
             for slot in held.take(n - len(out)):
                 out.append(StreamMessage(Position(held.seq, slot, held.partition), codec.load(held.payloads[slot]),
@@ -210,6 +222,19 @@ class StreamReader:
 
     async def _group(self) -> ReaderGroup:
         return await self._converse(stream_read.current_group(self.group, self._store.parts))
+
+    async def _look(self) -> bool:
+        """``_claim_next``, its transient errors (a connection cut, a server restart) survived as the queue's consumer
+        survives them: looked at again after the poll delay, within the read's timeout. A claim whose reply was lost
+        leaves its bucket to come back when its lease ends; a commit not written is written by a later look."""
+        try:
+            return await self._claim_next()
+        except PyMongoError as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("stream read of group %r failed, will retry: %s", self.group, redact(str(exc)))
+            self._wakeup.failed()
+            return False
 
     async def _claim_next(self) -> bool:
         """In each partition in turn (those a wake-up named first): commit what the group has settled, then claim
@@ -302,6 +327,7 @@ class StreamReader:
             applied = await self._store.extend_claim(held.cid, held.token, until, unwritten)
             if applied:
                 held.written(unwritten)
+                held.until = until
             elif self._held.get(held.key) is held:
                 del self._held[held.key]
                 self._lost.append(held.position)

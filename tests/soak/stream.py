@@ -69,10 +69,13 @@ async def _read(ctx: role.Context, s: bucketq.Stream, group: str, i: int) -> Non
                 print(f"{h.proc}: read failed: {exc}", file=sys.stderr)
                 await ctx.pause(0.2)
                 continue
+            # Every read of the batch is written first: an ack that completes a bucket waits on the server (a
+            # stall: seconds), and a read written after it could land after a commit that came later.
             for m in messages:
                 h.op("read", stream=s.name, reader_group=group, partition=m.position.partition,
                      position=as_int(m.position), seq=m.position.seq, slot=m.position.slot, id=str(m.position),
                      reader=i)
+            for m in messages:
                 try:
                     await m.ack()
                 except (bucketq.BucketqError, PyMongoError):

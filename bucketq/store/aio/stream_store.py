@@ -288,7 +288,7 @@ class AsyncStreamStore:
         """Delete ``group``'s claims that count for nothing any more (``stream_retention.claims_behind``)."""
         await self.claims.delete_many(stream_retention.claims_behind(group))
 
-    async def extend_claim(self, cid: dict, token: str, until: dt.datetime, done: list[int]) -> bool:
+    async def extend_claim(self, cid: Any, token: str, until: dt.datetime, done: list[int]) -> bool:
         """Record the ``done`` slots of the claim ``cid`` and move its lease's end to ``until``
         (``stream_claims.extend_claim``), if the reader of ``token`` still holds it; True when applied."""
         return await self.update_claim(stream_claims.claimed_by(cid, token), stream_claims.extend_claim(until, done))

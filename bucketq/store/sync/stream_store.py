@@ -279,7 +279,7 @@ class StreamStore:
         """Delete ``group``'s claims that count for nothing any more (``stream_retention.claims_behind``)."""
         self.claims.delete_many(stream_retention.claims_behind(group))
 
-    def extend_claim(self, cid: dict, token: str, until: dt.datetime, done: list[int]) -> bool:
+    def extend_claim(self, cid: Any, token: str, until: dt.datetime, done: list[int]) -> bool:
         """Record the ``done`` slots of the claim ``cid`` and move its lease's end to ``until``
         (``stream_claims.extend_claim``), if the reader of ``token`` still holds it; True when applied."""
         return self.update_claim(stream_claims.claimed_by(cid, token), stream_claims.extend_claim(until, done))
