@@ -307,6 +307,21 @@ def test_a_flat_series_does_not_grow_a_growing_one_does_and_the_oplog_is_not_jud
     assert trends.growing(found.values()) == [found[("worker-2.g1", "rss_bytes")]]
 
 
+def test_document_counts_are_judged_from_when_their_retention_has_passed_and_not_in_a_run_too_short_for_it() -> None:
+    # 40 samples 5 s apart: tombstones pile up for their first 100 s (kept a while, then swept), then level off
+    tombstones = [1000.0 * min(i, 20) for i in range(40)]
+    [settled] = trends.trends(samples("server", "docs.jobs.tombstones", tombstones), settle_s=100)
+    assert settled.judged and not settled.grows and settled.second_quarter == 20000
+    [unsettled] = trends.trends(samples("server", "docs.jobs.tombstones", tombstones))
+    assert unsettled.grows  # compared from the second quarter, the pile-up looks like a leak
+    [leak] = trends.trends(samples("server", "docs.jobs.tombstones", [1000.0 * i for i in range(40)]), settle_s=100)
+    assert leak.grows
+    [short] = trends.trends(samples("server", "docs.jobs.tombstones", tombstones), settle_s=150)
+    assert not short.judged  # no quarter between the settling and the last quarter
+    [rss] = trends.trends(samples("worker-1.g1", "rss_mb", [100.0] * 40), settle_s=150)
+    assert rss.judged  # the settling is the document counts' only
+
+
 @pytest.mark.parametrize(("metric", "before", "after", "grows"), [
     ("tasks", 10.0, 20.0, False),  # doubled, but within the 50 tasks a busy process may gain
     ("tasks", 10.0, 70.0, True),

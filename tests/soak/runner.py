@@ -42,12 +42,14 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from bucketq.core.claims import LIVE
+from bucketq.core.housekeeping import HOUSEKEEPING_EVERY_S
 from bucketq.shell.redaction import redact
 from tests.proxy import TcpProxy
 from tests.soak import faults, role
 from tests.soak.consumer import BATCH as CONSUMER_BATCH
 from tests.soak.handlers import HANDLER_TIMEOUT_S
 from tests.soak.history import History
+from tests.soak.stream import RETENTION_S as STREAM_RETENTION_S
 from tests.stress.common import die_with_parent
 from tests.stress.harness import FENCED_WRITES, host_port, is_fenced
 
@@ -66,6 +68,9 @@ ROLES: dict[str, tuple[str, int, dict[int, list[str]]]] = {
 WRITERS = ("producer", "relay")  # stopped first at the drain
 CLOCK_STEPPED = ("worker", "consumer")
 SAMPLE_S = 3.0
+# How long the document counts kept for a time take to level off: the longest a run keeps them (the stream's
+# retention, tombstones), then a housekeeping round to delete them. The trends compare those counts from there on.
+DOCUMENTS_SETTLE_S = max(role.TOMBSTONES_KEPT_S, STREAM_RETENTION_S) + HOUSEKEEPING_EVERY_S
 READY_S = 120.0
 PROGRESS_S = 10.0
 TICK_S = 0.1
@@ -540,7 +545,8 @@ def verdict(run_dir: Path, *, plot: bool, embedded: bool) -> tuple[dict[str, Any
     rules = {r.name: {"cases": r.cases, "violations": len(r.violations), "passed": r.passed} for r in result.rules}
     failures = [f"rule {r.name}: {len(r.violations)} violations, {r.cases} cases" for r in result.rules
                 if not r.passed]
-    found = trends.check_trends(run_dir, (*trends.NOT_JUDGED, "cursors.") if embedded else trends.NOT_JUDGED)
+    found = trends.check_trends(run_dir, (*trends.NOT_JUDGED, "cursors.") if embedded else trends.NOT_JUDGED,
+                                settle_s=DOCUMENTS_SETTLE_S)
     growing = trends.growing(found)
     failures += [f"trend {t.proc} {t.metric}: grows from {t.second_quarter:.4g} to {t.last_quarter:.4g}"
                  for t in growing]

@@ -4,8 +4,11 @@ The rule: a series (one process's, or the server's, samples of one metric, by ``
 its last quarter of samples exceeds the mean of its second quarter by more than ``MARGIN`` (20%) of it **and** by
 more than the floor of its kind of metric (``FLOORS``: what a busy process may gain without leaking, e.g. 32 MB
 of RSS, 50 asyncio tasks, 1,000 documents). The first quarter is left out: it is the warm-up (pools filling,
-caches, imports). A series of fewer than ``MIN_SAMPLES`` samples, and the test server's oplog (metrics
-``server.oplog.*``, which grows with every write by design), are reported but not judged.
+caches, imports). Document counts kept for a time (``docs.*``: tombstones, inbox entries, dead letters) warm up
+longer: they level off only once their retention and a housekeeping round have passed (``settle_s``), so their
+baseline is the quarter after that, and a run too short to hold it before its last quarter does not judge them. A
+series of fewer than ``MIN_SAMPLES`` samples, and the test server's oplog (metrics ``server.oplog.*``, which grows
+with every write by design), are reported but not judged.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 MARGIN = 0.20
 MIN_SAMPLES = 8
 NOT_JUDGED = ("server.oplog.",)  # metrics reported, never judged (by prefix)
+SETTLING = ("docs.",)  # metrics that level off only after their retention (by prefix)
 # Floors by the first of these parts found in the metric's name (its unit or what it counts); else DEFAULT_FLOOR.
 FLOORS: tuple[tuple[str, float], ...] = (("_mb", 32.0), ("_bytes", 32.0 * 2**20), ("tasks", 50.0),
                                          ("connections", 10.0), ("cursors", 10.0), ("docs.", 1000.0),
@@ -68,22 +72,32 @@ def series(samples: Iterable[dict[str, Any]]) -> dict[tuple[str, str], list[tupl
 
 
 def trend(proc: str, metric: str, points: list[tuple[float, float]],
-          not_judged: tuple[str, ...] = NOT_JUDGED) -> Trend:
+          not_judged: tuple[str, ...] = NOT_JUDGED, settle_s: float = 0.0) -> Trend:
     """The verdict on one series (the rule in the module's docstring); metrics starting with one of
-    ``not_judged`` are reported only."""
+    ``not_judged`` are reported only, and document counts are compared from ``settle_s`` after the first sample
+    (``at`` in milliseconds) on."""
     values = [v for _, v in points]
     quarter = len(values) // 4
     if quarter == 0:
         return Trend(proc, metric, len(values), 0.0, 0.0, judged=False, grows=False)
-    second, last = fmean(values[quarter:2 * quarter]), fmean(values[-quarter:])
-    judged = len(values) >= MIN_SAMPLES and not metric.startswith(not_judged)
+    start = quarter
+    if metric.startswith(SETTLING):
+        start = max(start, next((i for i, (at, _) in enumerate(points) if at - points[0][0] >= settle_s * 1000),
+                                len(values)))
+    baseline_end = min(start + quarter, len(values))
+    second = fmean(values[start:baseline_end]) if start < baseline_end else 0.0
+    last = fmean(values[-quarter:])
+    judged = (len(values) >= MIN_SAMPLES and not metric.startswith(not_judged)
+              and baseline_end <= len(values) - quarter)
     grows = judged and last - second > max(MARGIN * abs(second), floor(metric))
     return Trend(proc, metric, len(values), second, last, judged, grows)
 
 
-def trends(samples: Iterable[dict[str, Any]], not_judged: tuple[str, ...] = NOT_JUDGED) -> list[Trend]:
+def trends(samples: Iterable[dict[str, Any]], not_judged: tuple[str, ...] = NOT_JUDGED,
+           settle_s: float = 0.0) -> list[Trend]:
     """Every series' verdict."""
-    return [trend(proc, metric, points, not_judged) for (proc, metric), points in sorted(series(samples).items())]
+    return [trend(proc, metric, points, not_judged, settle_s)
+            for (proc, metric), points in sorted(series(samples).items())]
 
 
 def read_resources(run_dir: Path | str) -> list[dict[str, Any]]:
@@ -99,9 +113,10 @@ def read_resources(run_dir: Path | str) -> list[dict[str, Any]]:
     return samples
 
 
-def check_trends(run_dir: Path | str, not_judged: tuple[str, ...] = NOT_JUDGED) -> list[Trend]:
+def check_trends(run_dir: Path | str, not_judged: tuple[str, ...] = NOT_JUDGED,
+                 settle_s: float = 0.0) -> list[Trend]:
     """Every series' verdict for the run in ``run_dir``."""
-    return trends(read_resources(run_dir), not_judged)
+    return trends(read_resources(run_dir), not_judged, settle_s)
 
 
 def growing(found: Iterable[Trend]) -> list[Trend]:
