@@ -11,16 +11,16 @@ import pytest
 
 from tests.cli_runner import BQ, REPO, Zygote, cli_env
 
-# refused at once (the CLI still waits 3 s for it); the password must not be shown
-UNREACHABLE = "mongodb://app:pa55-zygote@127.0.0.1:1/app?serverSelectionTimeoutMS=300"
+# refused at once (the CLI waits its --connect-timeout for it); the password must not be shown
+UNREACHABLE = "mongodb://app:pa55-zygote@127.0.0.1:1/app"
 
 COMMANDS = [
     (["--help"], None),
     (["--version"], None),
     (["no-such-command"], None),
     (["peek", "events", "-n", "not-a-number"], None),
-    (["stats", "--uri", UNREACHABLE], None),
-    (["push", "events", "{not json", "--uri", UNREACHABLE], None),
+    (["stats", "--uri", UNREACHABLE, "--connect-timeout", "0.3"], None),
+    (["push", "events", "{not json", "--uri", UNREACHABLE, "--connect-timeout", "0.3"], None),
 ]
 
 
