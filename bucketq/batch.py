@@ -154,7 +154,8 @@ class BatchQueue:
     def _synced(self) -> ServerClock:
         if self._clock.stale:
             with self._reaching():
-                retrying(lambda _: self._clock.sync_blocking(self.database), timeout_s=self.op_timeout_s)
+                retrying(lambda _: self._clock.sync_blocking(self.database, self.op_timeout_s),
+                         timeout_s=self.op_timeout_s)
         return self._clock
 
     # -- claim ---------------------------------------------------------------------------------------------

@@ -229,7 +229,8 @@ class SyncProducer(PushEncoder):
         with self._setting_up, reaching(self._uri, "setting up the queue",
                                         f"write_timeout {self.options.write_timeout:g} s"):
             if self._clock.stale:
-                retrying(lambda _: self._clock.sync_blocking(self.database), timeout_s=self.options.write_timeout)
+                retrying(lambda _: self._clock.sync_blocking(self.database, self.options.write_timeout),
+                         timeout_s=self.options.write_timeout)
             if not self._indexed:
                 retrying(lambda _: self._store.ensure_indexes(), timeout_s=self.options.write_timeout)
                 self._indexed = True

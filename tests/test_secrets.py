@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import traceback
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
@@ -134,6 +135,17 @@ async def test_an_unreachable_server_is_a_bucketq_error(entry: str, closed_port:
     assert f": 127.0.0.1:{closed_port}: " in message  # what the server said
     assert isinstance(caught.value, ServerSelectionTimeoutError)  # caught as before bucketq wrapped it
     assert_hidden(_shown(caught.value), everything_logged())
+
+
+@pytest.mark.parametrize("entry", ["Queue", "Stream", "BatchQueue"])
+async def test_an_unreachable_server_fails_within_the_write_timeout_the_error_names(entry: str,
+                                                                                   closed_port: int) -> None:
+    # no serverSelectionTimeoutMS in the URI: the driver's own is 30 s, which the first contact must not wait out
+    with pytest.raises(bucketq.ServerUnreachable) as caught:
+        await LIBRARY[entry](f"mongodb://127.0.0.1:{closed_port}/shop")
+    tried = re.search(r"tried [a-z ]+ for ([0-9.]+) s \((?:write|op)_timeout(?:_s)? 0.3 s\)", str(caught.value))
+    assert tried is not None, str(caught.value)
+    assert float(tried[1]) < 10, "it waited for the driver's server selection, not its own timeout"
 
 
 def test_an_unreachable_server_is_said_once_with_its_uri_and_without_pymongos_topology() -> None:

@@ -19,6 +19,8 @@ import math
 import time
 from typing import Any
 
+import pymongo
+
 from bucketq.core.format import UTC, as_utc
 
 RESYNC_EVERY_S = 300.0
@@ -104,17 +106,21 @@ class ServerClock:
         REFINE_ABOVE_S. Asked before every reserve: one comparison with the span set at the last sync."""
         return self._synced_at is None or time.monotonic() - self._synced_at > self._fresh_for
 
-    async def sync(self, database: Any) -> None:
-        """Measure the server clock with one ``isMaster`` round trip (async clients)."""
+    async def sync(self, database: Any, within_s: float | None = None) -> None:
+        """Measure the server clock with one ``isMaster`` round trip (async clients), given up after ``within_s``
+        if given, finding a server included: it is a queue's first contact with the server, where a wrong address
+        shows, and the driver's own server selection waits 30 s unless the URI says otherwise."""
         sent = time.monotonic()
-        reply = await database.client.admin.command("isMaster")
+        with pymongo.timeout(within_s):
+            reply = await database.client.admin.command("isMaster")
         self._take(sent, time.monotonic(), reply)
 
-    def sync_blocking(self, database: Any) -> None:
+    def sync_blocking(self, database: Any, within_s: float | None = None) -> None:
         """The same for a synchronous ``Database`` (the Spark driver's shells; also ``bucketq.memory``'s
         ``SyncDatabase``): ``isMaster`` runs on any database."""
         sent = time.monotonic()
-        reply = database.command("isMaster")
+        with pymongo.timeout(within_s):
+            reply = database.command("isMaster")
         self._take(sent, time.monotonic(), reply)
 
     def _take(self, sent: float, received: float, reply: Any) -> None:

@@ -42,7 +42,8 @@ class SetUp:
 
     async def _set_up(self, write: bool) -> None:
         if self._clock.stale:
-            await self._retrying("reading the server clock", lambda: self._clock.sync(self._connection.database))
+            database = self._connection.database
+            await self._retrying("reading the server clock", lambda: self._clock.sync(database, self._timeout_s))
         if write and not self.indexed:
             await self._retrying("creating the indexes", self._ensure_indexes)
             self.indexed = True
