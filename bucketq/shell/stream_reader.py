@@ -176,8 +176,7 @@ class StreamReader:
         latest = self._stream.clock.latest()
         for held in list(self._held.values()):
             if not held.serves_at(latest):
-                del self._held[held.key]
-                self._lost.append(held.position)
+                self._drop_lost(held)
                 continue
             codec = codec_for(held.codec, self._stream.codec)
             for slot in held.take(n - len(out)):
@@ -329,10 +328,14 @@ class StreamReader:
                 held.written(unwritten)
                 held.until = until
             elif self._held.get(held.key) is held:
-                del self._held[held.key]
-                self._lost.append(held.position)
+                self._drop_lost(held)
         lost, self._lost = self._lost, []
         return lost
+
+    def _drop_lost(self, held: HeldStreamBucket) -> None:
+        """Let go of ``held``, whose lease is lost: the next ``flush()`` reports its position."""
+        del self._held[held.key]
+        self._lost.append(held.position)
 
     async def _flush_loop(self) -> None:
         while True:
