@@ -239,9 +239,11 @@ async def test_a_message_nacked_before_its_holder_heard_of_the_cancel_is_cancell
     await message.nack(60, error="later")  # in memory: its retry copy is written at the drain
     assert await producer.cancel(message_id) == "requested"
     await consumer.drain()
-    assert (await producer.stats())["scheduled"] == 1  # the nack kept its outcome
+    # Counted by the consumer's clock, which dated the drain's release: by the producer's, whose latest reading may
+    # be a millisecond behind the consumer's estimate, the unserved message can count as scheduled for a moment.
+    assert (await consumer.stats())["scheduled"] == 1  # the nack kept its outcome
     assert await producer.cancel(message_id) == "cancelled"  # found in its retry bucket
-    assert (await producer.stats())["scheduled"] == 0
+    assert (await consumer.stats())["scheduled"] == 0
     assert _record(sync_db, message_id)["cancelled"] is True
 
 
