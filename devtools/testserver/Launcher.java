@@ -1,5 +1,8 @@
+import java.lang.reflect.Field;
 import java.time.Instant;
 import java.util.List;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.atomic.AtomicLong;
 
 import de.bwaldvogel.mongo.MongoBackend;
 import de.bwaldvogel.mongo.MongoCollection;
@@ -57,6 +60,14 @@ import de.bwaldvogel.mongo.bson.Document;
  * older than N seconds are deleted every N/4 seconds, as a capped oplog drops its oldest: a change stream that
  * resumes from further back misses what was dropped (MongoDB refuses it instead; bucketq opens its streams from
  * a second ago). The oplog does not log deletes from itself.
+ *
+ * <p>Cursor ids. mongo-java-server numbers cursors 1, 2, 3, ... from each start, and its getMore looks a cursor up
+ * by id alone. After a restart, a client's getMore on a cursor of the server that went (a change stream's, sent on
+ * a new connection) then reads whichever new cursor got that number, another client's on another collection:
+ * the stream answers, empty, and never hears of its own collection again. MongoDB's cursor ids are random 64-bit
+ * numbers, and a cursor the server does not know is refused (CursorNotFound), which the driver resumes from. The
+ * launcher starts the count at a random number (a private field, set by reflection), so that ids do not repeat
+ * across restarts and such a getMore is refused as on MongoDB.
  */
 public class Launcher {
     /** MongoDB 4.4: wire version 9. */
@@ -78,6 +89,7 @@ public class Launcher {
         if (!Boolean.getBoolean("bucketq.shippedHandshake")) {
             backend.version(MONGODB_4_4);
         }
+        randomizeCursorIds(backend);
         MongoServer server = new MongoServer(backend);
         server.enableOplog();
         long windowS = Long.getLong("bucketq.oplogWindowS", 0L);
@@ -95,6 +107,17 @@ public class Launcher {
             System.exit(0);
         }
         Thread.currentThread().join();
+    }
+
+    /** Starts the backend's cursor ids at a random number below 2^62 (room for any run's count above it). */
+    static void randomizeCursorIds(MongoBackend backend) throws ReflectiveOperationException {
+        Field registryField = Class.forName("de.bwaldvogel.mongo.backend.AbstractMongoBackend")
+            .getDeclaredField("cursorRegistry");
+        registryField.setAccessible(true);
+        Object registry = registryField.get(backend);
+        Field counterField = registry.getClass().getDeclaredField("cursorIdCounter");
+        counterField.setAccessible(true);
+        ((AtomicLong) counterField.get(registry)).set(ThreadLocalRandom.current().nextLong(1L << 32, 1L << 62));
     }
 
     /** Deletes, every windowS / 4 seconds, the oplog entries older than windowS seconds (a daemon thread). */
