@@ -15,6 +15,14 @@ from bucketq.core.strays import claimable
 _EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _LATEST = dt.datetime(9999, 12, 31, tzinfo=dt.timezone.utc)
 
+# A bucket's messages left, ``n - |done|``: 0 for a malformed document (a string ``n`` would make ``$subtract``
+# raise, and one bad document must not fail the whole aggregation). ``$ifNull`` although ``done`` was just found an
+# array: the test server evaluates a ``$project`` on the live document, which a finish in another thread can turn
+# into a tombstone (no ``done``) between the test and the ``$size``; a real MongoDB reads a snapshot.
+_COUNTED = {"$and": [{"$gte": ["$n", 1]}, {"$lte": ["$n", MAX_BUCKET_SIZE]}, {"$isArray": "$done"}]}
+_LEFT = {"$cond": [_COUNTED, {"$subtract": ["$n", {"$size": {"$ifNull": ["$done", []]}}]}, 0]}
+_LEASED = {"$ne": [{"$ifNull": ["$lease", None]}, None]}
+
 STATS_KEYS = ("ready", "scheduled", "in_flight", "dead", "quarantined", "buckets", "oldest_ready_age_s",
               "ready_by_priority")
 
@@ -24,16 +32,12 @@ def stats_pipeline(now: dt.datetime, partitions: int) -> list[dict[str, Any]]:
     the same pass: ``shape_stats`` adds them up). A claimed bucket's ``due`` is its lease
     expiry, so "claimed and due later" is in flight, and an expired lease counts as ready again.
     Tombstones are left out, and so are the documents no claim can take (``core.strays``: counted apart, as not
-    buckets). A malformed document counts as a bucket with no messages: one bad document
-    must not make the whole aggregation fail (a string ``n`` would make ``$subtract`` raise)."""
-    counted = {"$and": [{"$gte": ["$n", 1]}, {"$lte": ["$n", MAX_BUCKET_SIZE]}, {"$isArray": "$done"}]}
-    left = {"$cond": [counted, {"$subtract": ["$n", {"$size": "$done"}]}, 0]}
+    buckets). A malformed document counts as a bucket with no messages (``_LEFT``)."""
     is_due = {"$lte": ["$due", now]}
-    leased = {"$ne": [{"$ifNull": ["$lease", None]}, None]}
     dated = {"$and": [{"$gte": ["$created", _EARLIEST]}, {"$lte": ["$created", _LATEST]}]}
     return [
         {"$match": {**LIVE, **claimable(partitions)}},
-        {"$project": {"left": left, "is_due": is_due, "leased": leased, PRIORITY: 1,
+        {"$project": {"left": _LEFT, "is_due": is_due, "leased": _LEASED, PRIORITY: 1,
                       "created": {"$cond": [dated, "$created", None]}}},
         {"$group": {
             "_id": f"${PRIORITY}",
@@ -61,15 +65,12 @@ def groups_pipeline(now: dt.datetime) -> list[dict[str, Any]]:
     """Ordered groups by what they wait for (``GROUP_STATES``): the first live bucket of each group, in place
     order, classified; then per state the number of groups, their messages left, and the latest ``due``
     among their first buckets (the latest lease expiry, retry time or recheck). Reads group buckets only."""
-    counted = {"$and": [{"$gte": ["$n", 1]}, {"$lte": ["$n", MAX_BUCKET_SIZE]}, {"$isArray": "$done"}]}
-    leased = {"$ne": [{"$ifNull": ["$lease", None]}, None]}
     state = {"$cond": [{"$and": ["$leased", {"$gt": ["$due", now]}]}, "served",
                        {"$cond": [{"$lte": ["$due", now]}, "ready", {"$cond": ["$w", "waiting", "retry"]}]}]}
     return [
         {"$match": {"g": {"$exists": True}, **LIVE}},
         {"$sort": {"g": 1, "s": 1}},
-        {"$project": {"g": 1, "due": 1, "leased": leased, "w": {"$eq": ["$w", True]},
-                      "left": {"$cond": [counted, {"$subtract": ["$n", {"$size": "$done"}]}, 0]}}},
+        {"$project": {"g": 1, "due": 1, "leased": _LEASED, "w": {"$eq": ["$w", True]}, "left": _LEFT}},
         {"$group": {"_id": "$g", "due": {"$first": "$due"}, "leased": {"$first": "$leased"}, "w": {"$first": "$w"},
                     "left": {"$sum": "$left"}}},
         {"$project": {"state": state, "due": 1, "left": 1}},
