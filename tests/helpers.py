@@ -17,6 +17,7 @@ from pymongo import monitoring
 from pymongo.errors import AutoReconnect
 
 import bucketq
+from bucketq.shell.collection_setup import stop
 from tests.proxy import TcpProxy
 
 # For a pytest run in a subprocess on a file of its own: this venv's plugins that such a run does not need (xdist,
@@ -162,6 +163,14 @@ async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0, want: int | Non
 async def served(q: Any, timeout: float = 0.5) -> list[Any]:
     """The payloads of ``drained(q, timeout)``'s messages, in the order they were served."""
     return [message.payload for message in await drained(q, timeout)]
+
+
+async def no_background_retention(stream: bucketq.Stream) -> None:
+    """Stop ``stream``'s retention round, started (and run at once) by its first write, so that the test's own
+    ``apply_retention()`` is the only one to delete: the round, slowed by a loaded machine, could still be running
+    once the test's pushes are written and delete a bucket the test counts."""
+    await stream.ready()
+    await stop(stream._life.housekeeping)
 
 
 def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name: str = "events",
