@@ -96,11 +96,13 @@ def answers(port: int) -> bool:
 
 async def read_all(reader: Any, *, ack: bool = True, timeout: float = 0.3, n: int = 100,
                    want: int | None = None) -> list[Any]:
-    """Every message a ``bucketq.StreamReader`` gets until none comes for ``timeout`` seconds (or, given ``want``,
-    until it has that many, its acks written, as the silence gave them time to be, then none other within a short
-    silence: a test that knows what must come need not wait out the whole silence after it), acked."""
+    """Every message a ``bucketq.StreamReader`` gets until none comes for ``timeout`` seconds, acked. Given
+    ``want``, a test that knows how many must come (as ``consume_all``): they may take up to PATIENCE_S
+    (``timeout`` unused), their acks are written, as the silence gave them time to be, and then no other may come
+    within a short silence."""
     out: list[Any] = []
-    while (want is None or len(out) < want) and (batch := await reader.read_many(n, timeout=timeout)):
+    wait = timeout if want is None else PATIENCE_S
+    while (want is None or len(out) < want) and (batch := await reader.read_many(n, timeout=wait)):
         for message in batch:
             if ack:
                 await message.ack()

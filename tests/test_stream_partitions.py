@@ -92,9 +92,9 @@ async def test_a_reader_killed_holding_a_bucket_of_one_partition_delays_only_tha
     dying._flusher.cancel()  # killed: its lease on that bucket runs out, unextended
     other = stream.reader("g")
     others = sorted(set(positions) - {m.position for m in held})
-    first = await read_all(other, timeout=2, want=len(others))  # the other partitions, before the lease ends
+    first = await read_all(other, want=len(others))  # the other partitions, before the lease ends
     assert sorted(m.position for m in first) == others
-    again = await read_all(other, timeout=5, want=1)  # then the dead reader's unwritten ack, after its lease
+    again = await read_all(other, want=1)  # then the dead reader's unwritten ack, after its lease
     assert [m.position for m in again] == [held[1].position]
 
 
@@ -161,6 +161,6 @@ async def test_a_reader_started_before_the_stream_exists_learns_its_partitions(m
     stream = make_stream()
     positions = await push_writes(stream, 4, per_write=1)
     assert (await stream.stats())["groups"]["other"]["position"] == "1:0 1/1:0 2/1:0 3/1:0"
-    got = await read_all(reader, timeout=1.5, want=4)  # it looks again within RECHECK_S; its group spreads over them
+    got = await read_all(reader, want=4)  # it looks again each RECHECK_S; its group spreads over them
     assert sorted(m.position for m in got) == sorted(positions) and len(early.store.parts) == 4
     assert (await stream.store.group("g")).positions == tuple(Position(2, 0, pt) for pt in range(4))
