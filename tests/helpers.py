@@ -167,12 +167,15 @@ async def served(q: Any, timeout: float = 0.5) -> list[Any]:
     return [message.payload for message in await drained(q, timeout)]
 
 
-async def no_background_retention(stream: bucketq.Stream) -> None:
-    """Stop ``stream``'s retention round, started (and run at once) by its first write, so that the test's own
-    ``apply_retention()`` is the only one to delete: the round, slowed by a loaded machine, could still be running
-    once the test's pushes are written and delete a bucket the test counts."""
-    await stream.ready()
-    await stop(stream._life.housekeeping)
+async def no_background_housekeeping(owner: bucketq.Queue | bucketq.Stream) -> None:
+    """Stop the background housekeeping round of ``owner``, so that the test's own ``purge_expired()`` or
+    ``apply_retention()`` is the only one to delete: a round, slowed by a loaded machine, could delete what the test
+    counts. A ``Queue``'s round starts at its first claim (call this after it); a ``Stream``'s at its first write,
+    made ready here."""
+    if isinstance(owner, bucketq.Stream):
+        await owner.ready()
+    assert owner._life.housekeeping is not None, "no housekeeping started yet"
+    await stop(owner._life.housekeeping)
 
 
 def lossy_queue(backend: str, make_queue: Callable[..., Any], request: Any, name: str = "events",

@@ -20,7 +20,7 @@ import bucketq
 from bucketq.core import claims
 from bucketq.core.format import BSON_LIMIT, FORMAT_VERSION, MAX_BUCKET_BYTES
 from bucketq.memory import Fault, Faults, Operation
-from tests.helpers import eventually, seconds_ago, served, server_proxy
+from tests.helpers import eventually, no_background_housekeeping, seconds_ago, served, server_proxy
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.backends("memory", "server")
@@ -121,6 +121,7 @@ async def test_a_stale_consumers_gathered_finish_is_refused_where_another_finish
     a, b = make_queue(**options), make_queue(**options)
     await a.push_many(list(range(2 * 64)))
     mine = [await a.reserve(timeout=5) for _ in range(64)]
+    await a._consumer._claiming.ahead_landed()  # bucket 2 is A's: B can only take bucket 1 over
     a._consumer._flushing.stop()  # A hangs: its leases are not extended
     theirs = [await b.reserve(timeout=5) for _ in range(64)]
     first = mine[0]._holding.held
@@ -644,7 +645,9 @@ def test_an_invalid_uri_error_does_not_show_the_password(uri):
 async def test_tombstones_are_reaped_after_their_retention(make_queue, sync_db):
     q = make_queue(**QUICK, write_timeout=0.2, tombstone_retention=0.5)
     await q.push("m")
-    await (await q.reserve(timeout=5)).ack(wait=True)
+    message = await q.reserve(timeout=5)
+    await no_background_housekeeping(q)  # its first round, slowed, could reap the tombstone during the sleep
+    await message.ack(wait=True)
     assert sync_db.events.count_documents({"fin": {"$exists": True}}) == 1
     assert (await q.purge_expired())["tombstones"] == 0
     await asyncio.sleep(0.6)

@@ -13,7 +13,7 @@ import pytest
 import bucketq
 from bucketq import Position
 from bucketq.core.stream_format import COUNTER_ID
-from tests.helpers import no_background_retention, read_all, utc_now
+from tests.helpers import no_background_housekeeping, read_all, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -144,7 +144,7 @@ async def test_a_reset_while_a_reader_holds_a_bucket_replays_it_whole(make_strea
 
 async def test_retention_by_messages_deletes_the_oldest_and_a_group_behind_counts_what_it_lost(make_stream, sync_db):
     stream = make_stream(bucket_max_size=2, retention_messages=4)
-    await no_background_retention(stream)
+    await no_background_housekeeping(stream)
     slow = stream.reader("slow", start="beginning")
     await slow.read(timeout=0)  # joins the group at the beginning
     for i in range(0, 10, 2):
@@ -161,7 +161,7 @@ async def test_retention_by_messages_deletes_the_oldest_and_a_group_behind_count
 
 async def test_retention_by_age_keeps_young_buckets(make_stream):
     stream = make_stream(retention_age=0.2)
-    await no_background_retention(stream)
+    await no_background_housekeeping(stream)
     await stream.push("old")
     await asyncio.sleep(0.3)
     await stream.push("young")
@@ -394,7 +394,7 @@ async def test_a_stream_is_not_a_queue_and_a_deleted_group_starts_over(make_stre
 
 async def test_retention_keeps_a_young_gap_marker_so_a_late_insert_is_still_refused(make_stream, memory_db):
     stream = make_stream(target=memory_db, gap_wait=0.2, retention_messages=1)
-    await no_background_retention(stream)
+    await no_background_housekeeping(stream)
     landed = asyncio.Event()
     memory_db.faults.delay("insert_many", collection="ev", until=landed)
     late = asyncio.ensure_future(stream.push("late"))

@@ -15,7 +15,7 @@ import pytest
 import bucketq
 from bucketq import Position
 from bucketq.core.stream_format import LAYOUT_ID
-from tests.helpers import eventually, no_background_retention, read_all
+from tests.helpers import eventually, no_background_housekeeping, read_all
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -125,7 +125,7 @@ async def test_the_hole_rule_holds_per_partition(make_stream, sync_db):
 
 async def test_retention_applies_to_each_partition(make_stream, sync_db):
     stream = make_stream(retention_messages=2)
-    await no_background_retention(stream)
+    await no_background_housekeeping(stream)
     slow = stream.reader("slow", start="beginning")
     await slow.read(timeout=0)  # joins at the beginning
     await push_writes(stream, 12, per_write=1)  # three buckets of one message in each partition
