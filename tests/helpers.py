@@ -135,14 +135,20 @@ def race_processes(module: str, args: list[str], barrier: Any, *, processes: int
     return outputs
 
 
-async def drained(q: Any, timeout: float = 0.3) -> list[Any]:
+async def drained(q: Any, timeout: float = 0.3, *, want: int | None = None) -> list[Any]:
     """Every message of queue ``q`` until none comes for ``timeout`` seconds, each acked (and the ack written) once;
-    fails on a message delivered twice."""
+    fails on a message delivered twice. Given ``want``, a test that knows how many must come (as ``consume_all``):
+    they may take up to PATIENCE_S (``timeout`` unused), and then no other may come within a short silence."""
     seen: list[Any] = []
-    while (m := await q.reserve(timeout=timeout)) is not None:
+    while want is None or len(seen) < want:
+        if (m := await q.reserve(timeout=timeout if want is None else PATIENCE_S)) is None:
+            break
         assert m.id not in {s.id for s in seen}, f"{m.id} delivered twice"
         seen.append(m)
         await m.ack(wait=True)
+    if want is not None:
+        extra = await q.reserve(timeout=0.1)
+        assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
     return seen
 
 
@@ -162,9 +168,9 @@ async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0, want: int | Non
     return got
 
 
-async def served(q: Any, timeout: float = 0.5) -> list[Any]:
-    """The payloads of ``drained(q, timeout)``'s messages, in the order they were served."""
-    return [message.payload for message in await drained(q, timeout)]
+async def served(q: Any, timeout: float = 0.5, *, want: int | None = None) -> list[Any]:
+    """The payloads of ``drained(q, timeout, want=want)``'s messages, in the order they were served."""
+    return [message.payload for message in await drained(q, timeout, want=want)]
 
 
 async def no_background_housekeeping(owner: bucketq.Queue | bucketq.Stream) -> None:

@@ -55,7 +55,7 @@ async def test_a_cancelled_pending_message_is_never_delivered_and_its_record_is_
     assert [d["_id"] for d in await q.dead_letters()] == [ids[1]]
     stats = await q.stats()
     assert stats["ready"] == 2 and stats["dead"] == 1 and stats["cancelled"] == 1
-    assert await served(make_queue(**QUICK)) == ["keep 1", "keep 2"]
+    assert await served(make_queue(**QUICK), want=2) == ["keep 1", "keep 2"]
 
 
 async def test_a_cancelled_unique_job_frees_its_key_pending_or_in_flight(make_queue, sync_db):
@@ -93,7 +93,7 @@ async def test_a_cancelled_message_comes_back_with_requeue_dead(make_queue):
 async def test_cancel_of_an_unknown_or_finished_message_is_not_found(make_queue):
     q = make_queue(**QUICK)
     message_id = await q.push("done before")
-    assert await served(q) == ["done before"]
+    assert await served(q, want=1) == ["done before"]
     assert await q.cancel(message_id) == "not_found"
     assert await q.cancel("no-such-id") == "not_found"
     assert await q.cancel(f"{ObjectId()}:0") == "not_found"
@@ -251,7 +251,7 @@ async def test_cancelling_a_message_of_an_ordered_group_lets_the_group_go_on(mak
     q = make_queue(**QUICK)
     ids = await q.push_many([bucketq.Outgoing(step, group="order-17") for step in ("created", "paid", "shipped")])
     assert await q.cancel(ids[1]) == "cancelled"
-    assert await served(make_queue(**QUICK)) == ["created", "shipped"]
+    assert await served(make_queue(**QUICK), want=2) == ["created", "shipped"]
 
 
 # -- lost replies ------------------------------------------------------------------------------------------------
@@ -272,14 +272,14 @@ async def test_a_cancel_whose_reply_was_lost_reports_cancelled_and_records_once(
     assert sync_db["events"].find_one()["done"] == [1]
     assert sync_db["events.dead"].count_documents({}) == 1
     assert await q.cancel(ids[1]) == "cancelled"
-    assert await served(make_queue(**QUICK)) == ["keep"]
+    assert await served(make_queue(**QUICK), want=1) == ["keep"]
 
 
 async def test_a_crash_between_the_record_and_the_removal_leaves_the_next_claimant_to_cancel(make_queue, sync_db):
     q = make_queue(**QUICK)
     ids = await q.push_many(["keep", "cancel me"])
     sync_db["events"].update_one({}, {"$addToSet": {"x": 1}})  # the request got through, then the canceller died
-    assert await served(make_queue(**QUICK)) == ["keep"]
+    assert await served(make_queue(**QUICK), want=1) == ["keep"]
     assert _record(sync_db, ids[1])["cancelled"] is True
     assert await q.cancel(ids[1]) == "cancelled"
 

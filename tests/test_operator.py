@@ -28,7 +28,7 @@ async def test_pause_reaches_other_consumers_within_the_refresh_bound_and_resume
     operator = make_queue(bucket_max_wait=0.005)
     consumer = make_queue()  # another Queue: its own pause gate, as in another process
     await operator.push("warm-up")
-    assert await served(consumer, timeout=2) == ["warm-up"]  # the consumer has read the pause state
+    assert await served(consumer, want=1) == ["warm-up"]  # the consumer has read the pause state
 
     await operator.pause()
     paused_at = time.monotonic()
@@ -69,7 +69,7 @@ async def test_a_paused_consumer_serves_and_flushes_the_buckets_it_already_holds
     row = await producer.stats()
     assert (row["ready"], row["in_flight"], row["buckets"]) == (1, 0, 1)
     await producer.resume()
-    assert await served(consumer, timeout=3) == ["not claimed while paused"]
+    assert await served(consumer, want=1) == ["not claimed while paused"]
 
 
 async def test_pause_and_resume_of_a_queue_that_was_never_written(make_queue, sync_db):
@@ -92,7 +92,7 @@ async def test_remove_marks_a_pending_message_done_so_no_consumer_delivers_it(ma
     assert await q.remove(ids[1]) is False  # already done
     assert (await q.stats())["ready"] == 2
     assert sync_db["events"].find_one()["done"] == [1]
-    assert await served(make_queue()) == ["keep 1", "keep 2"]
+    assert await served(make_queue(), want=2) == ["keep 1", "keep 2"]
 
 
 async def test_remove_finds_a_nacked_message_in_its_retry_bucket(make_queue, sync_db):
@@ -136,7 +136,7 @@ async def test_remove_takes_a_bucket_back_from_a_claim_whose_lease_expired(make_
     # The crashed claimant's token no longer matches: its late writes (a retry copy of "drop") are refused.
     fence = claims.fenced({"_id": bucket_id}, "crashed")
     assert sync_db["events"].update_one(fence, {"$set": {"x": 1}}).matched_count == 0
-    assert await served(make_queue()) == ["keep"]
+    assert await served(make_queue(), want=1) == ["keep"]
 
 
 class _ClaimedAfterRead:

@@ -58,7 +58,7 @@ async def test_sync_pushes_from_threads_are_consumed_by_an_async_queue(make_prod
     assert len(set(ids)) == n_threads * each
     assert sync_db.events.count_documents({}) < n_threads * each, "pushes from many threads shared buckets"
     many = await asyncio.to_thread(producer.push_many, [{"many": i} for i in range(5)])
-    consumed = {m.id: m.payload for m in await drained(make_queue())}
+    consumed = {m.id: m.payload for m in await drained(make_queue(), want=len(ids) + len(many))}
     assert consumed == {**{i: {"t": t, "i": n} for t, ids in enumerate(ids_by_thread) for n, i in enumerate(ids)},
                         **{i: {"many": n} for n, i in enumerate(many)}}
 
