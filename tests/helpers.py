@@ -135,6 +135,13 @@ def race_processes(module: str, args: list[str], barrier: Any, *, processes: int
     return outputs
 
 
+async def _none_past(q: Any, want: int, got: int) -> None:
+    """Fails unless the ``want`` messages a test knows must come all came, and no other follows within 0.1 s."""
+    assert got == want, f"{got} of the {want} messages wanted came within PATIENCE_S"
+    extra = await q.reserve(timeout=0.1)
+    assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
+
+
 async def drained(q: Any, timeout: float = 0.3, *, want: int | None = None) -> list[Any]:
     """Every message of queue ``q`` until none comes for ``timeout`` seconds, each acked (and the ack written) once;
     fails on a message delivered twice. Given ``want``, a test that knows how many must come (as ``consume_all``):
@@ -147,8 +154,7 @@ async def drained(q: Any, timeout: float = 0.3, *, want: int | None = None) -> l
         seen.append(m)
         await m.ack(wait=True)
     if want is not None:
-        extra = await q.reserve(timeout=0.1)
-        assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
+        await _none_past(q, want, len(seen))
     return seen
 
 
@@ -163,8 +169,7 @@ async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0, want: int | Non
         got.append(message)
         await message.ack(wait=want is not None)
     if want is not None:
-        extra = await q.reserve(timeout=0.1)
-        assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
+        await _none_past(q, want, len(got))
     return got
 
 

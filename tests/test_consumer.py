@@ -28,7 +28,7 @@ pytestmark = pytest.mark.backends("memory", "server")
 async def test_reserve_ack_empties_the_queue_and_deletes_buckets(make_queue, sync_db):
     q = make_queue(bucket_max_size=100)
     await q.push_many({"i": i} for i in range(1000))
-    got = await consume_all(q, timeout=0.3)
+    got = await consume_all(q, want=1000)
     assert sorted(m.payload["i"] for m in got) == list(range(1000))
     assert all(m.tries == 0 for m in got)
     await q.drain()

@@ -26,18 +26,10 @@ import bucketq
 from bucketq.core.format import MAX_BUCKET_BYTES
 from bucketq.core.outbox_plan import event_bucket_id, plan
 from bucketq.outbox import Outbox, event
-from tests.helpers import eventually
+from tests.helpers import consume_all, eventually
 
 REPO = Path(__file__).resolve().parent.parent
 UTC = dt.timezone.utc
-
-
-async def _consume_all(q: bucketq.Queue, idle: float = 0.5) -> list[bucketq.Message]:
-    out = []
-    async for message in q.consume(idle_timeout=idle):
-        out.append(message)
-        await message.ack()
-    return out
 
 
 async def _no_events_left(orders: Any) -> bool:
@@ -128,7 +120,7 @@ async def test_events_of_business_updates_are_relayed_exactly_once_in_order_per_
     total = sum(sent.values())
     assert relay.relayed == total and relay.rejected == 0
     received = defaultdict(list)
-    for message in await _consume_all(q):
+    for message in await consume_all(q, want=total):
         received[message.payload["order"]].append(message.payload["seq"])
     assert {i: seqs for i, seqs in received.items()} == {i: list(range(n)) for i, n in sent.items()}
     assert [d["updates"] async for d in orders.find({"updates": {"$ne": 8}})] == []
@@ -141,7 +133,7 @@ async def test_relayed_messages_keep_headers_key_codec_and_schedule(make_queue, 
     packed = event({"a": 4}, codec="msgpack")
     await adb.orders.insert_one({"_id": "x", "_outbox": [keyed, later, past, packed]})
     assert await Outbox("orders", q).run_once() == 4
-    got = {m.payload["a"]: m for m in await _consume_all(q)}
+    got = {m.payload["a"]: m for m in await consume_all(q, want=3)}
     assert sorted(got) == [1, 3, 4], "the delayed event must wait"
     assert got[1].headers == {"trace": "t1"} and got[1].key == "k1" and got[3].key is None
     assert got[1].id == f"{event_bucket_id(f'{db_name}.orders', 'x', keyed['id'])}:0"
@@ -189,7 +181,7 @@ async def test_relay_sigkilled_between_queue_write_and_pull_then_restarted_dupli
     expected = {event_bucket_id(f"{db_name}.orders", d, e)
                 for d, e in zip(sorted(list(range(30)) * 2), ids, strict=True)}
     assert {d["_id"] for d in sync_db.events.find()} == expected
-    rest = await _consume_all(make_queue())
+    rest = await consume_all(make_queue(), want=60 - len(first))
     seen = [(m.payload["order"], m.payload["seq"]) for m in first + rest]
     assert sorted(seen) == [(i, j) for i in range(30) for j in range(2)]
 
@@ -212,11 +204,11 @@ async def test_restart_after_tombstones_are_reaped_relays_again(make_queue, sync
     crashed._remove = _crash_before_pull  # type: ignore[method-assign]
     with pytest.raises(_Crash):
         await crashed.run_once()
-    assert len(await _consume_all(q)) == 2
+    assert len(await consume_all(q, want=2)) == 2
     await asyncio.sleep(0.3)
     assert (await q.purge_expired())["tombstones"] == 2
     assert await Outbox("orders", q).run_once() == 2
-    assert await _consume_all(q) == [], "relayed twice"
+    assert await consume_all(q, timeout=0.5) == [], "relayed twice"
 
 
 @pytest.mark.parametrize("paused", ["before its queue write", "before its pull"])
@@ -248,7 +240,7 @@ async def test_a_relay_overtaken_by_another_duplicates_nothing(make_queue, sync_
     stored = {d["_id"]: d["pt"] for d in sync_db.events.find({}, {"pt": 1})}
     assert [d["pt"] for d in slow_writes] == [stored[d["_id"]] for d in slow_writes]
     assert sum(len(d["_outbox"]) for d in sync_db.orders.find()) == 0
-    got = sorted((m.payload["order"], m.payload["seq"]) for m in await _consume_all(fast_queue))
+    got = sorted((m.payload["order"], m.payload["seq"]) for m in await consume_all(fast_queue, want=30))
     assert got == [(i, j) for i in range(10) for j in range(3)]
 
 
@@ -265,7 +257,7 @@ async def test_two_relays_running_at_once_while_the_application_writes_duplicate
     for relay in relays:
         relay.stop()
     await asyncio.wait_for(asyncio.gather(*running), 10)
-    got = sorted((m.payload["order"], m.payload["seq"]) for m in await _consume_all(queues[0]))
+    got = sorted((m.payload["order"], m.payload["seq"]) for m in await consume_all(queues[0], want=300))
     assert got == [(i, seq) for i in range(10) for seq in range(30)]
     assert sum(r.relayed for r in relays) >= 300  # both passed over some events: the later insert was a duplicate
 
@@ -301,7 +293,7 @@ async def test_malformed_events_are_set_aside_with_the_reason_and_the_rest_relay
     assert "_outbox" not in two and two["_outbox_rejected"][0]["reason"] == "_outbox must be an array of events"
     q._store.insert_buckets = insert  # type: ignore[method-assign]
     assert await relay.run_once() == 1 and await relay.run_once() == 0
-    assert sorted(m.payload for m in await _consume_all(q)) == ["kept", "x"]
+    assert sorted(m.payload for m in await consume_all(q, want=2)) == ["kept", "x"]
     assert len((await orders.find_one({"_id": 1}))["_outbox_rejected"]) == 5
 
 
@@ -414,7 +406,7 @@ async def test_push_in_a_transaction_is_stored_if_and_only_if_it_commits(make_qu
 
             message_id = await _in_transaction(client, work, commit=commit)
             assert await orders.count_documents({}) == int(commit)
-            got = await _consume_all(q)
+            got = await consume_all(q, want=int(commit))
             assert [(m.id, m.payload) for m in got] == ([(message_id, {"paid": 1})] if commit else [])
     finally:
         await client.close()
@@ -432,7 +424,7 @@ async def test_push_in_a_transaction_takes_delay_at_headers_and_key(make_queue, 
                 await q.push("later", delay=600, session=session)
 
             await _in_transaction(client, work, commit=True)
-            got = {m.payload: m for m in await _consume_all(q)}
+            got = {m.payload: m for m in await consume_all(q, want=2)}
             assert sorted(got) == ["now", "past"]
             assert got["now"].headers == {"h": 1} and got["now"].key == "k"
             assert (await q.stats())["scheduled"] == 1
