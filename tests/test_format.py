@@ -21,7 +21,7 @@ from bucketq.core.format import (
 )
 from bucketq.errors import MalformedBucket
 from tests.format_checks import check, check_bucket, check_tombstone, matches, table
-from tests.helpers import utc_now
+from tests.helpers import PATIENCE_S, utc_now
 
 
 def test_the_tables_parse():
@@ -47,7 +47,9 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
     second = await q.reserve(timeout=2)
     await second.nack(delay=0, error="again", wait=True)
     keys = []
-    while (m := await q.reserve(timeout=0.5)) is not None:
+    for _ in range(3):  # the key's and the bucket's last, then second's retry
+        m = await q.reserve(timeout=PATIENCE_S)
+        assert m is not None
         if m.id == second.id:
             await m.nack(error="for good", wait=True)  # its second attempt: dead
         else:
@@ -111,7 +113,9 @@ async def test_bson_documents_match_the_format(make_queue, sync_db):
     retry = sync_db.events.find_one({"o": {"$exists": True}})
     check_bucket(retry)
     assert retry["enc"] == "bson" and as_stored(retry["p"][0]) == payloads[0]
-    while (m := await q.reserve(timeout=0.5)) is not None:
+    for _ in range(3):  # the bucket's other two, then first's retry
+        m = await q.reserve(timeout=PATIENCE_S)
+        assert m is not None
         await (m.nack(error="for good", wait=True) if m.id == first.id else m.ack())
     (dead,) = sync_db["events.dead"].find()
     check(dead, "dead-fields")

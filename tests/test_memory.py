@@ -32,7 +32,7 @@ from bucketq.core.stats import stats_pipeline
 from bucketq.memory import MemoryClient, MemoryDatabase, Unsupported
 from bucketq.store.aio.base import insert_new
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from tests.helpers import eventually, examples, utc_now
+from tests.helpers import PATIENCE_S, eventually, examples, utc_now
 
 pytestmark = pytest.mark.memory  # the tests that use mongo_uri are marked server too, and make unit skips them
 
@@ -304,12 +304,11 @@ async def test_every_operation_is_recorded_and_state_is_written_per_bucket():
     assert sum(len(op.ids) for op in inserts) == 10 and all(len(op.ids) <= 8 for op in inserts)
     database.operations.clear()
     q = bucketq.Queue(database, name="events", change_streams=False)
-    got = 0
-    while (message := await q.reserve(timeout=0.2)) is not None:
+    for _ in range(10_000):
+        message = await q.reserve(timeout=PATIENCE_S)
+        assert message is not None
         await message.ack()
-        got += 1
     await q.close()
-    assert got == 10_000
     writes = database.operations.of("findAndModify", "update", "delete", collection="events")
     assert len(writes) <= 10 * 3 + 5, f"{len(writes)} writes: state is written per message, not per bucket"
     assert database.operations[0].command == "isMaster" and database.operations[0].collection is None
@@ -331,7 +330,9 @@ async def test_finish_linger_0_writes_each_finish_at_once():
     await producer.close()
     database.operations.clear()
     q = bucketq.Queue(database, name="events", change_streams=False, finish_linger=0)
-    while (message := await q.reserve(timeout=0.2)) is not None:
+    for _ in range(1000):
+        message = await q.reserve(timeout=PATIENCE_S)
+        assert message is not None
         await message.ack()
     await q.close()
     assert not database.operations.of("bulk_write", collection="events")

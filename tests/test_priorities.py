@@ -18,7 +18,7 @@ import bucketq
 from bucketq import InvalidOption, Outgoing
 from bucketq.batch import BatchQueue
 from bucketq.core.priorities import BY_AGE, BY_PRIORITY, Turns
-from tests.helpers import consume_all, seconds_ago, server_proxy, utc_now
+from tests.helpers import PATIENCE_S, consume_all, seconds_ago, server_proxy, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -158,7 +158,9 @@ async def test_consumers_racing_over_levels_never_hold_one_bucket_at_once(make_q
     handled: dict[int, int] = defaultdict(int)
 
     async def run(q: bucketq.Queue) -> None:
-        while (m := await q.reserve(timeout=0.5)) is not None:
+        while len(handled) < 120:  # a reserve that found nothing tries again: a starved one may time out early
+            if (m := await q.reserve(timeout=0.5)) is None:
+                continue
             assert m.id not in held, f"{m.id} served by two consumers at once"
             held.add(m.id)
             await asyncio.sleep(0)
@@ -166,7 +168,7 @@ async def test_consumers_racing_over_levels_never_hold_one_bucket_at_once(make_q
             held.discard(m.id)
             await m.ack()
 
-    await asyncio.gather(*(run(q) for q in consumers))
+    await asyncio.wait_for(asyncio.gather(*(run(q) for q in consumers)), PATIENCE_S)
     assert sorted(handled) == list(range(120)) and set(handled.values()) == {1}
 
 
