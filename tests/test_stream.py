@@ -26,7 +26,7 @@ async def test_positions_increase_and_a_group_reads_everything_in_order(make_str
     assert positions == sorted(positions) and len(set(positions)) == 13
     assert positions[0] == Position(1, 0) and positions[4] == Position(2, 0)
     async with stream.reader("audit", start="beginning") as reader:
-        got = await read_all(reader)
+        got = await read_all(reader, want=13)
     assert [m.payload for m in got] == list(range(13))
     assert [m.position for m in got] == positions
     stats = await stream.stats()
@@ -384,7 +384,7 @@ async def test_a_closed_reader_hands_its_buckets_back_at_once(make_stream):
 async def test_a_stream_is_not_a_queue_and_a_deleted_group_starts_over(make_stream, queue_target, db_name):
     stream = make_stream()
     await stream.push_many(["a", "b"])
-    assert len(await read_all(stream.reader("g", start="beginning"))) == 2
+    assert len(await read_all(stream.reader("g", start="beginning"), want=2)) == 2
     assert await bucketq.list_queues(queue_target, db=db_name) == []
     assert await stream.delete_group("g") is True
     assert await stream.delete_group("g") is False

@@ -148,7 +148,7 @@ async def test_a_reset_moves_every_partition_or_only_those_named(make_stream):
     one = positions[-1]  # a reset to one position moves only its partition
     at = await stream.reset("g", one)
     assert at[one.partition] == one and all(p.seq == 2 for p in at if p.partition != one.partition)
-    assert [m.position for m in await read_all(reader)] == [one]
+    assert [m.position for m in await read_all(reader, want=1)] == [one]
     with pytest.raises(bucketq.InvalidOption, match="partition 7"):
         await stream.reset("g", Position(1, 0, 7))
 
