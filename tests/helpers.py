@@ -115,6 +115,24 @@ async def read_all(reader: Any, *, ack: bool = True, timeout: float = 0.3, n: in
     return out
 
 
+async def read_together(readers: list[Any], want: int, *, n: int = 100) -> list[Any]:
+    """The messages that ``readers`` of one group read side by side (``read_many(n)`` each), acked, until ``want``
+    came (within PATIENCE_S), their acks then written. A reader whose read brings nothing tries again while some are
+    missing: in a process starved of CPU every reader's read may time out at once."""
+    got: list[Any] = []
+
+    async def read(reader: Any) -> None:
+        while len(got) < want:
+            for message in await reader.read_many(n, timeout=0.3):
+                await message.ack()
+                got.append(message)
+            await asyncio.sleep(0)  # the others read too
+
+    await asyncio.wait_for(asyncio.gather(*(read(r) for r in readers)), PATIENCE_S)
+    await asyncio.gather(*(r.flush() for r in readers))
+    return got
+
+
 def race_processes(module: str, args: list[str], barrier: Any, *, processes: int = 3) -> list[str]:
     """Run ``python -m module *args`` in ``processes`` processes at once and return what each printed after its
     first line: each prints "ready" once set up, then waits for the document ``{_id: "go"}`` that this inserts

@@ -13,7 +13,7 @@ import pytest
 import bucketq
 from bucketq import Position
 from bucketq.core.stream_format import COUNTER_ID
-from tests.helpers import no_background_housekeeping, read_all, utc_now
+from tests.helpers import no_background_housekeeping, read_all, read_together, utc_now
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -73,19 +73,9 @@ async def test_readers_of_one_group_share_the_messages_each_read_once(make_strea
     for start in range(0, 200, 10):
         await stream.push_many(range(start, start + 10))
     readers = [stream.reader("workers", start="beginning") for _ in range(3)]
-    seen: list[list[int]] = [[], [], []]
-
-    async def work(index: int) -> None:
-        while batch := await readers[index].read_many(3, timeout=0.3):
-            for message in batch:
-                seen[index].append(message.payload)
-                await message.ack()
-            await asyncio.sleep(0)
-
-    await asyncio.gather(*(work(i) for i in range(3)))
-    everything = sorted(seen[0] + seen[1] + seen[2])
-    assert everything == list(range(200))
-    assert sum(1 for s in seen if s) >= 2  # the work was shared
+    got = await read_together(readers, 200, n=3)
+    assert sorted(m.payload for m in got) == list(range(200))
+    assert len({m._reader for m in got}) >= 2  # the work was shared
     assert (await stream.stats())["groups"]["workers"]["lag_messages"] == 0
 
 

@@ -5,7 +5,6 @@ partition) keeps its format and refuses to become partitioned."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -15,7 +14,7 @@ import pytest
 import bucketq
 from bucketq import Position
 from bucketq.core.stream_format import LAYOUT_ID
-from tests.helpers import eventually, no_background_housekeeping, read_all
+from tests.helpers import eventually, no_background_housekeeping, read_all, read_together
 
 pytestmark = pytest.mark.backends("memory", "server")
 
@@ -47,7 +46,7 @@ async def test_pushes_spread_over_the_partitions_and_each_group_reads_every_mess
     assert doc["v"] == 2 and doc["s"] == 1 and doc["n"] == 3  # version 2: its partition and sequence
     for group in ("a", "b"):
         readers = [stream.reader(group, start="beginning") for _ in range(3)]
-        got = sum(await asyncio.gather(*(read_all(r) for r in readers)), [])
+        got = await read_together(readers, 24)
         assert sorted(m.payload for m in got) == list(range(24)), group  # each message once per group
         by_partition: dict[int, list[Position]] = defaultdict(list)
         for reader in readers:
