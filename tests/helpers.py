@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from hypothesis import settings
@@ -153,9 +153,22 @@ def race_processes(module: str, args: list[str], barrier: Any, *, processes: int
     return outputs
 
 
-async def _none_past(q: Any, want: int, got: int) -> None:
-    """Fails unless the ``want`` messages a test knows must come all came, and no other follows within 0.1 s."""
-    assert got == want, f"{got} of the {want} messages wanted came within PATIENCE_S"
+async def next_message(q: Any) -> Any:
+    """The next message of queue ``q``, which the test knows must come: fails unless one comes within PATIENCE_S."""
+    message = await q.reserve(timeout=PATIENCE_S)
+    assert message is not None, f"no message came within {PATIENCE_S} s"
+    return message
+
+
+async def _drain(q: Any, timeout: float, want: int | None) -> AsyncIterator[Any]:
+    """The messages a drain takes from ``q``: until none comes for ``timeout`` seconds; or, given ``want``, that
+    many (``next_message`` each), then, once the caller has handled the last, none other within 0.1 s."""
+    if want is None:
+        while (message := await q.reserve(timeout=timeout)) is not None:
+            yield message
+        return
+    for _ in range(want):
+        yield await next_message(q)
     extra = await q.reserve(timeout=0.1)
     assert extra is None, f"a message past the {want} wanted: {extra.payload!r}"
 
@@ -163,31 +176,23 @@ async def _none_past(q: Any, want: int, got: int) -> None:
 async def drained(q: Any, timeout: float = 0.3, *, want: int | None = None) -> list[Any]:
     """Every message of queue ``q`` until none comes for ``timeout`` seconds, each acked (and the ack written) once;
     fails on a message delivered twice. Given ``want``, a test that knows how many must come (as ``consume_all``):
-    they may take up to PATIENCE_S (``timeout`` unused), and then no other may come within a short silence."""
+    they may take up to PATIENCE_S each (``timeout`` unused), and then no other may come within a short silence."""
     seen: list[Any] = []
-    while want is None or len(seen) < want:
-        if (m := await q.reserve(timeout=timeout if want is None else PATIENCE_S)) is None:
-            break
+    async for m in _drain(q, timeout, want):
         assert m.id not in {s.id for s in seen}, f"{m.id} delivered twice"
         seen.append(m)
         await m.ack(wait=True)
-    if want is not None:
-        await _none_past(q, want, len(seen))
     return seen
 
 
 async def consume_all(q: bucketq.Queue, *, timeout: float = 1.0, want: int | None = None) -> list[bucketq.Message]:
     """Every message ``q`` delivers until none comes for ``timeout`` seconds, each acked. Given ``want``, a test
-    that knows how many must come: they may take up to PATIENCE_S, each ack is written before the next reserve
+    that knows how many must come: they may take up to PATIENCE_S each, each ack is written before the next reserve
     (the silence gave the last ones time to be), and then no other may come within a short silence."""
     got = []
-    while want is None or len(got) < want:
-        if (message := await q.reserve(timeout=timeout if want is None else PATIENCE_S)) is None:
-            break
+    async for message in _drain(q, timeout, want):
         got.append(message)
         await message.ack(wait=want is not None)
-    if want is not None:
-        await _none_past(q, want, len(got))
     return got
 
 

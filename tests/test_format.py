@@ -21,7 +21,7 @@ from bucketq.core.format import (
 )
 from bucketq.errors import MalformedBucket
 from tests.format_checks import check, check_bucket, check_tombstone, matches, table
-from tests.helpers import PATIENCE_S, utc_now
+from tests.helpers import next_message, utc_now
 
 
 def test_the_tables_parse():
@@ -48,8 +48,7 @@ async def test_every_document_kind_matches_the_format(make_queue, sync_db):
     await second.nack(delay=0, error="again", wait=True)
     keys = []
     for _ in range(3):  # the key's and the bucket's last, then second's retry
-        m = await q.reserve(timeout=PATIENCE_S)
-        assert m is not None
+        m = await next_message(q)
         if m.id == second.id:
             await m.nack(error="for good", wait=True)  # its second attempt: dead
         else:
@@ -114,8 +113,7 @@ async def test_bson_documents_match_the_format(make_queue, sync_db):
     check_bucket(retry)
     assert retry["enc"] == "bson" and as_stored(retry["p"][0]) == payloads[0]
     for _ in range(3):  # the bucket's other two, then first's retry
-        m = await q.reserve(timeout=PATIENCE_S)
-        assert m is not None
+        m = await next_message(q)
         await (m.nack(error="for good", wait=True) if m.id == first.id else m.ack())
     (dead,) = sync_db["events.dead"].find()
     check(dead, "dead-fields")

@@ -32,7 +32,7 @@ from bucketq.core.stats import stats_pipeline
 from bucketq.memory import MemoryClient, MemoryDatabase, Unsupported
 from bucketq.store.aio.base import insert_new
 from bucketq.store.aio.queue_store import AsyncQueueStore
-from tests.helpers import PATIENCE_S, eventually, examples, utc_now
+from tests.helpers import eventually, examples, next_message, utc_now
 
 pytestmark = pytest.mark.memory  # the tests that use mongo_uri are marked server too, and make unit skips them
 
@@ -305,8 +305,7 @@ async def test_every_operation_is_recorded_and_state_is_written_per_bucket():
     database.operations.clear()
     q = bucketq.Queue(database, name="events", change_streams=False)
     for _ in range(10_000):
-        message = await q.reserve(timeout=PATIENCE_S)
-        assert message is not None
+        message = await next_message(q)
         await message.ack()
     await q.close()
     writes = database.operations.of("findAndModify", "update", "delete", collection="events")
@@ -331,8 +330,7 @@ async def test_finish_linger_0_writes_each_finish_at_once():
     database.operations.clear()
     q = bucketq.Queue(database, name="events", change_streams=False, finish_linger=0)
     for _ in range(1000):
-        message = await q.reserve(timeout=PATIENCE_S)
-        assert message is not None
+        message = await next_message(q)
         await message.ack()
     await q.close()
     assert not database.operations.of("bulk_write", collection="events")

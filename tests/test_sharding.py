@@ -22,7 +22,7 @@ from bucketq.core.backoff import Backoff
 from bucketq.core.sharding import Rotation, Spread, assign_by_id, partition_of
 from bucketq.errors import InvalidOption
 from bucketq.outbox import Outbox, event
-from tests.helpers import PATIENCE_S, consume_all
+from tests.helpers import consume_all, next_message
 from tests.shardkeys import ShardKeyAudit
 
 
@@ -127,8 +127,7 @@ async def test_a_bucket_without_pt_is_served_in_partition_0(make_queue, sync_db)
                                "p": ['"a"', '"b"'], "done": [], "c": 0, "lease": None})
     seen = []
     for _ in range(4):  # warm-up, a, b and b's retry
-        m = await q.reserve(timeout=PATIENCE_S)
-        assert m is not None
+        m = await next_message(q)
         seen.append(m.payload)
         if m.payload == "b" and m.tries == 0:
             await m.nack(delay=0)
@@ -159,8 +158,7 @@ async def test_every_command_on_the_buckets_names_the_shard_key(mongo_uri, db_na
                           + [Outgoing({"g": "order-18", "i": i}, group="order-18") for i in range(3)])
         served = []
         for _ in range(10 + 1 + 8):  # the ten, the retry of one, the groups' eight
-            message = await q.reserve(timeout=PATIENCE_S)
-            assert message is not None
+            message = await next_message(q)
             served.append(message.payload)
             if message.payload == {"n": 3}:
                 await message.nack(delay=0, wait=True)  # a retry bucket, then a dead letter
